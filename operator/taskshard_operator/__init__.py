@@ -1,0 +1,1 @@
+"""TaskShard operator (Kopf). Importable as ``taskshard_operator``; never named ``operator``."""
