@@ -183,8 +183,7 @@ def _check_max_key_groups(max_key_groups: int) -> None:
         or not 1 <= max_key_groups <= MAX_KEY_GROUPS_LIMIT
     ):
         raise InvalidRangeError(
-            f"max_key_groups: {max_key_groups!r} is invalid; "
-            f"it must be an integer in 1..{MAX_KEY_GROUPS_LIMIT}"
+            f"max_key_groups: {max_key_groups!r} is invalid; it must be an integer in 1..{MAX_KEY_GROUPS_LIMIT}"
         )
 
 
@@ -236,9 +235,7 @@ class KeyGroupRange:
     end: int
 
     def __post_init__(self) -> None:
-        if not (_is_int(self.start) and _is_int(self.end)) or not (
-            0 <= self.start < self.end <= MAX_KEY_GROUPS_LIMIT
-        ):
+        if not (_is_int(self.start) and _is_int(self.end)) or not (0 <= self.start < self.end <= MAX_KEY_GROUPS_LIMIT):
             raise InvalidRangeError(
                 f"keyGroups: start={self.start!r}, end={self.end!r} is invalid; need integers with "
                 f"0 <= start < end <= {MAX_KEY_GROUPS_LIMIT} (the range is [start, end))"
@@ -333,9 +330,7 @@ def check_tiling(ranges: Iterable[KeyGroupRange], max_key_groups: int) -> None:
     previous: KeyGroupRange | None = None
     for r in ordered:
         if r.start > cursor:
-            raise TilingError(
-                f"ranges: gap [{cursor}, {r.start}) before {r}; they must tile [0, {max_key_groups})"
-            )
+            raise TilingError(f"ranges: gap [{cursor}, {r.start}) before {r}; they must tile [0, {max_key_groups})")
         if r.start < cursor:
             raise TilingError(
                 f"ranges: overlap [{r.start}, {min(cursor, r.end)}) between {previous} and {r}; "
@@ -344,10 +339,6 @@ def check_tiling(ranges: Iterable[KeyGroupRange], max_key_groups: int) -> None:
         cursor = r.end
         previous = r
     if cursor > max_key_groups:
-        raise TilingError(
-            f"ranges: {previous} extends past max_key_groups; they must tile [0, {max_key_groups})"
-        )
+        raise TilingError(f"ranges: {previous} extends past max_key_groups; they must tile [0, {max_key_groups})")
     if cursor < max_key_groups:
-        raise TilingError(
-            f"ranges: gap [{cursor}, {max_key_groups}) at the end; they must tile [0, {max_key_groups})"
-        )
+        raise TilingError(f"ranges: gap [{cursor}, {max_key_groups}) at the end; they must tile [0, {max_key_groups})")

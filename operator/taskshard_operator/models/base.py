@@ -1,0 +1,100 @@
+"""Shared building blocks of the typed Task/TaskShard models.
+
+Contract: every model field carries a description (the CRD generator copies it into the openAPIV3Schema and a
+unit test fails when one is missing); field names are Python snake_case with Kubernetes camelCase aliases;
+unknown fields are rejected. CEL rules for the CRD sit next to the field or model they check, written with
+:func:`cel`, so the models are the one source of truth for both Python validation and the CRD schema.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "API_GROUP",
+    "API_VERSION",
+    "DNS_SUBDOMAIN_PATTERN",
+    "QUANTITY_PATTERN",
+    "FreeFormObject",
+    "K8sModel",
+    "Quantity",
+    "cel",
+    "validations",
+]
+
+API_GROUP = "taskshard.io"
+API_VERSION = "v1alpha1"
+
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""An RFC 1123 subdomain: the name of most Kubernetes objects (at most 253 characters)."""
+
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)"
+    r"|(\.[0-9]+))))?$"
+)
+"""Kubernetes' resource.Quantity syntax (as controller-gen emits it)."""
+
+
+def cel(rule: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry. ``message`` names the field and says what is valid.
+
+    ``field_path`` is relative to the object the rule sits on (e.g. ``.split.at``); ``reason`` is one of
+    ``FieldValueInvalid`` (default), ``FieldValueRequired``, ``FieldValueForbidden``, ``FieldValueDuplicate``.
+    """
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    if reason:
+        entry["reason"] = reason
+    return entry
+
+
+def validations(*rules: dict[str, str]) -> dict[str, Any]:
+    """``json_schema_extra`` carrying CEL rules (for ``Field(...)`` or a model's ``model_config``)."""
+    return {"x-kubernetes-validations": list(rules)}
+
+
+Quantity = Annotated[
+    int | Annotated[str, Field(pattern=QUANTITY_PATTERN)],
+    WithJsonSchema(
+        {
+            "description": "A resource quantity: an integer or a string such as 500m or 2Gi.",
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+"""A Kubernetes resource quantity: an integer (``1``) or a string (``"500m"``, ``"2Gi"``)."""
+
+FreeFormObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+"""An arbitrary JSON object, kept as is by the apiserver (no pruning)."""
+
+
+class K8sModel(BaseModel):
+    """Base of every spec/status model: camelCase aliases, unknown fields forbidden, frozen values.
+
+    ``to_k8s()`` gives the JSON-ready dict the apiserver stores (aliases, ``None`` fields dropped);
+    ``from_k8s()`` parses one back. ``Model.from_k8s(m.to_k8s()) == m`` for every valid model.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_enum_values=False,
+    )
+
+    def to_k8s(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    @classmethod
+    def from_k8s(cls, data: dict[str, Any]) -> Self:
+        return cls.model_validate(data)

@@ -1,0 +1,119 @@
+"""Models shared by Task and TaskShard: key-group ranges, object references, conditions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import Field, model_validator
+
+from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT, KeyGroupRange
+
+from .base import DNS_SUBDOMAIN_PATTERN, K8sModel, cel, validations
+
+__all__ = ["Condition", "ConditionStatus", "ConditionType", "KeyGroups", "LocalObjectRef"]
+
+
+class KeyGroups(K8sModel):
+    """A half-open key-group range ``[start, end)`` with ``0 <= start < end <= 32768``."""
+
+    model_config = {
+        "json_schema_extra": validations(
+            cel(
+                "self.start < self.end",
+                "keyGroups.start must be less than keyGroups.end: the range is [start, end) and holds at "
+                f"least one key group (0 <= start < end <= {MAX_KEY_GROUPS_LIMIT})",
+                field_path=".start",
+            )
+        )
+    }
+
+    start: int = Field(
+        ge=0,
+        le=MAX_KEY_GROUPS_LIMIT - 1,
+        description=f"First key group of the range, inclusive (0..{MAX_KEY_GROUPS_LIMIT - 1}).",
+    )
+    end: int = Field(
+        ge=1,
+        le=MAX_KEY_GROUPS_LIMIT,
+        description=f"Key group after the last one of the range, exclusive (1..{MAX_KEY_GROUPS_LIMIT}, > start).",
+    )
+
+    @model_validator(mode="after")
+    def _start_before_end(self) -> KeyGroups:
+        self.to_range()  # raises InvalidRangeError (a ValueError) naming keyGroups
+        return self
+
+    def to_range(self) -> KeyGroupRange:
+        return KeyGroupRange(self.start, self.end)
+
+    @classmethod
+    def of(cls, r: KeyGroupRange) -> KeyGroups:
+        return cls(start=r.start, end=r.end)
+
+
+class LocalObjectRef(K8sModel):
+    """A reference to an object by name in the same namespace."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of the referenced object in the same namespace (an RFC 1123 subdomain).",
+    )
+
+
+class ConditionStatus(StrEnum):
+    """Status of a condition, as in Kubernetes."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    """The condition types the operator writes.
+
+    - ``Ready``: Task: every active shard is Ready. TaskShard: its driver pod runs and commits micro-batches.
+    - ``Tiled``: Task only: the active shards tile ``[0, maxKeyGroups)`` with no gap and no overlap.
+      ``False`` means the operator found a broken invariant and stopped acting on the task.
+    - ``Splitting``: TaskShard: True while a split is in progress (reason = current step); Task: True while
+      any of its shards splits.
+    - ``SplitRejected``: TaskShard only: True when the current ``spec.split`` request was refused (the message
+      says why); nothing else changed.
+    """
+
+    READY = "Ready"
+    TILED = "Tiled"
+    SPLITTING = "Splitting"
+    SPLIT_REJECTED = "SplitRejected"
+
+
+class Condition(K8sModel):
+    """A Kubernetes-style condition (the shape of metav1.Condition)."""
+
+    type: str = Field(
+        min_length=1,
+        max_length=316,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+        r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+        description="Condition type in CamelCase: Ready, Tiled, Splitting or SplitRejected.",
+    )
+    status: ConditionStatus = Field(description="Whether the condition holds: True, False or Unknown.")
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="metadata.generation of the object the condition was computed from.",
+    )
+    last_transition_time: datetime = Field(description="When the condition last changed status (RFC 3339 date-time).")
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="Machine-readable CamelCase reason for the last transition.",
+    )
+    message: str = Field(
+        default="",
+        max_length=32768,
+        description="Human-readable details of the last transition; may be empty.",
+    )

@@ -1,0 +1,286 @@
+"""TaskShard: one per key-group range of a Task. The operator creates it; the user edits only ``spec.split``.
+
+``spec.keyGroups``, ``spec.taskRef`` and ``spec.restoreFrom`` are immutable (CEL transition rules); a split
+request names a point strictly inside the range (or none: the midpoint) and a one-group range cannot be split.
+The status is the split protocol's write-ahead log: each step is recorded before it is acted on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
+
+from .base import API_GROUP, API_VERSION, DNS_SUBDOMAIN_PATTERN, K8sModel, cel, validations
+from .common import Condition, KeyGroups, LocalObjectRef
+
+__all__ = [
+    "CheckpointRef",
+    "Lineage",
+    "RestoreFrom",
+    "ShardPhase",
+    "SplitRequest",
+    "SplitStatus",
+    "TaskShard",
+    "TaskShardSpec",
+    "TaskShardStatus",
+]
+
+MANIFEST_PATTERN = r"^(/|s3a?://)\S*$"
+
+
+class ShardPhase(StrEnum):
+    """Lifecycle of a TaskShard (``status.phase``). Every transition is written to status before acting.
+
+    ::
+
+        Pending ──pod runs──> Running ──spec.split.requested (valid)──> SplitRequested  (status.split.at)
+          ▲  │                  ▲  │                                        │ drain requested from the pod
+          │  │                  │  │                                        ▼
+          │  │   restart (last- │  │                                    Draining
+          │  │   state recovery)┘  │                                        │ pod exits 0 with a snapshot
+          │  ▼                     ▼                                        ▼
+          └─ Failed <──────────────┘ (pod or restore failed)            Drained  (status.finalCheckpoint)
+                                                                            │ both children created
+        Any phase ──Task deleted──> Stopped (terminal)                      ▼
+                                                                      ChildrenCreated (status.lineage.children)
+                                                                            │ both children observed
+                                                                            ▼
+                                                                          Split  (terminal)
+
+    Ownership: a shard owns its range (counts in the Task's tiling) in Pending, Running, SplitRequested,
+    Draining, Drained and Failed; from ChildrenCreated on its two children own the halves instead. The pod
+    stops processing before Drained is written, so a range is never processed by parent and child at once.
+    An invalid split request changes no phase (condition SplitRejected instead). Failed goes back to Pending
+    when the operator retries.
+    """
+
+    PENDING = "Pending"
+    """Created; the driver pod is not running yet (or is restoring from ``spec.restoreFrom``)."""
+    RUNNING = "Running"
+    """The driver pod processes the records of ``spec.keyGroups`` and commits micro-batches."""
+    SPLIT_REQUESTED = "SplitRequested"
+    """A valid split request was accepted; the split point is recorded in ``status.split``."""
+    DRAINING = "Draining"
+    """The pod was asked to stop at a micro-batch boundary and export a key-group-indexed snapshot."""
+    DRAINED = "Drained"
+    """The pod exited after its final checkpoint; ``status.finalCheckpoint`` holds the snapshot manifest."""
+    CHILDREN_CREATED = "ChildrenCreated"
+    """Both child TaskShards exist (``status.lineage.children``) and restore from the final checkpoint."""
+    SPLIT = "Split"
+    """Terminal: the children took over; this shard owns no key groups any more."""
+    FAILED = "Failed"
+    """The pod or the restore failed; see conditions. The shard still owns its range."""
+    STOPPED = "Stopped"
+    """Terminal: the shard was stopped with its task; its range is owned by no one."""
+
+    @property
+    def owns_range(self) -> bool:
+        """True while the shard owns its key groups (its range counts in the tiling invariant)."""
+        return self in _ACTIVE_PHASES
+
+
+_ACTIVE_PHASES = frozenset(
+    {
+        ShardPhase.PENDING,
+        ShardPhase.RUNNING,
+        ShardPhase.SPLIT_REQUESTED,
+        ShardPhase.DRAINING,
+        ShardPhase.DRAINED,
+        ShardPhase.FAILED,
+    }
+)
+
+
+class SplitRequest(K8sModel):
+    """The user's split request (set with ``kubectl edit``)."""
+
+    requested: bool = Field(
+        default=False,
+        description="Set to true to split this shard into [start, at) and [at, end). Needs a range of two or "
+        "more key groups.",
+    )
+    at: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_KEY_GROUPS_LIMIT - 1,
+        description="Optional split point, strictly inside spec.keyGroups (start < at < end). Default: the "
+        "midpoint start + (end - start) / 2, rounded down.",
+    )
+
+
+class RestoreFrom(K8sModel):
+    """Where a child shard seeds its state from: its parent's drain snapshot."""
+
+    parent: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of the parent TaskShard whose final snapshot this shard restores its slice from.",
+    )
+    manifest: str = Field(
+        min_length=2,
+        max_length=4096,
+        pattern=MANIFEST_PATTERN,
+        description="Path (absolute, or an s3:// or s3a:// URI) of the parent's snapshot manifest.json.",
+    )
+
+
+class TaskShardSpec(K8sModel):
+    """Desired state of one shard of a Task."""
+
+    model_config = {
+        "json_schema_extra": validations(
+            cel(
+                "!has(self.split) || !has(self.split.at) || "
+                "(self.keyGroups.start < self.split.at && self.split.at < self.keyGroups.end)",
+                "spec.split.at must be strictly inside spec.keyGroups: keyGroups.start < at < keyGroups.end "
+                "(omit it to split at the midpoint)",
+                field_path=".split.at",
+            ),
+            cel(
+                "!has(self.split) || !has(self.split.requested) || !self.split.requested || "
+                "self.keyGroups.end - self.keyGroups.start >= 2",
+                "spec.split.requested: a shard whose spec.keyGroups holds one key group (end - start == 1) "
+                "cannot be split",
+                field_path=".split.requested",
+            ),
+            cel(
+                "has(self.restoreFrom) == has(oldSelf.restoreFrom)",
+                "spec.restoreFrom is immutable: it is set (or not) when the shard is created",
+                field_path=".restoreFrom",
+            ),
+        )
+    }
+
+    task_ref: LocalObjectRef = Field(
+        description="The Task this shard belongs to. Immutable.",
+        json_schema_extra=validations(
+            cel("self == oldSelf", "spec.taskRef is immutable: a shard belongs to one Task for its lifetime")
+        ),
+    )
+    key_groups: KeyGroups = Field(
+        description="The key-group range [start, end) this shard owns. Immutable: split the shard instead.",
+        json_schema_extra=validations(
+            cel(
+                "self == oldSelf",
+                "spec.keyGroups is immutable: a shard's range never changes; set spec.split to split it",
+            )
+        ),
+    )
+    split: SplitRequest | None = Field(
+        default=None,
+        description="Split request, set by the user: {requested: true} splits at the midpoint, "
+        "{requested: true, at: N} at key group N.",
+    )
+    restore_from: RestoreFrom | None = Field(
+        default=None,
+        description="For a child of a split: the parent snapshot to restore this range's state from. Immutable.",
+        json_schema_extra=validations(
+            cel("self == oldSelf", "spec.restoreFrom is immutable: it is set when the shard is created")
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _split_inside_range(self) -> TaskShardSpec:
+        if self.split is None:
+            return self
+        r = self.key_groups.to_range()
+        if self.split.at is not None and not r.start < self.split.at < r.end:
+            raise ValueError(
+                f"spec.split.at: {self.split.at} must be strictly inside spec.keyGroups {r}: {r.start} < at < {r.end}"
+            )
+        if self.split.requested and r.size < 2:
+            raise ValueError(f"spec.split.requested: spec.keyGroups {r} holds one key group and cannot be split")
+        return self
+
+
+class CheckpointRef(K8sModel):
+    """A committed micro-batch of a shard and, for a drain, its snapshot manifest."""
+
+    batch_id: int = Field(ge=0, description="Id of the last committed micro-batch.")
+    time: datetime | None = Field(default=None, description="When the batch committed (RFC 3339 date-time).")
+    manifest: str | None = Field(
+        default=None,
+        min_length=2,
+        max_length=4096,
+        pattern=MANIFEST_PATTERN,
+        description="Path or s3:// URI of the snapshot manifest.json written at this batch (drain only).",
+    )
+
+
+class SplitStatus(K8sModel):
+    """The split the operator accepted (write-ahead: recorded before the drain starts)."""
+
+    at: int = Field(
+        ge=1,
+        le=MAX_KEY_GROUPS_LIMIT - 1,
+        description="The accepted split point: children own [start, at) and [at, end).",
+    )
+    accepted_time: datetime | None = Field(
+        default=None, description="When the operator accepted the request (RFC 3339 date-time)."
+    )
+
+
+class Lineage(K8sModel):
+    """Where this shard comes from and what it split into."""
+
+    parent: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of the shard this one was split from; absent for the Task's initial shards.",
+    )
+    children: list[Annotated[str, Field(max_length=253, description="Name of a child TaskShard.")]] = Field(
+        default_factory=list,
+        max_length=2,
+        description="Names of the two shards this one split into, lower range first; empty until created.",
+    )
+
+
+class TaskShardStatus(K8sModel):
+    """Observed state of a shard, written by the operator only (status subresource)."""
+
+    phase: ShardPhase | None = Field(
+        default=None,
+        description="Lifecycle phase: Pending, Running, SplitRequested, Draining, Drained, ChildrenCreated, "
+        "Split, Failed or Stopped.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Conditions of the shard (Ready, Splitting, SplitRejected), one per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation the operator last acted on."
+    )
+    last_checkpoint: CheckpointRef | None = Field(
+        default=None, description="The last micro-batch the shard committed (reported by the pod)."
+    )
+    final_checkpoint: CheckpointRef | None = Field(
+        default=None,
+        description="The drain checkpoint and snapshot manifest the children restore from (set in Drained).",
+    )
+    split: SplitStatus | None = Field(
+        default=None, description="The split the operator accepted (set in SplitRequested)."
+    )
+    restarts: int = Field(default=0, ge=0, description="How often the driver pod was restarted.")
+    pod: str | None = Field(default=None, max_length=253, description="Name of the current driver pod of this shard.")
+    lineage: Lineage | None = Field(default=None, description="Parent and children of this shard.")
+
+
+class TaskShard(K8sModel):
+    """A whole TaskShard object (apiVersion, kind, metadata, spec, status)."""
+
+    api_version: Literal["taskshard.io/v1alpha1"] = Field(
+        default=f"{API_GROUP}/{API_VERSION}", description="taskshard.io/v1alpha1"
+    )
+    kind: Literal["TaskShard"] = Field(default="TaskShard", description="TaskShard")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
+    spec: TaskShardSpec = Field(description="Desired state of the shard.")
+    status: TaskShardStatus | None = Field(default=None, description="Observed state of the shard.")

@@ -1,0 +1,174 @@
+"""Unit tests of the Task/TaskShard pydantic models: round trips, enums, and the shared bad-manifest table."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+from taskshard_operator.models import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    KeyGroups,
+    ShardPhase,
+    SplitRequest,
+    Task,
+    TaskPhase,
+    TaskShard,
+    TaskShardSpec,
+    TaskShardStatus,
+    TaskSpec,
+)
+
+from spark_runtime.keygroups import KeyGroupRange
+
+from .manifest_cases import BAD_CASES, base_shard, base_task, example_files, load_example, merge_patch
+
+pytestmark = pytest.mark.unit
+
+CONTRACT_SHARD_PHASES = [
+    "Pending",
+    "Running",
+    "SplitRequested",
+    "Draining",
+    "Drained",
+    "ChildrenCreated",
+    "Split",
+    "Failed",
+    "Stopped",
+]
+
+
+def _subset(small, big) -> bool:
+    """Every key/value of ``small`` appears in ``big`` (defaults may add more)."""
+    if isinstance(small, dict):
+        return isinstance(big, dict) and all(k in big and _subset(v, big[k]) for k, v in small.items())
+    if isinstance(small, list):
+        return isinstance(big, list) and len(small) == len(big) and all(map(_subset, small, big))
+    return small == big
+
+
+@pytest.mark.parametrize("path", example_files(), ids=lambda p: p.name)
+def test_examples_round_trip(path):
+    raw = load_example(path.name)
+    task = Task.from_k8s(raw)
+    dumped = task.to_k8s()
+    assert _subset(raw, dumped), "the model dropped or changed a field of the example"
+    assert Task.from_k8s(dumped) == task
+    assert Task.from_k8s(dumped).to_k8s() == dumped
+
+
+def test_there_are_three_examples_of_each_processor_kind():
+    specs = [Task.from_k8s(load_example(p.name)).spec for p in example_files()]
+    assert {s.processor.builtin for s in specs if s.processor.builtin} == {"count", "sum"}
+    assert any(s.processor.python for s in specs)
+
+
+def test_task_defaults():
+    raw = base_task()
+    for key in ("initialShards", "keyField", "checkpointRetention"):
+        raw["spec"].pop(key)
+    raw["spec"]["spark"].pop("triggerInterval")
+    spec = Task.from_k8s(raw).spec
+    assert (spec.initial_shards, spec.key_field, spec.checkpoint_retention) == (1, "key", "Retain")
+    assert spec.spark.trigger_interval == "1 second"
+    assert spec.storage.volume.mount_path == "/data"
+
+
+def test_quantities_accept_ints_and_strings():
+    raw = merge_patch(base_task(), {"spec": {"spark": {"resources": {"requests": {"cpu": 2, "memory": "1.5Gi"}}}}})
+    requests = Task.from_k8s(raw).spec.spark.resources.requests
+    assert requests == {"cpu": 2, "memory": "1.5Gi"}
+
+
+def test_shard_round_trip_with_status():
+    now = datetime(2026, 11, 22, 3, 4, 5, tzinfo=UTC)
+    shard = TaskShard(
+        metadata={"name": "orders-count-0-64"},
+        spec=TaskShardSpec(
+            task_ref={"name": "orders-count"},
+            key_groups=KeyGroups.of(KeyGroupRange(0, 64)),
+            split=SplitRequest(requested=True, at=10),
+            restore_from={"parent": "orders-count-0-128", "manifest": "/data/state/m.json"},
+        ),
+        status=TaskShardStatus(
+            phase=ShardPhase.DRAINED,
+            conditions=[
+                Condition(
+                    type=ConditionType.SPLITTING,
+                    status=ConditionStatus.TRUE,
+                    reason="Drained",
+                    last_transition_time=now,
+                    observed_generation=2,
+                )
+            ],
+            observed_generation=2,
+            last_checkpoint={"batch_id": 7, "time": now},
+            final_checkpoint={"batch_id": 7, "time": now, "manifest": "s3://b/p/manifest.json"},
+            split={"at": 10, "accepted_time": now},
+            lineage={"parent": "orders-count-0-128", "children": ["a", "b"]},
+        ),
+    )
+    doc = shard.to_k8s()
+    assert doc["spec"]["keyGroups"] == {"start": 0, "end": 64}
+    assert doc["status"]["conditions"][0]["lastTransitionTime"] == "2026-11-22T03:04:05Z"
+    assert doc["status"]["finalCheckpoint"]["batchId"] == 7
+    assert doc["apiVersion"] == "taskshard.io/v1alpha1" and doc["kind"] == "TaskShard"
+    assert TaskShard.from_k8s(doc) == shard
+
+
+def test_shard_phases_match_the_contract_and_ownership():
+    assert [p.value for p in ShardPhase] == CONTRACT_SHARD_PHASES
+    owners = {p.value for p in ShardPhase if p.owns_range}
+    assert owners == {"Pending", "Running", "SplitRequested", "Draining", "Drained", "Failed"}
+    for phase in ShardPhase:
+        assert phase.value in ShardPhase.__doc__
+
+
+def test_task_phase_and_condition_types():
+    assert [p.value for p in TaskPhase] == ["Pending", "Running", "Splitting", "Degraded", "Failed", "Stopping"]
+    assert [c.value for c in ConditionType] == ["Ready", "Tiled", "Splitting", "SplitRejected"]
+
+
+def test_key_groups_convert_to_ranges():
+    kg = KeyGroups(start=3, end=9)
+    assert kg.to_range() == KeyGroupRange(3, 9)
+    assert KeyGroups.of(kg.to_range()) == kg
+
+
+def test_models_are_frozen_and_forbid_unknown_fields():
+    spec = TaskSpec.model_validate(base_task()["spec"])
+    with pytest.raises(ValidationError):
+        spec.max_key_groups = 4
+    with pytest.raises(ValidationError, match="extra"):
+        TaskSpec.model_validate({**base_task()["spec"], "maxKeygroups": 4})
+
+
+def test_valid_split_requests():
+    shard = TaskShard.from_k8s(merge_patch(base_shard(), {"spec": {"split": {"requested": True}}}))
+    assert shard.spec.split.at is None
+    shard = TaskShard.from_k8s(merge_patch(base_shard(), {"spec": {"split": {"requested": True, "at": 1}}}))
+    assert shard.spec.split.at == 1
+
+
+def test_the_bad_case_table_is_large_and_unique():
+    assert len(BAD_CASES) >= 15
+    assert len({c.id for c in BAD_CASES}) == len(BAD_CASES)
+
+
+@pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: c.id)
+def test_models_reject_bad_manifests_naming_the_field(case):
+    model = Task if case.kind == "Task" else TaskShard
+    with pytest.raises(ValidationError) as info:
+        model.from_k8s(case.manifest())
+    assert case.field in _paths_and_messages(info.value), str(info.value)
+
+
+def _paths_and_messages(error: ValidationError) -> str:
+    """Every error's dotted location (by alias) and message, one per line."""
+    lines = []
+    for e in error.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p in ("int", "str")))
+        lines.append(f"{loc}: {e['msg']}")
+    return "\n".join(lines)
