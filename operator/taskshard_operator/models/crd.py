@@ -79,7 +79,7 @@ def _root_schema(kind: str, spec: type[BaseModel], status: type[BaseModel], extr
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object: taskshard.io/v1alpha1."},
             "kind": {"type": "string", "description": f"Kind of this object: {kind}."},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            "metadata": {"type": "object"},  # the apiserver forbids anything else here (even a description)
             "spec": structural_schema(spec),
             "status": structural_schema(status),
         },
@@ -103,7 +103,7 @@ def _crd(kind: str, plural: str, short: str, schema: dict, columns: list[dict]) 
                 "plural": plural,
                 "singular": kind.lower(),
                 "shortNames": [short],
-                "categories": ["taskshard"],
+                "categories": ["taskshard-all"],  # not "taskshard": it would shadow the singular name
             },
             "versions": [
                 {
