@@ -1,0 +1,50 @@
+# TaskShard developer entry points. Every target installs what it needs (venv, binaries) itself.
+#   make demo          the main job: local control plane + (once the operator lands) a Task that splits
+#   make test          every tier that runs on this machine (unit, spark, cluster)
+#   make test-unit | test-spark | test-cluster | test-kind
+#   make binaries      build or reuse the control-plane binaries (cache: $TASKSHARD_BIN_CACHE)
+#   make lint          ruff
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+PYTEST := bash hack/run-pytest.sh
+
+.PHONY: venv binaries demo test test-unit test-spark test-cluster test-kind lint clean
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	@echo "[make] installing the Python environment into $(VENV) (first run downloads pyspark, ~450 MB)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+binaries:
+	bash hack/build-binaries.sh all
+
+demo: venv binaries
+	$(PY) hack/demo.py
+
+test: venv binaries
+	$(PYTEST) --require-tests -m "not kind"
+
+test-unit: venv
+	$(PYTEST) -m unit
+
+test-spark: venv
+	$(PYTEST) -m spark
+
+test-cluster: venv binaries
+	$(PYTEST) -m cluster
+
+test-kind: venv
+	$(PYTEST) -m kind
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
