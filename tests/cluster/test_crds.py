@@ -277,8 +277,21 @@ def test_status_subresource_and_printer_columns(k):
     header, row = k("get", "tss", name).stdout.strip().split("\n")
     assert header.split() == ["NAME", "TASK", "RANGE", "PHASE", "LAST", "BATCH", "AGE"]
     assert row.split()[1:5] == ["orders-count", "0-64", "Running", "7"]
-    bad = {"status": {"phase": "Exploded"}}
-    result = k(
-        "patch", "taskshard", name, "--subresource=status", "--type", "merge", "-p", json.dumps(bad), check=False
-    )
-    assert result.returncode != 0 and "status.phase" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("status", "field"),
+    [
+        ({"phase": "Exploded"}, "status.phase"),
+        ({"split": {"at": 64}}, "status.split.at"),
+        ({"lineage": {"parent": "someone-else"}}, "status.lineage.parent"),
+        ({"lineage": {"children": ["a", "b", "c"]}}, "status.lineage.children"),
+    ],
+    ids=["unknown-phase", "split-outside", "lineage-parent-mismatch", "three-children"],
+)
+def test_bad_status_writes_are_rejected(k, status, field):
+    restore = {"parent": "orders-count-0-128", "manifest": "/data/state/m.json"}
+    name = _shard(k, 0, 64, restoreFrom=restore)
+    patch = json.dumps({"status": status})
+    result = k("patch", "taskshard", name, "--subresource=status", "--type", "merge", "-p", patch, check=False)
+    assert result.returncode != 0 and field in result.stderr, result.stderr

@@ -112,8 +112,8 @@ def test_cel_rules_have_messages_naming_a_field():
     ]  # fmt: skip
     assert len(rules) >= 15
     for name, path, rule in rules:
-        assert set(rule) <= {"rule", "message", "fieldPath", "reason", "messageExpression"}, rule
-        assert rule["message"] and ("spec." in rule["message"] or "keyGroups." in rule["message"]), (name, path)
+        assert set(rule) <= {"rule", "message", "fieldPath", "reason", "messageExpression"}, (name, path)
+        assert rule["message"] and any(f in rule["message"] for f in ("spec.", "status.", "keyGroups.")), (name, path)
         if rule.get("reason"):
             assert rule["reason"] in {"FieldValueInvalid", "FieldValueRequired", "FieldValueForbidden"}
 

@@ -172,3 +172,19 @@ def _paths_and_messages(error: ValidationError) -> str:
         loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p in ("int", "str")))
         lines.append(f"{loc}: {e['msg']}")
     return "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("status", "field"),
+    [
+        ({"split": {"at": 64}}, "status.split.at"),
+        ({"lineage": {"parent": "someone-else"}}, "status.lineage.parent"),
+    ],
+)
+def test_whole_shard_rules_relate_status_to_spec(status, field):
+    restore = {"parent": "orders-count-0-128", "manifest": "/data/m.json"}
+    raw = merge_patch(base_shard(), {"spec": {"restoreFrom": restore}, "status": status})
+    with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
+        TaskShard.from_k8s(raw)
+    ok = merge_patch(base_shard(), {"spec": {"restoreFrom": restore}, "status": {"split": {"at": 63}}})
+    assert TaskShard.from_k8s(ok).status.split.at == 63

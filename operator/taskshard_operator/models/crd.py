@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel
 
 from .base import API_GROUP, API_VERSION
-from .shard import TaskShardSpec, TaskShardStatus
+from .shard import ROOT_RULES, TaskShardSpec, TaskShardStatus
 from .task import TaskSpec, TaskStatus
 
 __all__ = ["CRD_FILES", "build_crds", "render_crds", "structural_schema"]
@@ -147,7 +147,7 @@ def build_crds() -> dict[str, dict[str, Any]]:
         "TaskShard",
         "taskshards",
         "tss",
-        _root_schema("TaskShard", TaskShardSpec, TaskShardStatus, []),
+        _root_schema("TaskShard", TaskShardSpec, TaskShardStatus, ROOT_RULES),
         [
             _column("Task", "string", ".spec.taskRef.name", "The Task this shard belongs to."),
             _column(

@@ -19,6 +19,7 @@ from .base import API_GROUP, API_VERSION, DNS_SUBDOMAIN_PATTERN, K8sModel, cel, 
 from .common import Condition, KeyGroups, LocalObjectRef
 
 __all__ = [
+    "ROOT_RULES",
     "CheckpointRef",
     "Lineage",
     "RestoreFrom",
@@ -274,8 +275,25 @@ class TaskShardStatus(K8sModel):
     lineage: Lineage | None = Field(default=None, description="Parent and children of this shard.")
 
 
+ROOT_RULES = [
+    cel(
+        "!has(self.status) || !has(self.status.split) || "
+        "(self.spec.keyGroups.start < self.status.split.at && self.status.split.at < self.spec.keyGroups.end)",
+        "status.split.at must be strictly inside spec.keyGroups: keyGroups.start < at < keyGroups.end",
+        field_path=".status.split.at",
+    ),
+    cel(
+        "!has(self.status) || !has(self.status.lineage) || !has(self.status.lineage.parent) || "
+        "!has(self.spec.restoreFrom) || self.status.lineage.parent == self.spec.restoreFrom.parent",
+        "status.lineage.parent must equal spec.restoreFrom.parent (the shard this one restores from)",
+        field_path=".status.lineage.parent",
+    ),
+]
+"""CEL rules on the whole TaskShard object (they relate spec and status)."""
+
+
 class TaskShard(K8sModel):
-    """A whole TaskShard object (apiVersion, kind, metadata, spec, status)."""
+    """A whole TaskShard object (apiVersion, kind, metadata, spec, status); checks the ROOT_RULES too."""
 
     api_version: Literal["taskshard.io/v1alpha1"] = Field(
         default=f"{API_GROUP}/{API_VERSION}", description="taskshard.io/v1alpha1"
@@ -284,3 +302,16 @@ class TaskShard(K8sModel):
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
     spec: TaskShardSpec = Field(description="Desired state of the shard.")
     status: TaskShardStatus | None = Field(default=None, description="Observed state of the shard.")
+
+    @model_validator(mode="after")
+    def _status_agrees_with_spec(self) -> TaskShard:
+        r, status = self.spec.key_groups.to_range(), self.status
+        if status and status.split and not r.start < status.split.at < r.end:
+            raise ValueError(f"status.split.at: {status.split.at} must be strictly inside spec.keyGroups {r}")
+        parent = status.lineage.parent if status and status.lineage else None
+        if parent and self.spec.restore_from and parent != self.spec.restore_from.parent:
+            raise ValueError(
+                f"status.lineage.parent: {parent!r} must equal spec.restoreFrom.parent "
+                f"({self.spec.restore_from.parent!r})"
+            )
+        return self
