@@ -1,0 +1,425 @@
+"""The shard runtime's configuration: ``shard.json`` (or YAML), written by the operator, validated here.
+
+Pure pydantic v2; this module imports neither pyspark nor kopf, because the operator validates the config
+it builds with :class:`ShardConfig` before it writes the ConfigMap.
+
+Shape (camelCase on the wire; Python attributes are snake_case)::
+
+    {
+      "task": "orders", "shard": "orders-0-64", "namespace": "default",
+      "maxKeyGroups": 128, "keyGroups": {"start": 0, "end": 64}, "keyField": "key",
+      "processor": {"builtin": "count"},                      # or {"builtin": "sum", "field": "amount"}
+                                                              # or {"python": "pkg.mod:Class", "parameters": {...}}
+      "source": {"journal": {"path": "/data/journal/orders", "partitions": 4}},
+      "sink": {"directory": {"path": "/data/output/orders", "format": "jsonl"}},
+      "storage": {"path": "/data/state"},
+      "restoreFrom": {"parent": "orders-0-128", "manifest": "/data/state/.../manifest.json"},   # or null
+      "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"},
+                "triggerInterval": "1 second"},
+      "drainRequestFile": "/etc/taskshard-drain/requested",   # or null
+      "terminationMessagePath": "/dev/termination-log"
+    }
+
+``processor``, ``source``, ``sink`` and ``storage`` have exactly the shapes of the Task spec
+(docs/design-contracts.md), so the operator copies them verbatim. Unknown fields are rejected.
+
+Sources of configuration (:func:`load_config`): a file (``--config``), else the environment variable
+``TASKSHARD_CONFIG`` (a path) or ``TASKSHARD_CONFIG_JSON`` (the JSON text itself). Errors are raised as
+:class:`ConfigError`, whose message lists every problem as ``<field path>: <value> ...: <what is valid>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT, KeyGroupRange
+
+__all__ = [
+    "BuiltinProcessor",
+    "ConfigError",
+    "DirectorySink",
+    "JournalSource",
+    "KafkaSink",
+    "KafkaSource",
+    "KeyGroupsSpec",
+    "ProcessorSpec",
+    "RestoreFrom",
+    "S3Storage",
+    "ShardConfig",
+    "SinkSpec",
+    "SourceSpec",
+    "SparkSettings",
+    "StorageSpec",
+    "load_config",
+    "parse_config",
+    "parse_trigger_interval",
+]
+
+PYTHON_REF = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+TRIGGER_INTERVAL = r"^[0-9]{1,9} (milliseconds?|seconds?|minutes?|hours?)$"
+NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+_TRIGGER_UNITS_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000}
+
+
+class ConfigError(ValueError):
+    """An invalid shard config. ``problems`` holds one ``"<path>: <message>"`` string per problem."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = problems
+        where = f" in {source}" if source else ""
+        super().__init__(f"invalid shard config{where}:\n  " + "\n  ".join(problems))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The camelCase JSON form (``None`` fields dropped), as the operator writes it."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# ---------------------------------------------------------------- processor
+
+
+class BuiltinProcessor(StrEnum):
+    COUNT = "count"
+    """Count events per key (result: bigint)."""
+    SUM = "sum"
+    """Sum the numeric event field ``processor.field`` per key (result: double)."""
+
+
+class ProcessorSpec(_Model):
+    """Exactly one of ``builtin`` or ``python``; ``field`` with (and only with) ``builtin: sum``."""
+
+    builtin: BuiltinProcessor | None = None
+    field: str | None = Field(default=None, min_length=1, max_length=256)
+    python: str | None = Field(default=None, max_length=512, pattern=PYTHON_REF)
+    parameters: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ProcessorSpec:
+        if (self.builtin is None) == (self.python is None):
+            raise ValueError(
+                "exactly one of builtin (count | sum) or python ('package.module:Class') must be set "
+                f"(got builtin={_v(self.builtin)}, python={_v(self.python)})"
+            )
+        if self.builtin == BuiltinProcessor.SUM and self.field is None:
+            raise ValueError("field is required with builtin: sum (the numeric event field to add up)")
+        if self.field is not None and self.builtin != BuiltinProcessor.SUM:
+            raise ValueError(f"field ({self.field!r}) is only valid with builtin: sum")
+        return self
+
+
+# ---------------------------------------------------------------- source
+
+
+class JournalSource(_Model):
+    """The embedded journal: ``<path>/p<N>.jsonl`` for N in ``0..partitions-1``, append-only JSON lines."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    partitions: int = Field(default=1, ge=1, le=1024)
+
+
+class KafkaSource(_Model):
+    bootstrap_servers: str = Field(max_length=2048)
+    topic: str = Field(min_length=1, max_length=249)
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+
+
+class SourceSpec(_Model):
+    journal: JournalSource | None = None
+    kafka: KafkaSource | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> SourceSpec:
+        _exactly_one(journal=self.journal, kafka=self.kafka)
+        return self
+
+
+# ---------------------------------------------------------------- sink
+
+
+class DirectorySink(_Model):
+    path: str = Field(min_length=1, max_length=4096)
+    format: Literal["jsonl", "parquet"] = "jsonl"
+
+
+class KafkaSink(_Model):
+    bootstrap_servers: str = Field(max_length=2048)
+    topic: str = Field(min_length=1, max_length=249)
+
+
+class SinkSpec(_Model):
+    directory: DirectorySink | None = None
+    kafka: KafkaSink | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> SinkSpec:
+        _exactly_one(directory=self.directory, kafka=self.kafka)
+        return self
+
+
+# ---------------------------------------------------------------- storage
+
+
+class S3Storage(_Model):
+    bucket: str = Field(min_length=3, max_length=63)
+    prefix: str | None = Field(default=None, max_length=1024)
+    endpoint: str | None = Field(default=None, max_length=2048)
+    credentials_secret: str | None = Field(default=None, max_length=253)
+
+
+class _PvcRef(_Model):
+    claim_name: str = Field(min_length=1, max_length=253)
+
+
+class _Volume(_Model):
+    """How the pod mounts the shared paths. Accepted for shape compatibility; the runtime ignores it."""
+
+    host_path: str | None = None
+    persistent_volume_claim: _PvcRef | None = None
+    mount_path: str | None = None
+
+
+class StorageSpec(_Model):
+    """Exactly one of ``path`` (a shared filesystem directory) or ``s3``."""
+
+    path: str | None = Field(default=None, min_length=1, max_length=4096)
+    s3: S3Storage | None = None
+    volume: _Volume | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> StorageSpec:
+        _exactly_one(path=self.path, s3=self.s3)
+        return self
+
+
+# ---------------------------------------------------------------- the rest
+
+
+class KeyGroupsSpec(_Model):
+    """The shard's key-group range ``[start, end)``."""
+
+    start: int = Field(ge=0, lt=MAX_KEY_GROUPS_LIMIT)
+    end: int = Field(gt=0, le=MAX_KEY_GROUPS_LIMIT)
+
+    @model_validator(mode="after")
+    def _check(self) -> KeyGroupsSpec:
+        if self.start >= self.end:
+            raise ValueError(f"start ({self.start}) must be < end ({self.end}); the range is [start, end)")
+        return self
+
+    def to_range(self) -> KeyGroupRange:
+        return KeyGroupRange(self.start, self.end)
+
+
+class RestoreFrom(_Model):
+    """A split child's parent: its name and the path of the parent's drain manifest."""
+
+    parent: str = Field(min_length=1, max_length=253)
+    manifest: str = Field(min_length=1, max_length=4096)
+
+
+class SparkSettings(_Model):
+    """Spark settings of this shard's driver. ``conf`` keys must start with ``spark.``.
+
+    Runtime tuning keys read from ``conf`` (all optional): ``spark.taskshard.maxBytesPerTrigger`` (journal
+    bytes admitted per micro-batch, over all partitions; default unlimited) and
+    ``spark.taskshard.partitionBytes`` (the largest byte range one Spark task reads; default 32 MiB).
+    """
+
+    master: str = Field(default="local[2]", min_length=1, max_length=1024)
+    conf: dict[str, str] = Field(default_factory=dict)
+    trigger_interval: str = Field(default="1 second", max_length=64)
+
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _conf_strings(cls, value: Any) -> Any:
+        # Spark conf values are strings; accept numbers/booleans written without quotes in YAML.
+        if isinstance(value, dict):
+            return {k: _conf_value(v) for k, v in value.items()}
+        return value
+
+    @field_validator("conf")
+    @classmethod
+    def _conf_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not k.startswith("spark.")]
+        if bad:
+            raise ValueError(f"every key must start with 'spark.' (got {bad[0]!r}), e.g. spark.sql.shuffle.partitions")
+        return value
+
+    @field_validator("trigger_interval")
+    @classmethod
+    def _trigger(cls, value: str) -> str:
+        if not re.match(TRIGGER_INTERVAL, value):
+            raise ValueError(
+                f"{value!r} is not a trigger interval; write '<n> <unit>' with unit milliseconds, seconds, "
+                "minutes or hours, e.g. '500 milliseconds' or '1 second'"
+            )
+        return value
+
+
+class ShardConfig(_Model):
+    """Everything one shard pod needs to run (see the module docstring for the JSON shape)."""
+
+    task: str = Field(min_length=1, max_length=253, pattern=NAME)
+    shard: str = Field(min_length=1, max_length=253, pattern=NAME)
+    namespace: str = Field(default="default", min_length=1, max_length=253)
+    max_key_groups: int = Field(ge=1, le=MAX_KEY_GROUPS_LIMIT)
+    key_groups: KeyGroupsSpec
+    key_field: str = Field(default="key", min_length=1, max_length=256)
+    processor: ProcessorSpec
+    source: SourceSpec
+    sink: SinkSpec
+    storage: StorageSpec
+    restore_from: RestoreFrom | None = None
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    drain_request_file: str | None = Field(default=None, max_length=4096)
+    termination_message_path: str = Field(default="/dev/termination-log", min_length=1, max_length=4096)
+
+    @model_validator(mode="after")
+    def _check(self) -> ShardConfig:
+        if self.key_groups.end > self.max_key_groups:
+            raise ValueError(
+                f"keyGroups.end: {self.key_groups.end} must be <= maxKeyGroups ({self.max_key_groups}); "
+                f"the range [{self.key_groups.start}, {self.key_groups.end}) must lie inside [0, maxKeyGroups)"
+            )
+        return self
+
+    @property
+    def range(self) -> KeyGroupRange:
+        """The shard's key-group range as a :class:`KeyGroupRange`."""
+        return self.key_groups.to_range()
+
+    @property
+    def trigger_ms(self) -> int:
+        return parse_trigger_interval(self.spark.trigger_interval)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _conf_value(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if value is None or isinstance(value, str | dict | list) else str(value)
+
+
+def _v(value: Any) -> str:
+    return "null" if value is None else repr(str(value))
+
+
+def _exactly_one(**options: Any) -> None:
+    chosen = [name for name, value in options.items() if value is not None]
+    if len(chosen) != 1:
+        names = " or ".join(options)
+        raise ValueError(f"exactly one of {names} must be set (got {len(chosen)}: {chosen or 'none'})")
+
+
+def parse_trigger_interval(text: str) -> int:
+    """``"500 milliseconds"`` -> 500, ``"1 second"`` -> 1000, ``"2 minutes"`` -> 120000."""
+    m = re.match(TRIGGER_INTERVAL, text)
+    if not m:
+        raise ValueError(f"trigger interval {text!r} is invalid, e.g. '1 second'")
+    number, unit = text.split(" ")
+    return int(number) * _TRIGGER_UNITS_MS[unit.rstrip("s")]
+
+
+def _loc_path(loc: tuple[Any, ...]) -> str:
+    """pydantic's ``loc`` tuple -> ``keyGroups.end`` / ``processor`` (aliases are already camelCase)."""
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif str(item).startswith(("function-", "model-")):  # validator frames, not fields
+            continue
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(root)"
+
+
+def _lookup(data: Any, loc: tuple[Any, ...]) -> tuple[bool, Any]:
+    cur = data
+    for item in loc:
+        if isinstance(cur, dict) and item in cur:
+            cur = cur[item]
+        elif isinstance(cur, list) and isinstance(item, int) and 0 <= item < len(cur):
+            cur = cur[item]
+        else:
+            return False, None
+    return True, cur
+
+
+def _format_errors(exc: ValidationError, data: Any) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        loc = tuple(err.get("loc", ()))
+        path = _loc_path(loc)
+        found, value = _lookup(data, loc)
+        msg = err.get("msg", "invalid")
+        msg = msg.removeprefix("Value error, ")
+        if not loc:  # a whole-config check: its message starts with the field path already
+            problems.append(msg)
+        elif err.get("type") == "missing":
+            problems.append(f"{path}: required field is missing")
+        elif err.get("type") == "extra_forbidden":
+            problems.append(f"{path}: unknown field (value {json.dumps(value, default=str)[:200]})")
+        elif found:
+            problems.append(f"{path}: {json.dumps(value, default=str)[:200]} is invalid: {msg}")
+        else:
+            problems.append(f"{path}: {msg}")
+    return problems
+
+
+def parse_config(data: Any, source: str | None = None) -> ShardConfig:
+    """Validate a parsed JSON/YAML object; raise :class:`ConfigError` naming every bad field and value."""
+    if not isinstance(data, dict):
+        raise ConfigError([f"(root): expected a JSON object, got {type(data).__name__}"], source)
+    try:
+        return ShardConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, data), source) from None
+
+
+def _parse_text(text: str, source: str) -> Any:
+    stripped = text.lstrip()
+    if stripped.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError([f"(file): not valid JSON: {exc}"], source) from None
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - pyyaml is a project dependency
+        raise ConfigError(["(file): not JSON, and PyYAML is not installed to read YAML"], source) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"(file): not valid JSON or YAML: {exc}"], source) from None
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None) -> ShardConfig:
+    """Load the config from ``path``; without one, from ``$TASKSHARD_CONFIG`` (a path) or
+    ``$TASKSHARD_CONFIG_JSON`` (inline JSON). JSON and YAML files are both accepted."""
+    env = os.environ if env is None else env
+    if path is None:
+        path = env.get("TASKSHARD_CONFIG") or None
+    if path is not None:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError([f"(file): cannot read {str(p)!r}: {exc.strerror or exc}"], str(p)) from None
+        return parse_config(_parse_text(text, str(p)), str(p))
+    inline = env.get("TASKSHARD_CONFIG_JSON")
+    if inline:
+        return parse_config(_parse_text(inline, "$TASKSHARD_CONFIG_JSON"), "$TASKSHARD_CONFIG_JSON")
+    raise ConfigError(["(file): no config given; pass --config FILE or set TASKSHARD_CONFIG / TASKSHARD_CONFIG_JSON"])
