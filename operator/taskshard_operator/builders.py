@@ -1,0 +1,390 @@
+"""Pure builders of every object the operator creates: plain dicts, no I/O, no kopf, deterministic.
+
+Owner references are added at the call site with ``kopf.adopt()``; everything else (names, labels, the shard
+runtime config, the pod) is decided here and unit-tested as golden dicts.
+
+Pod contract (see docs/design-contracts.md "Shard pod <-> runtime"):
+- command ``python -m spark_runtime run --config /etc/taskshard/shard.json``; the config is the ConfigMap
+  ``<shard>-config`` (key ``shard.json``) mounted read-only at ``/etc/taskshard``;
+- drain request: the pod annotation ``taskshard.io/drain`` projected by the downward API into
+  ``/etc/taskshard-drain/requested`` (the config's ``drainRequestFile``); the file holds ``true`` once asked;
+- the runtime's JSON summary goes to ``/dev/termination-log`` and is read back from the container status;
+- ``restartPolicy: OnFailure`` (a crash restarts in place from the recovery log; a drain exits 0 and stays down),
+  ``terminationGracePeriodSeconds`` long enough to finish a micro-batch and export a snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from spark_runtime.keygroups import KeyGroupRange
+from taskshard_operator import naming
+from taskshard_operator.models.task import TaskSpec
+
+SHARD_COMMAND = ["python", "-m", "spark_runtime", "run", "--config", naming.CONFIG_PATH]
+DRAIN_GRACE_SECONDS = 120
+"""Termination grace period of a driver pod: a SIGTERM drains (finish the batch, export the snapshot)."""
+DEFAULT_MOUNT_PATH = "/data"
+DEFAULT_SERVICE_ACCOUNT = "default"
+DRIVER_PORT = 7078
+BLOCK_MANAGER_PORT = 7079
+EXECUTOR_TEMPLATE_KEY = "executor-pod-template.json"
+KUBERNETES_MASTER = "k8s://https://kubernetes.default.svc:443"
+
+
+# ---------------------------------------------------------------- template identity
+
+
+def template_of(spec: TaskSpec) -> dict[str, Any]:
+    """The part of a Task spec that shapes a shard's pod and config; a change rolls the shards."""
+    data = spec.to_k8s()
+    return {k: data.get(k) for k in ("spark", "processor", "source", "sink", "keyField")}
+
+
+def template_hash(spec: TaskSpec) -> str:
+    """A short stable hash of :func:`template_of` (16 hex digits)."""
+    canonical = json.dumps(template_of(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def service_account_of(spec: TaskSpec) -> str:
+    """The driver pod's service account: ``spec.spark.serviceAccountName`` when the model has it, else default."""
+    return getattr(spec.spark, "service_account_name", None) or DEFAULT_SERVICE_ACCOUNT
+
+
+def executor_instances(spec: TaskSpec) -> int:
+    return spec.spark.executors.instances if spec.spark.executors else 0
+
+
+# ---------------------------------------------------------------- TaskShard
+
+
+def build_shard_spec(
+    task: str, key_groups: KeyGroupRange, restore_from: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``spec`` of a TaskShard: its task, its range and (for a split child) the parent snapshot to restore."""
+    spec: dict[str, Any] = {
+        "taskRef": {"name": task},
+        "keyGroups": {"start": key_groups.start, "end": key_groups.end},
+    }
+    if restore_from is not None:
+        spec["restoreFrom"] = {"parent": restore_from["parent"], "manifest": restore_from["manifest"]}
+    return spec
+
+
+def build_shard(
+    task: str,
+    key_groups: KeyGroupRange,
+    *,
+    template_hash: str,
+    restore_from: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A whole TaskShard object named ``<task>-<start>-<end>`` (owner reference added by the caller)."""
+    name = naming.shard_name(task, key_groups)
+    return {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "TaskShard",
+        "metadata": {
+            "name": name,
+            "labels": naming.shard_labels(task, name, key_groups),
+            "annotations": {naming.ANNOTATION_TEMPLATE_HASH: template_hash},
+        },
+        "spec": build_shard_spec(task, key_groups, restore_from),
+    }
+
+
+# ---------------------------------------------------------------- shard runtime config
+
+
+def build_shard_config(
+    *,
+    task: str,
+    namespace: str,
+    shard: str,
+    key_groups: KeyGroupRange,
+    spec: TaskSpec,
+    restore_from: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The runtime's ``shard.json`` (validated against ``spark_runtime.config.ShardConfig`` by the caller).
+
+    Paths (source, sink, storage) are the Task's, as the pod sees them under the storage volume's mount path.
+    """
+    data = spec.to_k8s()
+    spark = data["spark"]
+    instances = executor_instances(spec)
+    conf = dict(spark.get("conf") or {})
+    if instances > 0:
+        conf.update(build_executor_conf(task=task, namespace=namespace, shard=shard, spec=spec))
+    storage = {k: v for k, v in data["storage"].items() if k != "volume"}
+    return {
+        "task": task,
+        "shard": shard,
+        "namespace": namespace,
+        "maxKeyGroups": spec.max_key_groups,
+        "keyGroups": {"start": key_groups.start, "end": key_groups.end},
+        "keyField": spec.key_field,
+        "processor": data["processor"],
+        "source": data["source"],
+        "sink": data["sink"],
+        "storage": storage,
+        "restoreFrom": dict(restore_from) if restore_from else None,
+        "spark": {
+            "master": KUBERNETES_MASTER if instances > 0 else "local[*]",
+            "conf": conf,
+            "triggerInterval": spark.get("triggerInterval", "1 second"),
+        },
+        "drainRequestFile": naming.DRAIN_FILE,
+        "terminationMessagePath": naming.TERMINATION_MESSAGE_PATH,
+    }
+
+
+def build_configmap(
+    *, task: str, shard: str, key_groups: KeyGroupRange, config: dict[str, Any], spec: TaskSpec | None = None
+) -> dict[str, Any]:
+    """ConfigMap ``<shard>-config`` holding ``shard.json`` (and the executor pod template when executors run)."""
+    data = {naming.CONFIG_KEY: json.dumps(config, indent=2, sort_keys=True)}
+    if spec is not None and executor_instances(spec) > 0:
+        template = build_executor_pod_template(task=task, shard=shard, key_groups=key_groups, spec=spec)
+        data[EXECUTOR_TEMPLATE_KEY] = json.dumps(template, indent=2, sort_keys=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": naming.configmap_name(shard),
+            "labels": naming.shard_labels(task, shard, key_groups),
+        },
+        "data": data,
+    }
+
+
+# ---------------------------------------------------------------- driver pod
+
+
+def _storage_volume(spec: TaskSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(volume, volumeMount)`` of ``spec.storage.volume``, or None when the Task names no volume (s3)."""
+    volume = spec.storage.volume
+    if volume is None:
+        return None
+    if volume.host_path is not None:
+        source: dict[str, Any] = {"hostPath": {"path": volume.host_path, "type": "DirectoryOrCreate"}}
+    else:
+        source = {"persistentVolumeClaim": {"claimName": volume.persistent_volume_claim.claim_name}}
+    mount_path = volume.mount_path or DEFAULT_MOUNT_PATH
+    return {"name": "storage", **source}, {"name": "storage", "mountPath": mount_path}
+
+
+def _resources(resources: Any) -> dict[str, Any]:
+    return resources.to_k8s() if resources is not None else {}
+
+
+def build_pod(
+    *,
+    task: str,
+    shard: str,
+    key_groups: KeyGroupRange,
+    spec: TaskSpec,
+    template_hash: str,
+    drain: bool = False,
+    restarts_base: int = 0,
+) -> dict[str, Any]:
+    """The Spark driver pod ``<shard>-driver`` of a shard (owner reference added by the caller).
+
+    ``drain=True`` creates the pod with the drain annotation already set (a pod recreated during a drain
+    drains at once). ``restarts_base`` is recorded so that ``status.restarts`` survives pod replacement.
+    """
+    annotations = {
+        naming.ANNOTATION_TEMPLATE_HASH: template_hash,
+        naming.ANNOTATION_RESTARTS_BASE: str(restarts_base),
+    }
+    if drain:
+        annotations[naming.ANNOTATION_DRAIN] = "true"
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
+        {"name": "drain", "mountPath": naming.DRAIN_DIR, "readOnly": True},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": naming.configmap_name(shard)}},
+        {
+            "name": "drain",
+            "downwardAPI": {
+                "items": [
+                    {
+                        "path": naming.DRAIN_FILE.rsplit("/", 1)[1],
+                        "fieldRef": {"fieldPath": f"metadata.annotations['{naming.ANNOTATION_DRAIN}']"},
+                    }
+                ]
+            },
+        },
+    ]
+    storage = _storage_volume(spec)
+    if storage is not None:
+        volumes.append(storage[0])
+        mounts.append(storage[1])
+    executors = executor_instances(spec) > 0
+    container: dict[str, Any] = {
+        "name": naming.CONTAINER_DRIVER,
+        "image": spec.spark.image,
+        "command": list(SHARD_COMMAND),
+        "env": [
+            {"name": "TASKSHARD_TASK", "value": task},
+            {"name": "TASKSHARD_SHARD", "value": shard},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ],
+        "resources": _resources(spec.spark.resources),
+        "volumeMounts": mounts,
+        "terminationMessagePath": naming.TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "File",
+    }
+    if spec.spark.image_pull_policy:
+        container["imagePullPolicy"] = spec.spark.image_pull_policy
+    if executors:
+        container["ports"] = [
+            {"name": "driver", "containerPort": DRIVER_PORT},
+            {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT},
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": naming.pod_name(shard),
+            "labels": naming.shard_labels(task, shard, key_groups),
+            "annotations": annotations,
+        },
+        "spec": {
+            "restartPolicy": "OnFailure",
+            "terminationGracePeriodSeconds": DRAIN_GRACE_SECONDS,
+            "serviceAccountName": service_account_of(spec),
+            # Local mode needs no API access; the driver talks to the apiserver only to manage executors.
+            "automountServiceAccountToken": executors,
+            "containers": [container],
+            "volumes": volumes,
+        },
+    }
+
+
+# ---------------------------------------------------------------- Spark executors on Kubernetes
+
+
+def build_executor_conf(*, task: str, namespace: str, shard: str, spec: TaskSpec) -> dict[str, str]:
+    """Spark conf that makes the driver (client mode, in its pod) run executors as Kubernetes pods.
+
+    Executors are owned by the driver pod (``spark.kubernetes.driver.pod.name``), so they go when it goes; they
+    reach the driver through the headless Service of :func:`build_executor_service`.
+    """
+    executors = spec.spark.executors
+    conf = {
+        "spark.submit.deployMode": "client",
+        "spark.executor.instances": str(executors.instances),
+        "spark.kubernetes.namespace": namespace,
+        "spark.kubernetes.container.image": spec.spark.image,
+        "spark.kubernetes.driver.pod.name": naming.pod_name(shard),
+        "spark.kubernetes.authenticate.driver.serviceAccountName": service_account_of(spec),
+        "spark.kubernetes.executor.podNamePrefix": shard,
+        "spark.kubernetes.executor.podTemplateFile": f"{naming.CONFIG_DIR}/{EXECUTOR_TEMPLATE_KEY}",
+        "spark.kubernetes.executor.label." + naming.LABEL_TASK: task,
+        "spark.kubernetes.executor.label." + naming.LABEL_SHARD: shard,
+        "spark.kubernetes.executor.label." + naming.LABEL_COMPONENT: naming.COMPONENT_EXECUTOR,
+        "spark.driver.host": f"{naming.driver_service_name(shard)}.{namespace}.svc",
+        "spark.driver.port": str(DRIVER_PORT),
+        "spark.driver.bindAddress": "0.0.0.0",
+        "spark.blockManager.port": str(BLOCK_MANAGER_PORT),
+    }
+    if spec.spark.image_pull_policy:
+        conf["spark.kubernetes.container.image.pullPolicy"] = spec.spark.image_pull_policy
+    resources = executors.resources
+    requests = (resources.requests or {}) if resources else {}
+    limits = (resources.limits or {}) if resources else {}
+    if "cpu" in requests:
+        conf["spark.kubernetes.executor.request.cores"] = str(requests["cpu"])
+    if "cpu" in limits:
+        conf["spark.kubernetes.executor.limit.cores"] = str(limits["cpu"])
+    memory = limits.get("memory") or requests.get("memory")
+    if memory is not None:
+        conf["spark.executor.memory"] = _spark_memory(memory)
+    return conf
+
+
+def _spark_memory(quantity: int | str) -> str:
+    """A Kubernetes memory quantity as a Spark size (``2Gi`` -> ``2g``, ``512Mi`` -> ``512m``, bytes as ``b``)."""
+    text = str(quantity)
+    for suffix, spark in (("Gi", "g"), ("Mi", "m"), ("Ki", "k"), ("Ti", "t")):
+        if text.endswith(suffix):
+            return text[: -len(suffix)] + spark
+    if text.isdigit():
+        return f"{text}b"
+    return text.lower().rstrip("b") or text
+
+
+def build_executor_pod_template(*, task: str, shard: str, key_groups: KeyGroupRange, spec: TaskSpec) -> dict[str, Any]:
+    """Executor pod template (``spark.kubernetes.executor.podTemplateFile``): the storage volume and labels."""
+    storage = _storage_volume(spec)
+    container: dict[str, Any] = {"name": "executor"}
+    pod_spec: dict[str, Any] = {"containers": [container], "serviceAccountName": service_account_of(spec)}
+    if storage is not None:
+        pod_spec["volumes"] = [storage[0]]
+        container["volumeMounts"] = [storage[1]]
+    resources = spec.spark.executors.resources if spec.spark.executors else None
+    if resources is not None:
+        container["resources"] = resources.to_k8s()
+    labels = naming.shard_labels(task, shard, key_groups)
+    labels[naming.LABEL_COMPONENT] = naming.COMPONENT_EXECUTOR
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": labels}, "spec": pod_spec}
+
+
+def build_executor_service(*, task: str, shard: str, key_groups: KeyGroupRange) -> dict[str, Any]:
+    """Headless Service ``<shard>-driver-svc`` through which executors reach the driver pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": naming.driver_service_name(shard),
+            "labels": naming.shard_labels(task, shard, key_groups),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {naming.LABEL_SHARD: shard, naming.LABEL_COMPONENT: naming.COMPONENT_SHARD},
+            "ports": [
+                {"name": "driver", "port": DRIVER_PORT, "targetPort": DRIVER_PORT},
+                {"name": "blockmanager", "port": BLOCK_MANAGER_PORT, "targetPort": BLOCK_MANAGER_PORT},
+            ],
+        },
+    }
+
+
+# ---------------------------------------------------------------- checkpoint retention
+
+
+def build_cleanup_pod(*, task: str, spec: TaskSpec) -> dict[str, Any] | None:
+    """A one-shot pod that deletes ``<storage.path>/<task>`` (``checkpointRetention: Delete``).
+
+    None when the storage is not a filesystem path on a volume (nothing the operator can mount).
+    """
+    storage = _storage_volume(spec)
+    if storage is None or spec.storage.path is None:
+        return None
+    target = f"{spec.storage.path.rstrip('/')}/{task}"
+    script = f"import shutil; shutil.rmtree({target!r}, ignore_errors=True); print('removed', {target!r})"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": naming.cleanup_pod_name(task),
+            "labels": {naming.LABEL_TASK: task, naming.LABEL_COMPONENT: naming.COMPONENT_CLEANUP},
+        },
+        "spec": {
+            "restartPolicy": "OnFailure",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "cleanup",
+                    "image": spec.spark.image,
+                    "command": ["python", "-c", script],
+                    "volumeMounts": [storage[1]],
+                }
+            ],
+            "volumes": [storage[0]],
+        },
+    }

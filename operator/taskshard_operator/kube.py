@@ -1,0 +1,160 @@
+"""The operator's only door to the Kubernetes API: get / list / create / patch / delete on plain dicts.
+
+Every function returns camelCase dicts (as ``kubectl get -o json`` shows them) or None for "not found", so the
+reconcilers and pure builders never see client model classes. ``create`` returns None on 409 (the object
+already exists: the step was done before), which is what makes re-running a protocol step harmless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from taskshard_operator import naming
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def load_config() -> None:
+    """In-cluster credentials when running in a pod, else the kubeconfig (``KUBECONFIG`` or ~/.kube/config)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class Kube:
+    """Thin wrapper over the generated clients. One instance per operator process (thread-safe enough: the
+    underlying urllib3 pool is shared)."""
+
+    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+        self.api = api_client or client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    def _dict(self, obj: Any) -> dict[str, Any]:
+        return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
+
+    # ------------------------------------------------------------ custom resources
+    def get_custom(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(naming.DOMAIN, naming.API_VERSION, namespace, plural, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list_custom(self, plural: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+        result = self.custom.list_namespaced_custom_object(
+            naming.DOMAIN, naming.API_VERSION, namespace, plural, label_selector=selector or ""
+        )
+        return list(result.get("items") or [])
+
+    def create_custom(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            return self.custom.create_namespaced_custom_object(
+                naming.DOMAIN, naming.API_VERSION, namespace, plural, body
+            )
+        except ApiException as e:
+            if e.status == 409:
+                return None
+            raise
+
+    def patch_custom(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object(
+            naming.DOMAIN, naming.API_VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH
+        )
+
+    def patch_custom_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object_status(
+            naming.DOMAIN,
+            naming.API_VERSION,
+            namespace,
+            plural,
+            name,
+            {"status": status},
+            _content_type=MERGE_PATCH,
+        )
+
+    # ------------------------------------------------------------ pods
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._dict(self.core.read_namespaced_pod(name, namespace))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
+        return [self._dict(p) for p in pods.items]
+
+    def create_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            return self._dict(self.core.create_namespaced_pod(namespace, body))
+        except ApiException as e:
+            if e.status == 409:
+                return None
+            raise
+
+    def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        try:
+            self.core.patch_namespaced_pod(name, namespace, patch, _content_type=MERGE_PATCH)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def delete_pod(self, namespace: str, name: str, *, uid: str | None = None, grace: int | None = None) -> None:
+        """Delete (gracefully unless ``grace`` says otherwise); a missing pod is fine."""
+        body: dict[str, Any] = {}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        if grace is not None:
+            body["gracePeriodSeconds"] = grace
+        try:
+            self.core.delete_namespaced_pod(name, namespace, body=body)
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+
+    # ------------------------------------------------------------ configmaps and services
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._dict(self.core.read_namespaced_config_map(name, namespace))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def apply_configmap(self, namespace: str, body: dict[str, Any]) -> str:
+        """Create the ConfigMap, or patch its data if it differs. Returns "created", "patched" or "unchanged"."""
+        name = body["metadata"]["name"]
+        existing = self.get_configmap(namespace, name)
+        if existing is None:
+            try:
+                self.core.create_namespaced_config_map(namespace, body)
+                return "created"
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                existing = self.get_configmap(namespace, name) or {}
+        if (existing.get("data") or {}) == body["data"]:
+            return "unchanged"
+        self.core.patch_namespaced_config_map(name, namespace, {"data": body["data"]}, _content_type=MERGE_PATCH)
+        return "patched"
+
+    def delete_configmap(self, namespace: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_config_map(name, namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
+        try:
+            self.core.create_namespaced_service(namespace, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise

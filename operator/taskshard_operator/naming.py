@@ -1,0 +1,85 @@
+"""Every name, label and annotation the operator writes, in one place (one-line helpers, no I/O).
+
+Names are deterministic functions of the task name and the key-group range, so re-running a step of the split
+protocol addresses the same objects (a create that returns 409 means the step was already done).
+
+- TaskShard: ``<task>-<start>-<end>`` for the range ``[start, end)``, e.g. ``orders-0-64``.
+- Driver pod: ``<shard>-driver``; ConfigMap: ``<shard>-config``; driver Service (executors): ``<shard>-driver-svc``.
+"""
+
+from __future__ import annotations
+
+from spark_runtime.keygroups import KeyGroupRange
+
+DOMAIN = "taskshard.io"
+API_VERSION = "v1alpha1"
+GROUP_VERSION = f"{DOMAIN}/{API_VERSION}"
+TASK_PLURAL = "tasks"
+SHARD_PLURAL = "taskshards"
+
+# Labels (selectors) and annotations (operator bookkeeping), all prefixed with the API group.
+LABEL_TASK = f"{DOMAIN}/task"
+LABEL_SHARD = f"{DOMAIN}/shard"
+LABEL_KEY_GROUPS = f"{DOMAIN}/key-groups"
+LABEL_COMPONENT = f"{DOMAIN}/component"
+COMPONENT_SHARD = "shard"
+COMPONENT_EXECUTOR = "executor"
+COMPONENT_CLEANUP = "cleanup"
+
+ANNOTATION_DRAIN = f"{DOMAIN}/drain"
+"""On the driver pod: ``"true"`` asks the runtime to drain (projected into the pod by the downward API)."""
+ANNOTATION_TEMPLATE_HASH = f"{DOMAIN}/template-hash"
+"""On a TaskShard: the Task template hash it should run (set by the Task's roll); on a pod: the one it runs."""
+ANNOTATION_RESTARTS_BASE = f"{DOMAIN}/restarts-base"
+"""On the driver pod: restarts of the shard before this pod existed (status.restarts = base + restartCount)."""
+
+FINALIZER = f"{DOMAIN}/finalizer"
+PROGRESS_PREFIX = DOMAIN
+
+CONTAINER_DRIVER = "driver"
+CONFIG_KEY = "shard.json"
+CONFIG_DIR = "/etc/taskshard"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+DRAIN_DIR = "/etc/taskshard-drain"
+DRAIN_FILE = f"{DRAIN_DIR}/requested"
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+
+
+def shard_name(task: str, key_groups: KeyGroupRange) -> str:
+    """``orders-0-64`` for task ``orders`` and ``[0, 64)``."""
+    return f"{task}-{key_groups.label()}"
+
+
+def pod_name(shard: str) -> str:
+    return f"{shard}-driver"
+
+
+def configmap_name(shard: str) -> str:
+    return f"{shard}-config"
+
+
+def driver_service_name(shard: str) -> str:
+    return f"{shard}-driver-svc"
+
+
+def cleanup_pod_name(task: str) -> str:
+    return f"{task}-cleanup"
+
+
+def task_labels(task: str) -> dict[str, str]:
+    return {LABEL_TASK: task}
+
+
+def shard_labels(task: str, shard: str, key_groups: KeyGroupRange) -> dict[str, str]:
+    """Labels of a TaskShard and of everything it owns (pod, ConfigMap)."""
+    return {
+        LABEL_TASK: task,
+        LABEL_SHARD: shard,
+        LABEL_KEY_GROUPS: key_groups.label(),
+        LABEL_COMPONENT: COMPONENT_SHARD,
+    }
+
+
+def shard_selector(task: str) -> str:
+    """A label selector for every TaskShard (and shard pod) of ``task``."""
+    return f"{LABEL_TASK}={task},{LABEL_COMPONENT}={COMPONENT_SHARD}"

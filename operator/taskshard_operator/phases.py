@@ -1,0 +1,72 @@
+"""The TaskShard phase machine: which ``status.phase`` transitions the operator may write (pure).
+
+The closed enum is :class:`~taskshard_operator.models.shard.ShardPhase` (its docstring draws the diagram). This
+module is the table the operator enforces; every status write goes through :func:`check_transition`::
+
+    (new) ─> Pending ──pod running──> Running ──valid spec.split──> SplitRequested ──drain asked──> Draining
+               ▲  │ ▲                  │  │                                                        │
+    replace pod│  │ └─roll / pod gone──┘  │                                 pod exited 0 + manifest │
+               │  ▼                       ▼                                                        ▼
+               └─ Failed <──pod failed────┘                 Split <──children seen── ChildrenCreated <── Drained
+                    └──pod running again──> Running         (terminal)                (both children exist)
+
+    Pending | Running | Failed ──Task deleted──> Stopped (terminal)
+
+Contracts:
+- Writing the same phase again is always allowed (idempotent retries after a crash).
+- From SplitRequested on, the only way is forward: a split that was accepted is completed, never rolled back
+  (a failed drain is retried by the pod's restart policy, the phase stays Draining).
+- Split and Stopped are terminal.
+"""
+
+from __future__ import annotations
+
+from taskshard_operator.models.shard import ShardPhase
+
+P = ShardPhase
+
+ALLOWED: dict[ShardPhase, frozenset[ShardPhase]] = {
+    P.PENDING: frozenset({P.RUNNING, P.FAILED, P.SPLIT_REQUESTED, P.STOPPED}),
+    P.RUNNING: frozenset({P.PENDING, P.FAILED, P.SPLIT_REQUESTED, P.STOPPED}),
+    P.FAILED: frozenset({P.PENDING, P.RUNNING, P.STOPPED}),
+    P.SPLIT_REQUESTED: frozenset({P.DRAINING}),
+    P.DRAINING: frozenset({P.DRAINED}),
+    P.DRAINED: frozenset({P.CHILDREN_CREATED}),
+    P.CHILDREN_CREATED: frozenset({P.SPLIT}),
+    P.SPLIT: frozenset(),
+    P.STOPPED: frozenset(),
+}
+"""Allowed ``old -> new`` transitions (besides ``old -> old``). ``Pending -> SplitRequested`` is not used by
+the split planner (it needs Running) and exists only so that a shard whose pod status was not observed yet
+cannot be forced into an inconsistent state by a stale read."""
+
+SPLIT_STEPS = (P.SPLIT_REQUESTED, P.DRAINING, P.DRAINED, P.CHILDREN_CREATED, P.SPLIT)
+"""The split protocol's phases, in order (each is written before the step it names is acted on)."""
+
+TERMINAL = frozenset({P.SPLIT, P.STOPPED})
+
+
+class TransitionError(ValueError):
+    """A phase change the machine forbids; the message names both phases and the allowed targets."""
+
+
+def parse_phase(value: str | None) -> ShardPhase:
+    """``status.phase`` as an enum; an absent phase is Pending (a new shard)."""
+    return ShardPhase(value) if value else ShardPhase.PENDING
+
+
+def can_transition(old: ShardPhase, new: ShardPhase) -> bool:
+    return old == new or new in ALLOWED[old]
+
+
+def check_transition(old: ShardPhase, new: ShardPhase) -> ShardPhase:
+    """Return ``new`` if ``old -> new`` is allowed, else raise :class:`TransitionError`."""
+    if not can_transition(old, new):
+        allowed = ", ".join(sorted(p.value for p in ALLOWED[old])) or "none (terminal)"
+        raise TransitionError(f"status.phase: {old.value} -> {new.value} is not allowed; from {old.value}: {allowed}")
+    return new
+
+
+def is_splitting(phase: ShardPhase) -> bool:
+    """True between an accepted split request and the end of the protocol (Split excluded)."""
+    return phase in SPLIT_STEPS and phase != P.SPLIT

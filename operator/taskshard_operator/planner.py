@@ -1,0 +1,178 @@
+"""Pure planners: what to do, decided from observed state; the handlers only carry the decisions out.
+
+- :func:`plan_split`: accept, refuse or ignore a shard's ``spec.split`` request.
+- :func:`plan_task_shards`: which initial shards a Task still needs, and whether its active shards tile
+  ``[0, maxKeyGroups)``.
+- :func:`plan_roll`: which shard to roll next after a template change (one at a time).
+- :func:`task_phase`: the Task's phase summarised from its shards.
+
+Errors and refusals name the field and the value and say what a valid value looks like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spark_runtime.keygroups import KeyGroupError, KeyGroupRange, TilingError, check_tiling, initial_ranges
+from taskshard_operator import naming
+from taskshard_operator.models.shard import ShardPhase
+from taskshard_operator.models.task import TaskPhase
+from taskshard_operator.phases import is_splitting
+
+# ---------------------------------------------------------------- split
+
+
+@dataclass(frozen=True)
+class SplitAccepted:
+    """A valid request: split at ``at`` into ``children`` (lower range first)."""
+
+    at: int
+    children: tuple[KeyGroupRange, KeyGroupRange]
+
+
+@dataclass(frozen=True)
+class SplitRefused:
+    """An invalid request; ``field`` and ``message`` go into the SplitRejected condition and an event."""
+
+    field: str
+    message: str
+
+
+SplitDecision = SplitAccepted | SplitRefused | None
+
+
+def split_requested(split: Mapping[str, Any] | None) -> bool:
+    return bool(split) and split.get("requested") is True
+
+
+def plan_split(
+    *, shard: str, key_groups: KeyGroupRange, phase: ShardPhase, split: Mapping[str, Any] | None
+) -> SplitDecision:
+    """Decide on ``spec.split`` of a shard that has not accepted a split yet.
+
+    Returns None when no split is requested, :class:`SplitAccepted` for a valid request of a Running shard,
+    else :class:`SplitRefused` (nothing may change then). The point defaults to the midpoint.
+    """
+    if not split_requested(split):
+        return None
+    at = split.get("at")
+    if phase != ShardPhase.RUNNING:
+        return SplitRefused(
+            "spec.split.requested",
+            f"spec.split.requested: shard {shard} is in phase {phase.value}; only a Running shard can be split "
+            "(wait until status.phase is Running, then set spec.split again)",
+        )
+    if key_groups.size < 2:
+        return SplitRefused(
+            "spec.split.requested",
+            f"spec.split.requested: spec.keyGroups {key_groups} of shard {shard} holds one key group and cannot "
+            "be split (a split needs end - start >= 2)",
+        )
+    if at is not None and (
+        isinstance(at, bool) or not isinstance(at, int) or not key_groups.start < at < key_groups.end
+    ):
+        return SplitRefused(
+            "spec.split.at",
+            f"spec.split.at: {at!r} is not strictly inside spec.keyGroups {key_groups} of shard {shard}; use an "
+            f"integer with {key_groups.start} < at < {key_groups.end}, or omit it to split at the midpoint "
+            f"{key_groups.midpoint()}",
+        )
+    try:
+        low, high = key_groups.split(at)
+    except KeyGroupError as e:  # defensive: the checks above cover every case KeyGroupRange.split refuses
+        return SplitRefused("spec.split.at", f"spec.split.at: {e}")
+    return SplitAccepted(at=low.end, children=(low, high))
+
+
+def child_names(task: str, children: Iterable[KeyGroupRange]) -> list[str]:
+    """Deterministic child names, lower range first."""
+    return [naming.shard_name(task, r) for r in children]
+
+
+# ---------------------------------------------------------------- task
+
+
+@dataclass(frozen=True)
+class ShardView:
+    """What the Task-level planners need to know about one TaskShard (and its pod)."""
+
+    name: str
+    key_groups: KeyGroupRange
+    phase: ShardPhase
+    restored: bool = False
+    """True for a split child (``spec.restoreFrom`` set)."""
+    wanted_hash: str | None = None
+    """The template hash the shard should run (its ``taskshard.io/template-hash`` annotation)."""
+    pod_hash: str | None = None
+    """The template hash its driver pod runs (the pod's annotation), None without a pod."""
+    pod_ready: bool = False
+    """True when the driver pod's container is running."""
+
+    @property
+    def active(self) -> bool:
+        return self.phase.owns_range
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    create: tuple[KeyGroupRange, ...]
+    """Initial ranges whose shards are missing (empty once any split happened)."""
+    tiling_error: str | None
+    """Why the active shards do not tile ``[0, maxKeyGroups)``, or None."""
+
+
+def plan_task_shards(*, task: str, max_key_groups: int, initial_shards: int, shards: Iterable[ShardView]) -> TaskPlan:
+    """Initial shards to create and the tiling check.
+
+    The initial ranges are ``initial_ranges(initialShards, maxKeyGroups)``; each is created when no shard of that
+    name exists, unless a split already happened (a child exists), after which the shards are what the splits
+    made of them. The tiling check covers the active shards after the planned creations.
+    """
+    shards = list(shards)
+    names = {s.name for s in shards}
+    create: tuple[KeyGroupRange, ...] = ()
+    if not any(s.restored for s in shards):
+        create = tuple(
+            r for r in initial_ranges(initial_shards, max_key_groups) if naming.shard_name(task, r) not in names
+        )
+    active = [s.key_groups for s in shards if s.active] + list(create)
+    try:
+        check_tiling(active, max_key_groups)
+        error = None
+    except TilingError as e:
+        error = str(e)
+    return TaskPlan(create=create, tiling_error=error)
+
+
+def plan_roll(target_hash: str, shards: Iterable[ShardView]) -> str | None:
+    """The next shard to roll to ``target_hash``, or None (nothing to roll, or wait).
+
+    One at a time: a shard already told to roll (``wanted_hash == target``) whose pod does not run the target
+    yet blocks the next one; only Running shards start a roll (a splitting shard's children are created with
+    the new template anyway). Order: key-group order.
+    """
+    shards = sorted((s for s in shards if s.active), key=lambda s: s.key_groups)
+    for s in shards:
+        if s.wanted_hash == target_hash and not (s.pod_hash == target_hash and s.pod_ready):
+            return None  # a roll is in progress
+    for s in shards:
+        if s.wanted_hash != target_hash and s.phase == ShardPhase.RUNNING:
+            return s.name
+    return None
+
+
+def task_phase(shards: Iterable[ShardView], *, tiling_error: str | None = None) -> TaskPhase:
+    """Summarise the shards: Splitting > Degraded > Pending > Running (see ``TaskPhase``)."""
+    shards = list(shards)
+    active = [s for s in shards if s.active]
+    if tiling_error is not None or not active:
+        return TaskPhase.PENDING if tiling_error is None or not shards else TaskPhase.DEGRADED
+    if any(is_splitting(s.phase) or s.phase == ShardPhase.CHILDREN_CREATED for s in shards):
+        return TaskPhase.SPLITTING
+    if any(s.phase == ShardPhase.FAILED for s in active):
+        return TaskPhase.DEGRADED
+    if all(s.phase == ShardPhase.RUNNING for s in active):
+        return TaskPhase.RUNNING
+    return TaskPhase.PENDING

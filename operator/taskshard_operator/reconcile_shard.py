@@ -1,0 +1,633 @@
+"""One reconcile pass of a TaskShard: observe -> validate -> act, with ``status`` as the write-ahead log.
+
+:func:`reconcile_shard` is level-based and idempotent: it reads the shard, its Task and its driver pod fresh,
+does at most one protocol step, writes the step to status and returns. It is called by a timer, by shard events
+and by pod events (see ``handlers/``), serialised per shard by a lock in the handlers.
+
+Split protocol (each phase is written to ``status`` *before* the step it names is acted on; a crash anywhere
+leaves a phase from which the next pass continues, and every action is idempotent):
+
+- Step 1, Running: a valid ``spec.split`` is accepted by writing ``phase: SplitRequested`` and ``status.split.at``
+  in one patch (nothing else is touched yet). Crash after: the next pass finds SplitRequested.
+- Step 2, SplitRequested: annotate the pod ``taskshard.io/drain=true`` (re-annotating is harmless; a missing pod
+  is recreated with the annotation), then write ``Draining``. Crash between: the annotation is set again.
+- Step 3, Draining: wait for the driver container to exit 0 with a termination message naming the snapshot
+  manifest and batch id; write ``Drained`` with ``status.finalCheckpoint``. A pod that crashes while draining is
+  restarted in place by ``restartPolicy: OnFailure`` and drains again (the annotation stays); a deleted pod is
+  recreated with the annotation. Crash: the terminated container status is still there to read.
+- Step 4, Drained: delete the parent's stopped pod, create both children (deterministic names
+  ``<task>-<start>-<at>`` and ``<task>-<at>-<end>``, owned by the Task, ``spec.restoreFrom`` = the manifest;
+  409 = created before) and write ``ChildrenCreated`` with ``status.lineage.children``.
+- Step 5, ChildrenCreated: once both children exist and have been seen by their reconciler (``status.phase``
+  set), write ``Split``. The parent keeps no pod and no ConfigMap.
+
+No key group is ever processed by two running pods: children are created only after the parent's container has
+exited (Step 3), and a child creates its pod only when its parent's pod is gone or terminated.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from spark_runtime.keygroups import KeyGroupRange
+from taskshard_operator import builders, naming, planner
+from taskshard_operator import status as st
+from taskshard_operator.kube import Kube
+from taskshard_operator.models.shard import ShardPhase
+from taskshard_operator.models.task import TaskSpec
+from taskshard_operator.phases import check_transition, parse_phase
+
+P = ShardPhase
+Emit = Callable[[dict[str, Any], str, str, str], None]
+"""``emit(body, type, reason, message)``: post a Kubernetes Event about ``body`` (``kopf.event`` in production)."""
+
+
+@dataclass
+class Backoff:
+    """In-memory back-off for replacing a shard's pod: ``base * 2**(n-1)`` capped at ``cap`` seconds.
+
+    Lost on operator restart on purpose (a restarted operator retries at once); ``status.restarts`` persists.
+    """
+
+    base: float = 2.0
+    cap: float = 60.0
+    _state: dict[str, tuple[int, float]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ready(self, key: str) -> float:
+        """Seconds still to wait before the next replacement (0 = go)."""
+        with self._lock:
+            _, not_before = self._state.get(key, (0, 0.0))
+        return max(0.0, not_before - time.monotonic())
+
+    def record(self, key: str) -> float:
+        with self._lock:
+            n, _ = self._state.get(key, (0, 0.0))
+            delay = min(self.cap, self.base * 2**n)
+            self._state[key] = (n + 1, time.monotonic() + delay)
+            return delay
+
+    def reset(self, key: str) -> None:
+        with self._lock:
+            self._state.pop(key, None)
+
+
+def validate_shard_config(config: dict[str, Any]) -> None:
+    """Validate ``shard.json`` against ``spark_runtime.config.ShardConfig`` when the runtime provides it.
+
+    Raises ``ValueError`` (a pydantic ``ValidationError``) naming the field. Imports no pyspark.
+    """
+    try:
+        from spark_runtime.config import ShardConfig  # noqa: PLC0415 - optional until the runtime lands
+    except ImportError:
+        return
+    validate = getattr(ShardConfig, "model_validate", None)
+    if validate is not None:
+        validate(config)
+
+
+@dataclass
+class ShardContext:
+    """Everything one pass observed (read once at the start of the pass)."""
+
+    kube: Kube
+    emit: Emit
+    backoff: Backoff
+    namespace: str
+    shard: dict[str, Any]
+    task: dict[str, Any] | None
+    spec: TaskSpec | None
+    pod: st.PodView
+    pod_raw: dict[str, Any] | None
+
+    @property
+    def name(self) -> str:
+        return self.shard["metadata"]["name"]
+
+    @property
+    def uid(self) -> str:
+        return self.shard["metadata"].get("uid", self.name)
+
+    @property
+    def generation(self) -> int:
+        return int(self.shard["metadata"].get("generation") or 1)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.shard.get("status") or {}
+
+    @property
+    def phase(self) -> ShardPhase:
+        return parse_phase(self.status.get("phase"))
+
+    @property
+    def task_name(self) -> str:
+        return self.shard["spec"]["taskRef"]["name"]
+
+    @property
+    def key_groups(self) -> KeyGroupRange:
+        kg = self.shard["spec"]["keyGroups"]
+        return KeyGroupRange(kg["start"], kg["end"])
+
+    @property
+    def restore_from(self) -> dict[str, str] | None:
+        return self.shard["spec"].get("restoreFrom")
+
+    @property
+    def template_hash(self) -> str:
+        """The template this shard should run: its roll annotation, else the Task's current one."""
+        annotations = self.shard["metadata"].get("annotations") or {}
+        return annotations.get(naming.ANNOTATION_TEMPLATE_HASH) or builders.template_hash(self.spec)
+
+    # ------------------------------------------------------------ writes
+    def write(self, patch: dict[str, Any], *, phase: ShardPhase | None = None) -> None:
+        """Patch status (and the phase, checked against the phase machine); skip when nothing changes."""
+        current = self.status
+        if phase is not None:
+            check_transition(self.phase, phase)
+            patch = {**patch, "phase": phase.value}
+        if "conditions" in patch:
+            merged = st.set_conditions(current.get("conditions"), *patch["conditions"])
+            if st.conditions_equal(merged, current.get("conditions")):
+                patch = {k: v for k, v in patch.items() if k != "conditions"}
+            else:
+                patch = {**patch, "conditions": merged}
+        changed = {k: v for k, v in patch.items() if current.get(k) != v}
+        if not changed:
+            return
+        result = self.kube.patch_custom_status(naming.SHARD_PLURAL, self.namespace, self.name, changed)
+        self.shard = result or {**self.shard, "status": {**current, **changed}}
+        if phase is not None and phase != parse_phase(current.get("phase")) and current.get("phase") is not None:
+            self.emit(
+                self.shard,
+                "Normal",
+                f"Phase{phase.value}",
+                f"{self.name}: phase {current.get('phase')} -> {phase.value}",
+            )
+
+    def cond(self, type_: str, ok: bool, reason: str, message: str = "") -> dict[str, Any]:
+        return st.condition(type_, ok, reason, message, generation=self.generation)
+
+
+def reconcile_shard(kube: Kube, namespace: str, name: str, *, emit: Emit, backoff: Backoff) -> None:
+    """One pass for the TaskShard ``namespace/name`` (see the module docstring)."""
+    shard = kube.get_custom(naming.SHARD_PLURAL, namespace, name)
+    if shard is None or shard["metadata"].get("deletionTimestamp"):
+        return
+    task_name = shard["spec"]["taskRef"]["name"]
+    task = kube.get_custom(naming.TASK_PLURAL, namespace, task_name)
+    pod_raw = kube.get_pod(namespace, naming.pod_name(name))
+    ctx = ShardContext(kube, emit, backoff, namespace, shard, task, None, st.pod_view(pod_raw), pod_raw)
+
+    if task is None or task["metadata"].get("deletionTimestamp"):
+        return _stop(ctx)
+    try:
+        ctx.spec = TaskSpec.from_k8s(task.get("spec") or {})
+    except ValidationError as e:
+        message = f"Task {task_name} has an invalid spec, the shard waits for a fix: {_first_error(e)}"
+        ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "InvalidTaskSpec", message)]})
+        return
+
+    phase = ctx.phase
+    if phase in (P.PENDING, P.RUNNING, P.FAILED):
+        _reconcile_active(ctx)
+    elif phase == P.SPLIT_REQUESTED:
+        _step_request_drain(ctx)
+    elif phase == P.DRAINING:
+        _step_await_drain(ctx)
+    elif phase == P.DRAINED:
+        _step_create_children(ctx)
+    elif phase == P.CHILDREN_CREATED:
+        _step_finish_split(ctx)
+    elif phase == P.SPLIT:
+        _keep_split(ctx)
+    # Stopped: terminal, nothing to do.
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    return f"spec.{loc}: {err.get('msg')}" if loc else str(err.get("msg"))
+
+
+# ---------------------------------------------------------------- Pending / Running / Failed
+
+
+def _ensure_config(ctx: ShardContext) -> bool:
+    """Create or patch the ConfigMap (and the driver Service with executors). False when the config is invalid.
+
+    An existing ConfigMap is patched only once the shard was told to run the Task's current template (the roll
+    reached it), so a not-yet-rolled shard whose container restarts in place keeps its old config.
+    """
+    config = builders.build_shard_config(
+        task=ctx.task_name,
+        namespace=ctx.namespace,
+        shard=ctx.name,
+        key_groups=ctx.key_groups,
+        spec=ctx.spec,
+        restore_from=ctx.restore_from,
+    )
+    try:
+        validate_shard_config(config)
+    except ValueError as e:
+        message = f"the shard runtime config built from Task {ctx.task_name} is invalid: {e}"
+        ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "InvalidShardConfig", message)]})
+        return False
+    cm = builders.build_configmap(
+        task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups, config=config, spec=ctx.spec
+    )
+    kopf.adopt(cm, owner=ctx.shard)
+    if ctx.template_hash == builders.template_hash(ctx.spec):
+        ctx.kube.apply_configmap(ctx.namespace, cm)
+    elif ctx.kube.get_configmap(ctx.namespace, cm["metadata"]["name"]) is None:
+        ctx.kube.apply_configmap(ctx.namespace, cm)
+    if builders.executor_instances(ctx.spec) > 0:
+        svc = builders.build_executor_service(task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups)
+        kopf.adopt(svc, owner=ctx.shard)
+        ctx.kube.ensure_service(ctx.namespace, svc)
+    return True
+
+
+def _parent_still_running(ctx: ShardContext) -> str | None:
+    """For a split child: the name of the parent's pod if it exists and has not terminated, else None."""
+    if not ctx.restore_from:
+        return None
+    parent_pod = st.pod_view(ctx.kube.get_pod(ctx.namespace, naming.pod_name(ctx.restore_from["parent"])))
+    if parent_pod.exists and parent_pod.terminated is None and parent_pod.phase not in ("Succeeded", "Failed"):
+        return parent_pod.name
+    return None
+
+
+def _create_pod(ctx: ShardContext, *, drain: bool, restarts_base: int) -> None:
+    pod = builders.build_pod(
+        task=ctx.task_name,
+        shard=ctx.name,
+        key_groups=ctx.key_groups,
+        spec=ctx.spec,
+        template_hash=ctx.template_hash,
+        drain=drain,
+        restarts_base=restarts_base,
+    )
+    kopf.adopt(pod, owner=ctx.shard)
+    if ctx.kube.create_pod(ctx.namespace, pod) is not None:
+        ctx.emit(ctx.shard, "Normal", "PodCreated", f"created driver pod {pod['metadata']['name']}")
+
+
+def _reconcile_active(ctx: ShardContext) -> None:
+    pod, phase = ctx.pod, ctx.phase
+    lineage = {"parent": ctx.restore_from["parent"]} if ctx.restore_from else None
+    base_patch: dict[str, Any] = {"pod": naming.pod_name(ctx.name)}
+    if lineage and ctx.status.get("lineage") is None:
+        base_patch["lineage"] = lineage
+
+    # Step A: the split request, once per generation (decided before any pod action, so a refusal changes nothing).
+    if ctx.generation != ctx.status.get("observedGeneration"):
+        decision = planner.plan_split(
+            shard=ctx.name, key_groups=ctx.key_groups, phase=phase, split=ctx.shard["spec"].get("split")
+        )
+        if isinstance(decision, planner.SplitAccepted):
+            low, high = planner.child_names(ctx.task_name, decision.children)
+            message = f"split accepted at key group {decision.at}: {ctx.name} -> {low} + {high}"
+            ctx.write(
+                {
+                    "observedGeneration": ctx.generation,
+                    "split": {"at": decision.at, "acceptedTime": st.now()},
+                    "conditions": [
+                        ctx.cond(st.PROGRESSING, True, "SplitRequested", message),
+                        ctx.cond(st.SPLIT_REJECTED, False, "Accepted", message),
+                    ],
+                },
+                phase=P.SPLIT_REQUESTED,
+            )
+            ctx.emit(ctx.shard, "Normal", "SplitAccepted", message)
+            return
+        if isinstance(decision, planner.SplitRefused):
+            ctx.write(
+                {
+                    "observedGeneration": ctx.generation,
+                    "conditions": [ctx.cond(st.SPLIT_REJECTED, True, "InvalidSplitRequest", decision.message)],
+                }
+            )
+            ctx.emit(ctx.shard, "Warning", "SplitRejected", decision.message)
+            return
+        ctx.write({"observedGeneration": ctx.generation})
+
+    # Step B: config (an invalid one stops here with a Degraded condition, no crash loop).
+    if not _ensure_config(ctx):
+        return
+
+    # Step C: the pod. Missing -> create (a replacement waits for the back-off); finished -> replace.
+    if not pod.exists:
+        parent_pod = _parent_still_running(ctx)
+        if parent_pod:
+            ctx.write(
+                {
+                    **base_patch,
+                    "conditions": [
+                        ctx.cond(st.PROGRESSING, True, "WaitingForParent", f"parent pod {parent_pod} still runs")
+                    ],
+                },
+                phase=P.PENDING,
+            )
+            return
+        replacement = ctx.status.get("pod") is not None
+        restarts = int(ctx.status.get("restarts") or 0) + (1 if replacement else 0)
+        if replacement:
+            wait = ctx.backoff.ready(ctx.uid)
+            if wait > 0:
+                ctx.write(
+                    {"conditions": [ctx.cond(st.PROGRESSING, True, "BackOff", f"replacing the pod in {wait:.0f}s")]},
+                    phase=P.FAILED if phase == P.FAILED else P.PENDING,
+                )
+                return
+            ctx.backoff.record(ctx.uid)
+        _create_pod(ctx, drain=False, restarts_base=restarts)
+        ctx.write(
+            {
+                **base_patch,
+                "restarts": restarts,
+                "conditions": [
+                    ctx.cond(st.READY, False, "PodStarting", "driver pod created"),
+                    ctx.cond(st.PROGRESSING, True, "PodStarting", "driver pod created, waiting for it to run"),
+                ],
+            },
+            phase=P.FAILED if phase == P.FAILED else P.PENDING,
+        )
+        return
+    if pod.deleting:
+        ctx.write(
+            {"conditions": [ctx.cond(st.READY, False, "PodTerminating", f"pod {pod.name} is terminating")]},
+            phase=P.FAILED if phase == P.FAILED else P.PENDING,
+        )
+        return
+
+    checkpoint_patch = {}
+    term = pod.terminated or pod.last_terminated
+    if term is not None and term.checkpoint(with_manifest=False):
+        checkpoint_patch["lastCheckpoint"] = term.checkpoint(with_manifest=False)
+
+    # A pod that ended (Failed, or exited 0 without being asked to drain) is replaced: last-state restart.
+    if pod.phase in ("Failed", "Succeeded"):
+        why = "failed" if pod.phase == "Failed" else "exited without a drain request"
+        ctx.write(
+            {
+                **base_patch,
+                **checkpoint_patch,
+                "restarts": pod.restarts,
+                "conditions": [
+                    ctx.cond(st.READY, False, "PodEnded", f"pod {pod.name} {why}; replacing it"),
+                    ctx.cond(st.DEGRADED, True, "PodEnded", f"pod {pod.name} {why}; replacing it (last-state restart)"),
+                ],
+            },
+            phase=P.FAILED,
+        )
+        ctx.emit(ctx.shard, "Warning", "PodEnded", f"pod {pod.name} {why}; replacing it")
+        ctx.kube.delete_pod(ctx.namespace, pod.name, uid=(ctx.pod_raw or {}).get("metadata", {}).get("uid"), grace=0)
+        return
+
+    # Roll: the pod runs another template than the shard should run -> last-state restart (delete, recreate).
+    if pod.template_hash != ctx.template_hash:
+        message = (
+            f"template changed ({pod.template_hash} -> {ctx.template_hash}); restarting {pod.name} from its checkpoint"
+        )
+        ctx.write(
+            {**base_patch, "conditions": [ctx.cond(st.PROGRESSING, True, "RollingRestart", message)]},
+            phase=P.PENDING,
+        )
+        ctx.emit(ctx.shard, "Normal", "RollingRestart", message)
+        ctx.backoff.reset(ctx.uid)
+        ctx.kube.delete_pod(ctx.namespace, pod.name)
+        return
+
+    # Mirror the pod into status.
+    if pod.running:
+        ctx.backoff.reset(ctx.uid) if pod.restart_count == 0 else None
+        ctx.write(
+            {
+                **base_patch,
+                **checkpoint_patch,
+                "restarts": pod.restarts,
+                "conditions": [
+                    ctx.cond(st.READY, True, "PodRunning", f"driver pod {pod.name} runs {ctx.key_groups}"),
+                    ctx.cond(st.PROGRESSING, False, "Stable", ""),
+                    ctx.cond(st.DEGRADED, False, "Healthy", ""),
+                ],
+            },
+            phase=P.RUNNING,
+        )
+    elif pod.failed:
+        reason = pod.waiting_reason or pod.phase or "Failed"
+        message = f"driver pod {pod.name} is {reason} (restarts {pod.restarts}); the kubelet restarts it with back-off"
+        if term is not None:
+            message += f", last exit code {term.exit_code}"
+        ctx.write(
+            {
+                **base_patch,
+                **checkpoint_patch,
+                "restarts": pod.restarts,
+                "conditions": [
+                    ctx.cond(st.READY, False, reason, message),
+                    ctx.cond(st.DEGRADED, True, reason, message),
+                ],
+            },
+            phase=P.FAILED,
+        )
+        if phase != P.FAILED:
+            ctx.emit(ctx.shard, "Warning", "PodFailed", message)
+    else:
+        ctx.write(
+            {
+                **base_patch,
+                "conditions": [ctx.cond(st.READY, False, "PodStarting", f"driver pod {pod.name} is {pod.phase}")],
+            },
+            phase=P.FAILED if phase == P.FAILED else (P.PENDING if phase == P.PENDING else P.RUNNING),
+        )
+
+
+# ---------------------------------------------------------------- split steps
+
+
+def _step_request_drain(ctx: ShardContext) -> None:
+    """Step 2: SplitRequested -> (annotate the pod) -> Draining."""
+    pod = ctx.pod
+    if not pod.exists:
+        _create_pod(ctx, drain=True, restarts_base=int(ctx.status.get("restarts") or 0))
+    elif not pod.drain_requested:
+        ctx.kube.patch_pod(ctx.namespace, pod.name, {"metadata": {"annotations": {naming.ANNOTATION_DRAIN: "true"}}})
+    message = f"asked driver pod {naming.pod_name(ctx.name)} to drain (stop at a batch boundary, export a snapshot)"
+    ctx.write(
+        {
+            "conditions": [
+                ctx.cond(st.PROGRESSING, True, "Draining", message),
+                ctx.cond(st.READY, False, "Draining", message),
+            ]
+        },
+        phase=P.DRAINING,
+    )
+    ctx.emit(ctx.shard, "Normal", "Draining", message)
+
+
+def _step_await_drain(ctx: ShardContext) -> None:
+    """Step 3: Draining -> Drained once the container exited 0 with a manifest."""
+    pod = ctx.pod
+    if not pod.exists:
+        _create_pod(ctx, drain=True, restarts_base=int(ctx.status.get("restarts") or 0) + 1)
+        return
+    if pod.deleting:
+        return
+    if not pod.drain_requested:
+        ctx.kube.patch_pod(ctx.namespace, pod.name, {"metadata": {"annotations": {naming.ANNOTATION_DRAIN: "true"}}})
+        return
+    term = pod.terminated
+    if term is None:
+        if pod.failed:
+            message = (
+                f"driver pod {pod.name} failed while draining ({pod.waiting_reason}); it is restarted and drains again"
+            )
+            ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "DrainRetry", message)]})
+        return
+    if term.drained:
+        final = term.checkpoint(with_manifest=True) or {"manifest": term.manifest}
+        if "batchId" not in final:
+            final["batchId"] = 0
+        message = f"drained at batch {final['batchId']}; snapshot manifest {term.manifest}"
+        ctx.write(
+            {
+                "finalCheckpoint": final,
+                "lastCheckpoint": final,
+                "restarts": pod.restarts,
+                "conditions": [
+                    ctx.cond(st.PROGRESSING, True, "Drained", message),
+                    ctx.cond(st.DEGRADED, False, "Healthy", ""),
+                ],
+            },
+            phase=P.DRAINED,
+        )
+        ctx.emit(ctx.shard, "Normal", "Drained", message)
+        return
+    if term.exit_code == 0 or pod.phase in ("Failed", "Succeeded"):
+        # Ended without a snapshot manifest: nothing to restore from; run the drain again from the recovery log.
+        message = (
+            f"driver pod {pod.name} ended (exit code {term.exit_code}) without a snapshot manifest in its "
+            f"termination message {term.message!r}; recreating it to drain again"
+        )
+        ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "DrainWithoutManifest", message)]})
+        ctx.emit(ctx.shard, "Warning", "DrainWithoutManifest", message)
+        ctx.kube.delete_pod(ctx.namespace, pod.name, grace=0)
+
+
+def _children(ctx: ShardContext) -> list[tuple[str, dict[str, Any]]]:
+    at = int(ctx.status["split"]["at"])
+    low, high = ctx.key_groups.split(at)
+    manifest = ctx.status["finalCheckpoint"]["manifest"]
+    out = []
+    for r in (low, high):
+        body = builders.build_shard(
+            ctx.task_name,
+            r,
+            template_hash=builders.template_hash(ctx.spec),
+            restore_from={"parent": ctx.name, "manifest": manifest},
+        )
+        kopf.adopt(body, owner=ctx.task)
+        out.append((body["metadata"]["name"], body))
+    return out
+
+
+def _ensure_children(ctx: ShardContext) -> list[dict[str, Any]] | None:
+    """Create both children if absent; return them, or None after reporting a name collision."""
+    found = []
+    for name, body in _children(ctx):
+        existing = ctx.kube.get_custom(naming.SHARD_PLURAL, ctx.namespace, name)
+        if existing is None:
+            created = ctx.kube.create_custom(naming.SHARD_PLURAL, ctx.namespace, body)
+            if created is not None:
+                ctx.emit(ctx.shard, "Normal", "ChildCreated", f"created child {name} restoring from {ctx.name}")
+            existing = created or ctx.kube.get_custom(naming.SHARD_PLURAL, ctx.namespace, name)
+        if existing is not None and (existing["spec"].get("restoreFrom") or {}).get("parent") != ctx.name:
+            message = f"cannot create child {name}: a TaskShard of that name exists and is not a child of {ctx.name}"
+            ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "ChildNameTaken", message)]})
+            ctx.emit(ctx.shard, "Warning", "ChildNameTaken", message)
+            return None
+        found.append(existing)
+    return found
+
+
+def _remove_own_pod(ctx: ShardContext) -> None:
+    if ctx.pod.exists and not ctx.pod.deleting:
+        ctx.kube.delete_pod(ctx.namespace, ctx.pod.name, grace=0)
+
+
+def _step_create_children(ctx: ShardContext) -> None:
+    """Step 4: Drained -> (delete the stopped pod, create both children) -> ChildrenCreated."""
+    if ctx.pod.exists and ctx.pod.terminated is None and ctx.pod.phase not in ("Succeeded", "Failed"):
+        return  # defensive: never create children while the parent's container could still run
+    _remove_own_pod(ctx)
+    children = _ensure_children(ctx)
+    if children is None:
+        return
+    names = [c["metadata"]["name"] for c in children]
+    lineage = {**(ctx.status.get("lineage") or {}), "children": names}
+    message = f"children {names[0]} and {names[1]} restore from {ctx.status['finalCheckpoint']['manifest']}"
+    ctx.write(
+        {"lineage": lineage, "pod": None, "conditions": [ctx.cond(st.PROGRESSING, True, "ChildrenCreated", message)]},
+        phase=P.CHILDREN_CREATED,
+    )
+
+
+def _step_finish_split(ctx: ShardContext) -> None:
+    """Step 5: ChildrenCreated -> Split once both children were seen by their reconciler."""
+    _remove_own_pod(ctx)
+    children = _ensure_children(ctx)
+    if children is None:
+        return
+    if not all((c.get("status") or {}).get("phase") for c in children):
+        return
+    ctx.kube.delete_configmap(ctx.namespace, naming.configmap_name(ctx.name))
+    names = [c["metadata"]["name"] for c in children]
+    message = f"split into {names[0]} and {names[1]}; this shard keeps no pod and owns no key groups"
+    ctx.write(
+        {
+            "conditions": [
+                ctx.cond(st.PROGRESSING, False, "Split", message),
+                ctx.cond(st.READY, False, "Split", message),
+                ctx.cond(st.DEGRADED, False, "Healthy", ""),
+            ]
+        },
+        phase=P.SPLIT,
+    )
+    ctx.emit(ctx.shard, "Normal", "Split", message)
+
+
+def _keep_split(ctx: ShardContext) -> None:
+    """Split (terminal): no pod; a new split request (a new generation) is refused."""
+    _remove_own_pod(ctx)
+    if ctx.generation != ctx.status.get("observedGeneration"):
+        decision = planner.plan_split(
+            shard=ctx.name, key_groups=ctx.key_groups, phase=P.SPLIT, split=ctx.shard["spec"].get("split")
+        )
+        patch: dict[str, Any] = {"observedGeneration": ctx.generation}
+        if isinstance(decision, planner.SplitRefused):
+            patch["conditions"] = [ctx.cond(st.SPLIT_REJECTED, True, "InvalidSplitRequest", decision.message)]
+            ctx.emit(ctx.shard, "Warning", "SplitRejected", decision.message)
+        ctx.write(patch)
+
+
+def _stop(ctx: ShardContext) -> None:
+    """The Task is gone or being deleted: stop the pod and mark the shard Stopped (terminal)."""
+    if ctx.phase in (P.STOPPED, P.SPLIT):
+        _remove_own_pod(ctx) if ctx.phase == P.SPLIT else None
+        return
+    if ctx.pod.exists and not ctx.pod.deleting:
+        ctx.kube.delete_pod(ctx.namespace, ctx.pod.name)  # graceful: SIGTERM drains at a batch boundary
+    if ctx.phase in (P.PENDING, P.RUNNING, P.FAILED):
+        ctx.write(
+            {"conditions": [ctx.cond(st.READY, False, "Stopped", f"Task {ctx.task_name} is being deleted")]},
+            phase=P.STOPPED,
+        )

@@ -1,0 +1,212 @@
+"""Status vocabulary: conditions, what a pod tells about its shard, and the runtime's termination message.
+
+Pure functions only; the handlers patch the results into ``status`` and post the events.
+
+Conditions (one per type, Kubernetes ``metav1.Condition`` shape; ``lastTransitionTime`` changes only when the
+status flips):
+
+- ``Ready``: shard: its driver pod runs; task: every active shard is Running.
+- ``Progressing``: a change is being carried out (pod starting, split step, roll); the reason names it.
+- ``Degraded``: something is wrong and being retried or needs a human (failed pod, invalid spec, broken tiling).
+- ``SplitRejected`` (shard): the current ``spec.split`` was refused; the message names the field and value.
+- ``Tiled`` (task): the active shards tile ``[0, maxKeyGroups)``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from taskshard_operator import naming
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+SPLIT_REJECTED = "SplitRejected"
+TILED = "Tiled"
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(
+    type_: str, status: bool, reason: str, message: str = "", *, generation: int | None = None, time: str | None = None
+) -> dict[str, Any]:
+    cond = {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": time or now(),
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond
+
+
+def set_conditions(existing: list[dict[str, Any]] | None, *updates: dict[str, Any]) -> list[dict[str, Any]]:
+    """Merge ``updates`` into ``existing`` by type; keep ``lastTransitionTime`` when the status did not flip."""
+    by_type = {c["type"]: dict(c) for c in existing or []}
+    for new in updates:
+        old = by_type.get(new["type"])
+        merged = dict(new)
+        if old is not None and old.get("status") == new["status"]:
+            merged["lastTransitionTime"] = old.get("lastTransitionTime", new["lastTransitionTime"])
+        by_type[new["type"]] = merged
+    return [by_type[t] for t in sorted(by_type)]
+
+
+def get_condition(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+    return next((c for c in conditions or [] if c.get("type") == type_), None)
+
+
+def conditions_equal(a: list[dict[str, Any]] | None, b: list[dict[str, Any]] | None) -> bool:
+    """Equal ignoring ``lastTransitionTime`` (so an unchanged status is not re-written)."""
+
+    def strip(cs):
+        return sorted(({k: v for k, v in c.items() if k != "lastTransitionTime"} for c in cs or []), key=str)
+
+    return strip(a) == strip(b)
+
+
+# ---------------------------------------------------------------- the runtime's termination message
+
+
+@dataclass(frozen=True)
+class Termination:
+    """A terminated driver container: its exit code and the runtime's JSON summary (if it wrote one)."""
+
+    exit_code: int
+    reason: str
+    message: dict[str, Any] | None
+    finished_at: str | None
+
+    @property
+    def batch_id(self) -> int | None:
+        m = self.message or {}
+        for key in ("batchId", "batch_id", "lastBatchId"):
+            if isinstance(m.get(key), int) and not isinstance(m.get(key), bool):
+                return m[key]
+        return None
+
+    @property
+    def manifest(self) -> str | None:
+        m = self.message or {}
+        for key in ("manifest", "manifestPath", "manifest_path"):
+            if isinstance(m.get(key), str) and m[key]:
+                return m[key]
+        return None
+
+    @property
+    def drained(self) -> bool:
+        """Exited 0 after a drain with a snapshot manifest the children can restore from."""
+        return self.exit_code == 0 and self.manifest is not None
+
+    def checkpoint(self, *, with_manifest: bool) -> dict[str, Any] | None:
+        """A ``CheckpointRef`` dict (``status.lastCheckpoint`` / ``finalCheckpoint``), None without a batch id."""
+        if self.batch_id is None:
+            return None
+        ref: dict[str, Any] = {"batchId": self.batch_id}
+        time = (self.message or {}).get("time") or self.finished_at
+        if time:
+            ref["time"] = time
+        if with_manifest and self.manifest:
+            ref["manifest"] = self.manifest
+        return ref
+
+
+def parse_termination_message(text: str | None) -> dict[str, Any] | None:
+    """The JSON object the runtime writes to its termination-message file, or None (empty or not JSON)."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ---------------------------------------------------------------- what the driver pod shows
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The driver pod of a shard as the reconciler needs it. ``exists=False`` when there is no pod."""
+
+    exists: bool
+    name: str | None = None
+    phase: str | None = None
+    deleting: bool = False
+    running: bool = False
+    waiting_reason: str | None = None
+    restart_count: int = 0
+    restarts_base: int = 0
+    template_hash: str | None = None
+    drain_requested: bool = False
+    terminated: Termination | None = None
+    """The current terminated state (container stopped), else None."""
+    last_terminated: Termination | None = None
+    """The previous run's terminated state (after an in-place restart), else None."""
+
+    @property
+    def restarts(self) -> int:
+        return self.restarts_base + self.restart_count
+
+    @property
+    def failed(self) -> bool:
+        """The pod gave up (phase Failed) or its container crash-loops."""
+        return self.phase == "Failed" or self.waiting_reason in ("CrashLoopBackOff", "Error")
+
+    @property
+    def finished_ok(self) -> bool:
+        return self.phase == "Succeeded" or (self.terminated is not None and self.terminated.exit_code == 0)
+
+
+def _termination(state: dict[str, Any] | None) -> Termination | None:
+    term = (state or {}).get("terminated")
+    if not term:
+        return None
+    return Termination(
+        exit_code=int(term.get("exitCode", term.get("exit_code", 0)) or 0),
+        reason=term.get("reason") or "",
+        message=parse_termination_message(term.get("message")),
+        finished_at=term.get("finishedAt") or term.get("finished_at"),
+    )
+
+
+def pod_view(pod: dict[str, Any] | None) -> PodView:
+    """Read a pod dict (as returned by the API, camelCase) into a :class:`PodView`."""
+    if not pod:
+        return PodView(exists=False)
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    status = pod.get("status") or {}
+    cs = (
+        next(
+            (c for c in status.get("containerStatuses") or [] if c.get("name") == naming.CONTAINER_DRIVER),
+            None,
+        )
+        or {}
+    )
+    state = cs.get("state") or {}
+    try:
+        base = int(annotations.get(naming.ANNOTATION_RESTARTS_BASE, "0"))
+    except ValueError:
+        base = 0
+    return PodView(
+        exists=True,
+        name=meta.get("name"),
+        phase=status.get("phase"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        running="running" in state,
+        waiting_reason=(state.get("waiting") or {}).get("reason"),
+        restart_count=int(cs.get("restartCount") or 0),
+        restarts_base=base,
+        template_hash=annotations.get(naming.ANNOTATION_TEMPLATE_HASH),
+        drain_requested=annotations.get(naming.ANNOTATION_DRAIN) == "true",
+        terminated=_termination(state),
+        last_terminated=_termination(cs.get("lastState")),
+    )
