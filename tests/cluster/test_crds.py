@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from pathlib import Path
 
 import pytest
 import yaml
@@ -227,12 +226,10 @@ def _kubectl_edit(crds, namespace: str, name: str, split: dict, tmp_path) -> tup
         SPLIT=json.dumps(split),
         EDIT_LOG=str(log),
         KUBECONFIG=str(crds.kubeconfig),
+        TMPDIR=str(tmp_path),  # kubectl keeps a copy of a rejected edit in its temp dir
     )
     cmd = [crds.binaries.kubectl, "--namespace", namespace, "edit", "taskshard", name]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-    for word in result.stderr.split():  # remove kubectl's saved copy of a rejected edit
-        if word.strip('"').startswith("/tmp/kubectl-edit-"):
-            Path(word.strip('"')).unlink(missing_ok=True)
     return result, log.read_text()
 
 
