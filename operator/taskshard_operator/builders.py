@@ -32,6 +32,8 @@ DRIVER_PORT = 7078
 BLOCK_MANAGER_PORT = 7079
 EXECUTOR_TEMPLATE_KEY = "executor-pod-template.json"
 KUBERNETES_MASTER = "k8s://https://kubernetes.default.svc:443"
+LOCAL_MASTER = "local[2]"
+"""Spark local mode inside the driver pod (two task threads) when the Task asks for no executors."""
 
 
 # ---------------------------------------------------------------- template identity
@@ -131,7 +133,7 @@ def build_shard_config(
         "storage": storage,
         "restoreFrom": dict(restore_from) if restore_from else None,
         "spark": {
-            "master": KUBERNETES_MASTER if instances > 0 else "local[*]",
+            "master": KUBERNETES_MASTER if instances > 0 else LOCAL_MASTER,
             "conf": conf,
             "triggerInterval": spark.get("triggerInterval", "1 second"),
         },

@@ -80,17 +80,15 @@ class Backoff:
 
 
 def validate_shard_config(config: dict[str, Any]) -> None:
-    """Validate ``shard.json`` against ``spark_runtime.config.ShardConfig`` when the runtime provides it.
+    """Validate ``shard.json`` with the runtime's own parser (``spark_runtime.config``, imports no pyspark).
 
-    Raises ``ValueError`` (a pydantic ``ValidationError``) naming the field. Imports no pyspark.
+    Raises ``ValueError`` (``ConfigError``) listing every bad field as ``<path>: <value> is invalid: ...``.
     """
     try:
-        from spark_runtime.config import ShardConfig  # noqa: PLC0415 - optional until the runtime lands
+        from spark_runtime.config import parse_config  # noqa: PLC0415 - optional: the runtime may be absent
     except ImportError:
         return
-    validate = getattr(ShardConfig, "model_validate", None)
-    if validate is not None:
-        validate(config)
+    parse_config(config, "the shard config built by the operator")
 
 
 @dataclass

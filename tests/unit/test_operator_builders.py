@@ -1,0 +1,280 @@
+"""Builders: golden dicts for the TaskShard, the runtime config, the ConfigMap, the pod and the executors."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from spark_runtime.keygroups import KeyGroupRange as R
+from taskshard_operator import builders
+from taskshard_operator.models.task import TaskSpec
+from taskshard_operator.reconcile_shard import validate_shard_config
+
+pytestmark = pytest.mark.unit
+
+SPEC = {
+    "maxKeyGroups": 128,
+    "initialShards": 2,
+    "keyField": "key",
+    "processor": {"builtin": "count"},
+    "source": {"journal": {"path": "/data/journal/orders", "partitions": 4}},
+    "sink": {"directory": {"path": "/data/output/orders", "format": "jsonl"}},
+    "storage": {"path": "/data/state", "volume": {"hostPath": "/srv/taskshard", "mountPath": "/data"}},
+    "spark": {
+        "image": "taskshard/taskshard:0.1.0",
+        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+        "conf": {"spark.sql.shuffle.partitions": "4"},
+        "triggerInterval": "1 second",
+    },
+}
+
+
+def spec(**changes) -> TaskSpec:
+    data = copy.deepcopy(SPEC)
+    for path, value in changes.items():
+        cur = data
+        *parents, leaf = path.split("__")
+        for p in parents:
+            cur = cur.setdefault(p, {})
+        cur[leaf] = value
+    return TaskSpec.from_k8s(data)
+
+
+def test_build_shard():
+    assert builders.build_shard("orders", R(0, 64), template_hash="abc") == {
+        "apiVersion": "taskshard.io/v1alpha1",
+        "kind": "TaskShard",
+        "metadata": {
+            "name": "orders-0-64",
+            "labels": {
+                "taskshard.io/task": "orders",
+                "taskshard.io/shard": "orders-0-64",
+                "taskshard.io/key-groups": "0-64",
+                "taskshard.io/component": "shard",
+            },
+            "annotations": {"taskshard.io/template-hash": "abc"},
+        },
+        "spec": {"taskRef": {"name": "orders"}, "keyGroups": {"start": 0, "end": 64}},
+    }
+    child = builders.build_shard(
+        "orders", R(0, 32), template_hash="abc", restore_from={"parent": "orders-0-64", "manifest": "/data/m.json"}
+    )
+    assert child["spec"]["restoreFrom"] == {"parent": "orders-0-64", "manifest": "/data/m.json"}
+
+
+def test_build_shard_config_golden_and_valid_for_the_runtime():
+    config = builders.build_shard_config(
+        task="orders",
+        namespace="ns1",
+        shard="orders-0-64",
+        key_groups=R(0, 64),
+        spec=spec(),
+        restore_from={"parent": "orders-0-128", "manifest": "/data/state/orders/shards/x/manifest.json"},
+    )
+    assert config == {
+        "task": "orders",
+        "shard": "orders-0-64",
+        "namespace": "ns1",
+        "maxKeyGroups": 128,
+        "keyGroups": {"start": 0, "end": 64},
+        "keyField": "key",
+        "processor": {"builtin": "count"},
+        "source": {"journal": {"path": "/data/journal/orders", "partitions": 4}},
+        "sink": {"directory": {"path": "/data/output/orders", "format": "jsonl"}},
+        "storage": {"path": "/data/state"},
+        "restoreFrom": {"parent": "orders-0-128", "manifest": "/data/state/orders/shards/x/manifest.json"},
+        "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"}, "triggerInterval": "1 second"},
+        "drainRequestFile": "/etc/taskshard-drain/requested",
+        "terminationMessagePath": "/dev/termination-log",
+    }
+    validate_shard_config(config)
+    config["restoreFrom"] = None
+    validate_shard_config(config)
+
+
+def test_invalid_config_names_the_field():
+    config = builders.build_shard_config(
+        task="orders", namespace="ns1", shard="orders-0-64", key_groups=R(0, 64), spec=spec()
+    )
+    config["keyGroups"] = {"start": 0, "end": 256}
+    with pytest.raises(ValueError, match="keyGroups.end"):
+        validate_shard_config(config)
+
+
+def test_build_configmap():
+    cm = builders.build_configmap(task="orders", shard="orders-0-64", key_groups=R(0, 64), config={"a": 1})
+    assert cm["metadata"]["name"] == "orders-0-64-config"
+    assert cm["metadata"]["labels"]["taskshard.io/key-groups"] == "0-64"
+    assert json.loads(cm["data"]["shard.json"]) == {"a": 1}
+    assert set(cm["data"]) == {"shard.json"}
+
+
+def test_build_pod_golden():
+    pod = builders.build_pod(
+        task="orders", shard="orders-0-64", key_groups=R(0, 64), spec=spec(), template_hash="h1", restarts_base=2
+    )
+    assert pod == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "orders-0-64-driver",
+            "labels": {
+                "taskshard.io/task": "orders",
+                "taskshard.io/shard": "orders-0-64",
+                "taskshard.io/key-groups": "0-64",
+                "taskshard.io/component": "shard",
+            },
+            "annotations": {"taskshard.io/template-hash": "h1", "taskshard.io/restarts-base": "2"},
+        },
+        "spec": {
+            "restartPolicy": "OnFailure",
+            "terminationGracePeriodSeconds": 120,
+            "serviceAccountName": "default",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "driver",
+                    "image": "taskshard/taskshard:0.1.0",
+                    "command": ["python", "-m", "spark_runtime", "run", "--config", "/etc/taskshard/shard.json"],
+                    "env": [
+                        {"name": "TASKSHARD_TASK", "value": "orders"},
+                        {"name": "TASKSHARD_SHARD", "value": "orders-0-64"},
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    ],
+                    "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+                    "volumeMounts": [
+                        {"name": "config", "mountPath": "/etc/taskshard", "readOnly": True},
+                        {"name": "drain", "mountPath": "/etc/taskshard-drain", "readOnly": True},
+                        {"name": "storage", "mountPath": "/data"},
+                    ],
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                }
+            ],
+            "volumes": [
+                {"name": "config", "configMap": {"name": "orders-0-64-config"}},
+                {
+                    "name": "drain",
+                    "downwardAPI": {
+                        "items": [
+                            {
+                                "path": "requested",
+                                "fieldRef": {"fieldPath": "metadata.annotations['taskshard.io/drain']"},
+                            }
+                        ]
+                    },
+                },
+                {"name": "storage", "hostPath": {"path": "/srv/taskshard", "type": "DirectoryOrCreate"}},
+            ],
+        },
+    }
+
+
+def test_pod_variants():
+    drain = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=spec(), template_hash="h", drain=True)
+    assert drain["metadata"]["annotations"]["taskshard.io/drain"] == "true"
+    pvc = spec(storage__volume={"persistentVolumeClaim": {"claimName": "state"}, "mountPath": "/mnt/s"})
+    pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=pvc, template_hash="h")
+    assert {"name": "storage", "persistentVolumeClaim": {"claimName": "state"}} in pod["spec"]["volumes"]
+    assert {"name": "storage", "mountPath": "/mnt/s"} in pod["spec"]["containers"][0]["volumeMounts"]
+    s3 = TaskSpec.from_k8s({**SPEC, "storage": {"s3": {"bucket": "bkt"}}})
+    pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s3, template_hash="h")
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["config", "drain"]
+    pulled = spec(spark__imagePullPolicy="IfNotPresent")
+    pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=pulled, template_hash="h")
+    assert pod["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_template_hash_changes_with_the_template_only():
+    base = builders.template_hash(spec())
+    assert builders.template_hash(spec()) == base
+    assert builders.template_hash(spec(spark__image="taskshard/taskshard:0.2.0")) != base
+    assert builders.template_hash(spec(processor={"builtin": "sum", "field": "amount"})) != base
+    assert builders.template_hash(spec(initialShards=4)) == base  # not part of a shard's template
+    assert builders.template_hash(spec(checkpointRetention="Delete")) == base
+
+
+EXECUTORS = {"instances": 2, "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "1Gi"}}}
+
+
+def test_executor_manifests():
+    s = spec(spark__executors=EXECUTORS)
+    conf = builders.build_executor_conf(task="orders", namespace="ns1", shard="orders-0-64", spec=s)
+    assert conf == {
+        "spark.submit.deployMode": "client",
+        "spark.executor.instances": "2",
+        "spark.kubernetes.namespace": "ns1",
+        "spark.kubernetes.container.image": "taskshard/taskshard:0.1.0",
+        "spark.kubernetes.driver.pod.name": "orders-0-64-driver",
+        "spark.kubernetes.authenticate.driver.serviceAccountName": "default",
+        "spark.kubernetes.executor.podNamePrefix": "orders-0-64",
+        "spark.kubernetes.executor.podTemplateFile": "/etc/taskshard/executor-pod-template.json",
+        "spark.kubernetes.executor.label.taskshard.io/task": "orders",
+        "spark.kubernetes.executor.label.taskshard.io/shard": "orders-0-64",
+        "spark.kubernetes.executor.label.taskshard.io/component": "executor",
+        "spark.driver.host": "orders-0-64-driver-svc.ns1.svc",
+        "spark.driver.port": "7078",
+        "spark.driver.bindAddress": "0.0.0.0",
+        "spark.blockManager.port": "7079",
+        "spark.kubernetes.executor.request.cores": "1",
+        "spark.kubernetes.executor.limit.cores": "2",
+        "spark.executor.memory": "1g",
+    }
+    config = builders.build_shard_config(
+        task="orders", namespace="ns1", shard="orders-0-64", key_groups=R(0, 64), spec=s
+    )
+    assert config["spark"]["master"] == "k8s://https://kubernetes.default.svc:443"
+    assert config["spark"]["conf"]["spark.sql.shuffle.partitions"] == "4"
+    assert config["spark"]["conf"]["spark.executor.instances"] == "2"
+    validate_shard_config(config)
+
+    template = builders.build_executor_pod_template(task="orders", shard="orders-0-64", key_groups=R(0, 64), spec=s)
+    assert template == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "labels": {
+                "taskshard.io/task": "orders",
+                "taskshard.io/shard": "orders-0-64",
+                "taskshard.io/key-groups": "0-64",
+                "taskshard.io/component": "executor",
+            }
+        },
+        "spec": {
+            "serviceAccountName": "default",
+            "containers": [
+                {
+                    "name": "executor",
+                    "volumeMounts": [{"name": "storage", "mountPath": "/data"}],
+                    "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "1Gi"}},
+                }
+            ],
+            "volumes": [{"name": "storage", "hostPath": {"path": "/srv/taskshard", "type": "DirectoryOrCreate"}}],
+        },
+    }
+    cm = builders.build_configmap(task="orders", shard="orders-0-64", key_groups=R(0, 64), config=config, spec=s)
+    assert json.loads(cm["data"]["executor-pod-template.json"]) == template
+
+    svc = builders.build_executor_service(task="orders", shard="orders-0-64", key_groups=R(0, 64))
+    assert svc["metadata"]["name"] == "orders-0-64-driver-svc"
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {"taskshard.io/shard": "orders-0-64", "taskshard.io/component": "shard"}
+    assert [p["port"] for p in svc["spec"]["ports"]] == [7078, 7079]
+
+    pod = builders.build_pod(task="orders", shard="orders-0-64", key_groups=R(0, 64), spec=s, template_hash="h")
+    assert pod["spec"]["automountServiceAccountToken"] is True
+    assert [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]] == [7078, 7079]
+
+
+def test_cleanup_pod():
+    pod = builders.build_cleanup_pod(task="orders", spec=spec(checkpointRetention="Delete"))
+    assert pod["metadata"]["name"] == "orders-cleanup"
+    assert "/data/state/orders" in pod["spec"]["containers"][0]["command"][2]
+    assert pod["spec"]["volumes"][0]["hostPath"]["path"] == "/srv/taskshard"
+    assert (
+        builders.build_cleanup_pod(task="o", spec=TaskSpec.from_k8s({**SPEC, "storage": {"s3": {"bucket": "bkt"}}}))
+        is None
+    )

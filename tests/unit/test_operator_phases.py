@@ -1,0 +1,96 @@
+"""The phase machine: allowed and forbidden transitions."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as s
+
+from taskshard_operator.models.shard import ShardPhase as P
+from taskshard_operator.phases import (
+    ALLOWED,
+    SPLIT_STEPS,
+    TERMINAL,
+    TransitionError,
+    can_transition,
+    check_transition,
+    is_splitting,
+    parse_phase,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_phase_has_a_row():
+    assert set(ALLOWED) == set(P)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (P.PENDING, P.RUNNING),
+        (P.RUNNING, P.FAILED),
+        (P.FAILED, P.RUNNING),
+        (P.FAILED, P.PENDING),
+        (P.RUNNING, P.PENDING),
+        (P.RUNNING, P.SPLIT_REQUESTED),
+        (P.SPLIT_REQUESTED, P.DRAINING),
+        (P.DRAINING, P.DRAINED),
+        (P.DRAINED, P.CHILDREN_CREATED),
+        (P.CHILDREN_CREATED, P.SPLIT),
+        (P.RUNNING, P.STOPPED),
+    ],
+)
+def test_allowed(old, new):
+    assert check_transition(old, new) == new
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (P.SPLIT, P.RUNNING),
+        (P.STOPPED, P.RUNNING),
+        (P.DRAINING, P.RUNNING),  # an accepted split is never rolled back
+        (P.DRAINED, P.FAILED),
+        (P.SPLIT_REQUESTED, P.DRAINED),  # no step is skipped
+        (P.RUNNING, P.DRAINING),
+        (P.PENDING, P.SPLIT),
+        (P.FAILED, P.SPLIT_REQUESTED),  # only a Running shard is split
+    ],
+)
+def test_forbidden(old, new):
+    with pytest.raises(TransitionError, match=f"{old.value} -> {new.value}"):
+        check_transition(old, new)
+
+
+@given(s.sampled_from(list(P)))
+def test_self_transitions_are_idempotent(phase):
+    assert can_transition(phase, phase)
+
+
+@given(s.sampled_from(list(P)), s.sampled_from(list(P)))
+def test_terminal_phases_never_leave_and_split_only_moves_forward(old, new):
+    if old in TERMINAL and new != old:
+        assert not can_transition(old, new)
+    if old in SPLIT_STEPS and new != old and can_transition(old, new):
+        assert SPLIT_STEPS.index(new) == SPLIT_STEPS.index(old) + 1
+
+
+@given(s.lists(s.sampled_from(list(P)), max_size=30))
+def test_any_allowed_walk_keeps_the_split_in_order(walk):
+    """Along any allowed walk, once SplitRequested is reached the phases follow SPLIT_STEPS in order."""
+    phase = P.PENDING
+    seen = [phase]
+    for new in walk:
+        if can_transition(phase, new):
+            phase = new
+            seen.append(phase)
+    split = [p for p in seen if p in SPLIT_STEPS]
+    deduped = [p for i, p in enumerate(split) if i == 0 or split[i - 1] != p]
+    assert deduped == list(SPLIT_STEPS[: len(deduped)])
+
+
+def test_helpers():
+    assert parse_phase(None) == P.PENDING
+    assert parse_phase("Draining") == P.DRAINING
+    assert is_splitting(P.DRAINED) and not is_splitting(P.SPLIT) and not is_splitting(P.RUNNING)

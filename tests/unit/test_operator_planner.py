@@ -1,0 +1,153 @@
+"""Pure planners: split requests (a table of good and bad ones), initial shards and tiling, rolls, task phase."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as s
+
+from spark_runtime.keygroups import KeyGroupRange as R
+from taskshard_operator.models.shard import ShardPhase as P
+from taskshard_operator.models.task import TaskPhase
+from taskshard_operator.planner import (
+    ShardView,
+    SplitAccepted,
+    SplitRefused,
+    child_names,
+    plan_roll,
+    plan_split,
+    plan_task_shards,
+    task_phase,
+)
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("key_groups", "phase", "split", "expected_at"),
+    [
+        (R(0, 128), P.RUNNING, {"requested": True}, 64),
+        (R(0, 128), P.RUNNING, {"requested": True, "at": 1}, 1),
+        (R(0, 128), P.RUNNING, {"requested": True, "at": 127}, 127),
+        (R(64, 128), P.RUNNING, {"requested": True}, 96),
+        (R(5, 8), P.RUNNING, {"requested": True}, 6),
+        (R(5, 7), P.RUNNING, {"requested": True}, 6),
+    ],
+)
+def test_good_requests(key_groups, phase, split, expected_at):
+    decision = plan_split(shard="t-x", key_groups=key_groups, phase=phase, split=split)
+    assert decision == SplitAccepted(expected_at, (R(key_groups.start, expected_at), R(expected_at, key_groups.end)))
+
+
+@pytest.mark.parametrize(
+    ("key_groups", "phase", "split", "field", "needle"),
+    [
+        (
+            R(0, 128),
+            P.RUNNING,
+            {"requested": True, "at": 0},
+            "spec.split.at",
+            "0 is not strictly inside spec.keyGroups [0, 128)",
+        ),
+        (R(0, 128), P.RUNNING, {"requested": True, "at": 128}, "spec.split.at", "128 is not strictly inside"),
+        (R(0, 128), P.RUNNING, {"requested": True, "at": 500}, "spec.split.at", "0 < at < 128"),
+        (
+            R(64, 128),
+            P.RUNNING,
+            {"requested": True, "at": 10},
+            "spec.split.at",
+            "10 is not strictly inside spec.keyGroups [64, 128)",
+        ),
+        (R(0, 128), P.RUNNING, {"requested": True, "at": "64"}, "spec.split.at", "'64' is not strictly inside"),
+        (R(0, 128), P.RUNNING, {"requested": True, "at": True}, "spec.split.at", "True is not strictly inside"),
+        (R(7, 8), P.RUNNING, {"requested": True}, "spec.split.requested", "[7, 8) of shard t-x holds one key group"),
+        (R(0, 128), P.PENDING, {"requested": True}, "spec.split.requested", "is in phase Pending"),
+        (R(0, 128), P.FAILED, {"requested": True}, "spec.split.requested", "is in phase Failed"),
+        (R(0, 128), P.DRAINING, {"requested": True}, "spec.split.requested", "is in phase Draining"),
+        (R(0, 128), P.SPLIT, {"requested": True, "at": 3}, "spec.split.requested", "is in phase Split"),
+    ],
+)
+def test_bad_requests_are_refused_with_field_and_value(key_groups, phase, split, field, needle):
+    decision = plan_split(shard="t-x", key_groups=key_groups, phase=phase, split=split)
+    assert isinstance(decision, SplitRefused)
+    assert decision.field == field
+    assert needle in decision.message
+    assert decision.message.startswith(field)
+
+
+@pytest.mark.parametrize("split", [None, {}, {"requested": False}, {"requested": False, "at": 3}])
+def test_no_request(split):
+    assert plan_split(shard="t-x", key_groups=R(0, 8), phase=P.RUNNING, split=split) is None
+
+
+@given(s.integers(0, 1000).flatmap(lambda a: s.tuples(s.just(a), s.integers(a + 2, 1002))), s.data())
+def test_accepted_children_tile_the_parent(bounds, data):
+    parent = R(*bounds)
+    at = data.draw(s.one_of(s.none(), s.integers(parent.start + 1, parent.end - 1)))
+    decision = plan_split(shard="t", key_groups=parent, phase=P.RUNNING, split={"requested": True, "at": at})
+    assert isinstance(decision, SplitAccepted)
+    low, high = decision.children
+    assert low.start == parent.start and low.end == high.start == decision.at and high.end == parent.end
+
+
+def test_child_names_are_deterministic():
+    assert child_names("orders", [R(0, 64), R(64, 128)]) == ["orders-0-64", "orders-64-128"]
+
+
+def view(name, start, end, phase=P.RUNNING, **kw):
+    return ShardView(name=name, key_groups=R(start, end), phase=phase, **kw)
+
+
+def test_initial_shards_created_once():
+    plan = plan_task_shards(task="t", max_key_groups=128, initial_shards=2, shards=[])
+    assert plan.create == (R(0, 64), R(64, 128)) and plan.tiling_error is None
+    plan = plan_task_shards(task="t", max_key_groups=128, initial_shards=2, shards=[view("t-0-64", 0, 64)])
+    assert plan.create == (R(64, 128),)
+    # After a split (children exist), nothing is re-created and the split parent does not count.
+    shards = [
+        view("t-0-64", 0, 64, P.SPLIT),
+        view("t-0-32", 0, 32, restored=True),
+        view("t-32-64", 32, 64, restored=True),
+        view("t-64-128", 64, 128),
+    ]
+    plan = plan_task_shards(task="t", max_key_groups=128, initial_shards=2, shards=shards)
+    assert plan.create == () and plan.tiling_error is None
+
+
+def test_tiling_errors_are_reported():
+    shards = [view("t-0-64", 0, 64, P.SPLIT), view("t-0-32", 0, 32, restored=True), view("t-64-128", 64, 128)]
+    plan = plan_task_shards(task="t", max_key_groups=128, initial_shards=2, shards=shards)
+    assert plan.tiling_error and "gap [32, 64)" in plan.tiling_error
+    # During a split the parent owns its range until ChildrenCreated: no overlap with its children then.
+    shards = [
+        view("t-0-128", 0, 128, P.CHILDREN_CREATED),
+        view("t-0-64", 0, 64, P.PENDING, restored=True),
+        view("t-64-128", 64, 128, P.PENDING, restored=True),
+    ]
+    assert plan_task_shards(task="t", max_key_groups=128, initial_shards=1, shards=shards).tiling_error is None
+
+
+def test_roll_one_at_a_time():
+    new = "h2"
+    shards = [
+        view("a", 0, 32, wanted_hash="h1", pod_hash="h1", pod_ready=True),
+        view("b", 32, 64, wanted_hash="h1", pod_hash="h1", pod_ready=True),
+    ]
+    assert plan_roll(new, shards) == "a"
+    shards[0] = view("a", 0, 32, P.PENDING, wanted_hash=new, pod_hash=None)
+    assert plan_roll(new, shards) is None  # a is restarting: wait
+    shards[0] = view("a", 0, 32, wanted_hash=new, pod_hash=new, pod_ready=True)
+    assert plan_roll(new, shards) == "b"
+    shards[1] = view("b", 32, 64, wanted_hash=new, pod_hash=new, pod_ready=True)
+    assert plan_roll(new, shards) is None  # done
+    # Splitting or split shards are not rolled (their children start with the new template).
+    assert plan_roll(new, [view("c", 0, 8, P.DRAINING, wanted_hash="h1"), view("d", 8, 16, P.SPLIT)]) is None
+
+
+def test_task_phase():
+    assert task_phase([]) == TaskPhase.PENDING
+    assert task_phase([view("a", 0, 8), view("b", 8, 16)]) == TaskPhase.RUNNING
+    assert task_phase([view("a", 0, 8), view("b", 8, 16, P.PENDING)]) == TaskPhase.PENDING
+    assert task_phase([view("a", 0, 8), view("b", 8, 16, P.FAILED)]) == TaskPhase.DEGRADED
+    assert task_phase([view("a", 0, 8), view("b", 8, 16, P.DRAINING)]) == TaskPhase.SPLITTING
+    assert task_phase([view("a", 0, 8)], tiling_error="gap") == TaskPhase.DEGRADED

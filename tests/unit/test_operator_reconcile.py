@@ -1,0 +1,432 @@
+"""The reconcilers against an in-memory API: the split protocol, crash-and-resume at every step, refusals,
+pod replacement and rolls. The "world" (kubelet + shard runtime) is simulated: a pod runs once created and,
+once annotated ``taskshard.io/drain=true``, exits 0 with a termination message naming a snapshot manifest.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from spark_runtime.keygroups import KeyGroupRange
+from taskshard_operator import naming
+from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
+from taskshard_operator.reconcile_task import reconcile_task
+
+pytestmark = pytest.mark.unit
+
+NS = "ns"
+SPEC = {
+    "maxKeyGroups": 16,
+    "initialShards": 1,
+    "processor": {"builtin": "count"},
+    "source": {"journal": {"path": "/data/journal/t", "partitions": 2}},
+    "sink": {"directory": {"path": "/data/out/t"}},
+    "storage": {"path": "/data/state", "volume": {"hostPath": "/tmp/x"}},
+    "spark": {"image": "img:1"},
+}
+
+
+class Crash(Exception):
+    """The operator process died."""
+
+
+def _merge(target: dict, patch: dict) -> dict:
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, dict) and isinstance(target.get(k), dict):
+            _merge(target[k], v)
+        else:
+            target[k] = copy.deepcopy(v)
+    return target
+
+
+def _matches(obj: dict, selector: str | None) -> bool:
+    labels = obj["metadata"].get("labels") or {}
+    for term in filter(None, (selector or "").split(",")):
+        k, v = term.split("=")
+        if labels.get(k) != v:
+            return False
+    return True
+
+
+class FakeKube:
+    """The subset of :class:`taskshard_operator.kube.Kube` the reconcilers use, in memory."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.uids = itertools.count(1)
+        self.mutations = 0
+        self.crash_after: int | None = None
+        self.created: list[tuple[str, str]] = []
+
+    def _mutated(self) -> None:
+        self.mutations += 1
+        if self.crash_after is not None and self.mutations >= self.crash_after:
+            self.crash_after = None
+            raise Crash(f"operator killed after mutation {self.mutations}")
+
+    def _new(self, kind: str, body: dict) -> dict | None:
+        key = (kind, body["metadata"]["name"])
+        if key in self.objects:
+            return None
+        obj = copy.deepcopy(body)
+        obj["metadata"].update(uid=f"uid-{next(self.uids)}", namespace=NS, generation=1)
+        self.objects[key] = obj
+        self.created.append(key)
+        self._mutated()
+        return copy.deepcopy(obj)
+
+    def _get(self, kind: str, name: str) -> dict | None:
+        obj = self.objects.get((kind, name))
+        return copy.deepcopy(obj) if obj else None
+
+    def _list(self, kind: str, selector: str | None) -> list[dict]:
+        return [copy.deepcopy(o) for (k, _), o in sorted(self.objects.items()) if k == kind and _matches(o, selector)]
+
+    # custom objects
+    def get_custom(self, plural, namespace, name):
+        return self._get(plural, name)
+
+    def list_custom(self, plural, namespace, selector=None):
+        return self._list(plural, selector)
+
+    def create_custom(self, plural, namespace, body):
+        return self._new(plural, body)
+
+    def patch_custom(self, plural, namespace, name, patch):
+        obj = self.objects[(plural, name)]
+        _merge(obj, patch)
+        if "spec" in patch:
+            obj["metadata"]["generation"] += 1
+        self._mutated()
+        return copy.deepcopy(obj)
+
+    def patch_custom_status(self, plural, namespace, name, status):
+        obj = self.objects[(plural, name)]
+        obj.setdefault("status", {})
+        _merge(obj["status"], status)
+        self._mutated()
+        return copy.deepcopy(obj)
+
+    # pods
+    def get_pod(self, namespace, name):
+        return self._get("pods", name)
+
+    def list_pods(self, namespace, selector):
+        return self._list("pods", selector)
+
+    def create_pod(self, namespace, body):
+        return self._new("pods", body)
+
+    def patch_pod(self, namespace, name, patch):
+        if ("pods", name) in self.objects:
+            _merge(self.objects[("pods", name)], patch)
+            self._mutated()
+
+    def delete_pod(self, namespace, name, *, uid=None, grace=None):
+        if self.objects.pop(("pods", name), None) is not None:
+            self._mutated()
+
+    # configmaps, services
+    def get_configmap(self, namespace, name):
+        return self._get("configmaps", name)
+
+    def apply_configmap(self, namespace, body):
+        key = ("configmaps", body["metadata"]["name"])
+        if key not in self.objects:
+            self._new("configmaps", body)
+            return "created"
+        if self.objects[key]["data"] == body["data"]:
+            return "unchanged"
+        self.objects[key]["data"] = copy.deepcopy(body["data"])
+        self._mutated()
+        return "patched"
+
+    def delete_configmap(self, namespace, name):
+        if self.objects.pop(("configmaps", name), None) is not None:
+            self._mutated()
+
+    def ensure_service(self, namespace, body):
+        self._new("services", body)
+
+    # helpers for tests
+    def shards(self) -> dict[str, dict]:
+        return {o["metadata"]["name"]: o for (k, _), o in self.objects.items() if k == "taskshards"}
+
+    def pods(self) -> dict[str, dict]:
+        return {o["metadata"]["name"]: o for (k, _), o in self.objects.items() if k == "pods"}
+
+
+def world_step(kube: FakeKube, batch: dict[str, int]) -> None:
+    """What the kubelet and the runtime do between operator passes."""
+    for name, pod in kube.pods().items():
+        status = pod.setdefault("status", {})
+        state = (status.get("containerStatuses") or [{}])[0].get("state", {})
+        if not status.get("phase"):
+            status.update(
+                phase="Running", containerStatuses=[{"name": "driver", "restartCount": 0, "state": {"running": {}}}]
+            )
+        elif "running" in state and (pod["metadata"].get("annotations") or {}).get(naming.ANNOTATION_DRAIN) == "true":
+            shard = pod["metadata"]["labels"][naming.LABEL_SHARD]
+            batch[shard] = batch.get(shard, 0) + 3
+            message = {
+                "drained": True,
+                "batchId": batch[shard],
+                "manifest": f"/data/state/t/shards/{shard}/snapshots/batch-{batch[shard]}/manifest.json",
+            }
+            status.update(
+                phase="Succeeded",
+                containerStatuses=[
+                    {
+                        "name": "driver",
+                        "restartCount": 0,
+                        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": json.dumps(message)}},
+                    }
+                ],
+            )
+
+
+def running_ranges(kube: FakeKube) -> list[KeyGroupRange]:
+    out = []
+    for pod in kube.pods().values():
+        state = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {})
+        if "running" in state or not (pod.get("status") or {}).get("phase"):  # created = may start any moment
+            out.append(KeyGroupRange.from_label(pod["metadata"]["labels"][naming.LABEL_KEY_GROUPS]))
+    return out
+
+
+def assert_no_overlap(ranges: list[KeyGroupRange]) -> None:
+    ordered = sorted(ranges)
+    for a, b in itertools.pairwise(ordered):
+        assert a.end <= b.start, f"two running shard pods own key groups of {a} and {b}"
+
+
+def converge(kube: FakeKube, events: list, *, passes: int = 60, backoff: Backoff | None = None) -> None:
+    backoff = backoff or Backoff(base=0.0)
+    batch: dict[str, int] = {}
+    for _ in range(passes):
+        before = json.dumps(sorted((repr(k), v) for k, v in kube.objects.items()), sort_keys=True, default=str)
+        reconcile_task(kube, NS, "t", emit=lambda *a: events.append(a))
+        for name in list(kube.shards()):
+            reconcile_shard(kube, NS, name, emit=lambda *a: events.append(a), backoff=backoff)
+            assert_no_overlap(running_ranges(kube))
+        world_step(kube, batch)
+        assert_no_overlap(running_ranges(kube))
+        if json.dumps(sorted((repr(k), v) for k, v in kube.objects.items()), sort_keys=True, default=str) == before:
+            return
+
+
+def new_world(spec: dict | None = None) -> FakeKube:
+    kube = FakeKube()
+    kube._new(
+        "tasks",
+        {
+            "apiVersion": "taskshard.io/v1alpha1",
+            "kind": "Task",
+            "metadata": {"name": "t"},
+            "spec": copy.deepcopy(spec or SPEC),
+        },
+    )
+    return kube
+
+
+def request_split(kube: FakeKube, shard: str, **split) -> None:
+    kube.patch_custom("taskshards", NS, shard, {"spec": {"split": {"requested": True, **split}}})
+
+
+def phases(kube: FakeKube) -> dict[str, str]:
+    return {n: (s.get("status") or {}).get("phase") for n, s in sorted(kube.shards().items())}
+
+
+def test_task_creates_shards_and_pods_run():
+    kube = new_world({**SPEC, "initialShards": 2})
+    events: list = []
+    converge(kube, events)
+    assert phases(kube) == {"t-0-8": "Running", "t-8-16": "Running"}
+    assert set(kube.pods()) == {"t-0-8-driver", "t-8-16-driver"}
+    pod = kube.pods()["t-0-8-driver"]
+    assert pod["metadata"]["ownerReferences"][0]["name"] == "t-0-8"
+    assert kube.shards()["t-0-8"]["metadata"]["ownerReferences"][0]["kind"] == "Task"
+    task = kube.objects[("tasks", "t")]
+    assert task["status"]["phase"] == "Running" and task["status"]["shards"] == 2
+    conds = {c["type"]: c["status"] for c in task["status"]["conditions"]}
+    assert conds == {"Ready": "True", "Progressing": "False", "Degraded": "False", "Tiled": "True"}
+
+
+def test_split_protocol_end_to_end():
+    kube = new_world()
+    events: list = []
+    converge(kube, events)
+    request_split(kube, "t-0-16", at=4)
+    converge(kube, events)
+    assert phases(kube) == {"t-0-16": "Split", "t-0-4": "Running", "t-4-16": "Running"}
+    parent = kube.shards()["t-0-16"]
+    assert "t-0-16-driver" not in kube.pods()
+    assert ("configmaps", "t-0-16-config") not in kube.objects
+    assert parent["status"]["lineage"]["children"] == ["t-0-4", "t-4-16"]
+    assert parent["status"]["finalCheckpoint"]["manifest"].endswith("batch-3/manifest.json")
+    child = kube.shards()["t-4-16"]
+    assert child["spec"]["restoreFrom"] == {
+        "parent": "t-0-16",
+        "manifest": parent["status"]["finalCheckpoint"]["manifest"],
+    }
+    assert child["status"]["lineage"] == {"parent": "t-0-16"}
+    cfg = json.loads(kube.objects[("configmaps", "t-4-16-config")]["data"]["shard.json"])
+    assert cfg["restoreFrom"]["parent"] == "t-0-16" and cfg["keyGroups"] == {"start": 4, "end": 16}
+    reasons = [e[2] for e in events]
+    for r in ("SplitAccepted", "Draining", "Drained", "ChildCreated", "Split"):
+        assert r in reasons
+    task = kube.objects[("tasks", "t")]["status"]
+    assert [s["name"] for s in task["activeShards"]] == ["t-0-4", "t-4-16"]
+    # Two more splits: three shards... four here (demo: 3 shards after two splits of which one is a child).
+    request_split(kube, "t-4-16")
+    converge(kube, events)
+    assert phases(kube)["t-4-10"] == "Running" and phases(kube)["t-10-16"] == "Running"
+    assert kube.objects[("tasks", "t")]["status"]["shards"] == 3
+
+
+def count_creations(kube: FakeKube, kind: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k, name in kube.created:
+        if k == kind:
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
+def test_crash_at_every_mutation_of_a_split_completes_without_duplicates():
+    """Kill the operator after the n-th API write of the split, for every n; a fresh operator completes it."""
+    reference = new_world()
+    converge(reference, [])
+    request_split(reference, "t-0-16")
+    start = reference.mutations
+    converge(reference, [])
+    total = reference.mutations - start
+    assert total > 5
+    for n in range(1, total + 1):
+        kube = new_world()
+        converge(kube, [])
+        request_split(kube, "t-0-16")
+        kube.crash_after = kube.mutations + n
+        with pytest.raises(Crash, match="operator killed"):
+            converge(kube, [])
+        converge(kube, [], backoff=Backoff(base=0.0))  # the restarted operator, with fresh memory
+        assert phases(kube) == {"t-0-16": "Split", "t-0-8": "Running", "t-8-16": "Running"}, f"crash at {n}"
+        assert count_creations(kube, "taskshards") == {"t-0-16": 1, "t-0-8": 1, "t-8-16": 1}
+        assert set(kube.pods()) == {"t-0-8-driver", "t-8-16-driver"}
+
+
+@pytest.mark.parametrize(
+    ("split", "phase_before", "needle"),
+    [
+        ({"requested": True, "at": 16}, "Running", "spec.split.at: 16 is not strictly inside spec.keyGroups [0, 16)"),
+        ({"requested": True, "at": 0}, "Running", "spec.split.at: 0 is not strictly inside"),
+    ],
+)
+def test_bad_requests_change_nothing(split, phase_before, needle):
+    kube = new_world()
+    events: list = []
+    converge(kube, events)
+    pods_before = copy.deepcopy(kube.pods())
+    kube.patch_custom("taskshards", NS, "t-0-16", {"spec": {"split": split}})
+    converge(kube, events)
+    shard = kube.shards()["t-0-16"]
+    assert shard["status"]["phase"] == phase_before and "split" not in shard["status"]
+    rejected = next(c for c in shard["status"]["conditions"] if c["type"] == "SplitRejected")
+    assert rejected["status"] == "True" and needle in rejected["message"]
+    assert set(kube.shards()) == {"t-0-16"} and kube.pods() == pods_before
+    assert any(e[1] == "Warning" and e[2] == "SplitRejected" and needle in e[3] for e in events)
+
+
+def test_one_group_and_not_running_are_refused():
+    kube = new_world({**SPEC, "maxKeyGroups": 2, "initialShards": 2})
+    events: list = []
+    converge(kube, events)
+    request_split(kube, "t-0-1")
+    converge(kube, events)
+    msg = next(c for c in kube.shards()["t-0-1"]["status"]["conditions"] if c["type"] == "SplitRejected")["message"]
+    assert "holds one key group" in msg and kube.shards()["t-0-1"]["status"]["phase"] == "Running"
+    # A split parent (not Running) refuses a new request.
+    kube = new_world()
+    converge(kube, events)
+    request_split(kube, "t-0-16")
+    converge(kube, events)
+    request_split(kube, "t-0-16", at=3)
+    converge(kube, events)
+    parent = kube.shards()["t-0-16"]
+    msg = next(c for c in parent["status"]["conditions"] if c["type"] == "SplitRejected")["message"]
+    assert "is in phase Split" in msg and set(kube.shards()) == {"t-0-16", "t-0-8", "t-8-16"}
+
+
+def test_deleted_pod_is_replaced_with_restart_count():
+    kube = new_world()
+    converge(kube, [])
+    kube.delete_pod(NS, "t-0-16-driver")
+    converge(kube, [])
+    shard = kube.shards()["t-0-16"]
+    assert shard["status"]["phase"] == "Running" and shard["status"]["restarts"] == 1
+    assert kube.pods()["t-0-16-driver"]["metadata"]["annotations"][naming.ANNOTATION_RESTARTS_BASE] == "1"
+
+
+def test_failed_pod_is_replaced_after_backoff():
+    kube = new_world()
+    converge(kube, [])
+    pod = kube.objects[("pods", "t-0-16-driver")]
+    pod["status"] = {
+        "phase": "Failed",
+        "containerStatuses": [
+            {
+                "name": "driver",
+                "restartCount": 2,
+                "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": json.dumps({"batchId": 9})}},
+            }
+        ],
+    }
+    backoff = Backoff(base=3600.0)
+    events: list = []
+    reconcile_shard(kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)
+    shard = kube.shards()["t-0-16"]
+    assert shard["status"]["phase"] == "Failed" and shard["status"]["lastCheckpoint"]["batchId"] == 9
+    assert "t-0-16-driver" not in kube.pods()
+    reconcile_shard(kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)  # first replacement: now
+    assert "t-0-16-driver" in kube.pods()
+    kube.delete_pod(NS, "t-0-16-driver")
+    reconcile_shard(kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)  # second: waits
+    assert "t-0-16-driver" not in kube.pods()
+    cond = next(c for c in kube.shards()["t-0-16"]["status"]["conditions"] if c["type"] == "Progressing")
+    assert cond["reason"] == "BackOff"
+
+
+def test_template_change_rolls_one_shard_at_a_time():
+    kube = new_world({**SPEC, "initialShards": 2})
+    converge(kube, [])
+    kube.objects[("tasks", "t")]["spec"]["spark"]["image"] = "img:2"
+    seen_restarting: list[set[str]] = []
+    batch: dict[str, int] = {}
+    for _ in range(30):
+        reconcile_task(kube, NS, "t", emit=lambda *a: None)
+        for name in list(kube.shards()):
+            reconcile_shard(kube, NS, name, emit=lambda *a: None, backoff=Backoff(base=0.0))
+        not_running = {n for n, p in phases(kube).items() if p != "Running"}
+        seen_restarting.append(not_running)
+        world_step(kube, batch)
+    assert all(len(s) <= 1 for s in seen_restarting)
+    assert {p["spec"]["containers"][0]["image"] for p in kube.pods().values()} == {"img:2"}
+    assert any(seen_restarting)
+
+
+def test_invalid_task_spec_becomes_a_condition():
+    kube = new_world({**SPEC, "processor": {"builtin": "sum"}})
+    events: list = []
+    converge(kube, events)
+    task = kube.objects[("tasks", "t")]["status"]
+    assert task["phase"] == "Failed"
+    ready = next(c for c in task["conditions"] if c["type"] == "Ready")
+    assert "spec.processor" in ready["message"] and "field" in ready["message"]
+    assert not kube.shards()
+    assert any(e[1] == "Warning" and e[2] == "InvalidSpec" for e in events)
