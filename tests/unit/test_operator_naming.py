@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as s
+from taskshard_operator import naming
 
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT, KeyGroupRange
-from taskshard_operator import naming
 
 pytestmark = pytest.mark.unit
 

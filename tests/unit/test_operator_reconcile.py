@@ -8,14 +8,13 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from typing import Any
 
 import pytest
-
-from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import naming
 from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
 from taskshard_operator.reconcile_task import reconcile_task
+
+from spark_runtime.keygroups import KeyGroupRange
 
 pytestmark = pytest.mark.unit
 
@@ -165,7 +164,7 @@ class FakeKube:
 
 def world_step(kube: FakeKube, batch: dict[str, int]) -> None:
     """What the kubelet and the runtime do between operator passes."""
-    for name, pod in kube.pods().items():
+    for _name, pod in kube.pods().items():
         status = pod.setdefault("status", {})
         state = (status.get("containerStatuses") or [{}])[0].get("state", {})
         if not status.get("phase"):
