@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from localkube.binaries import BinariesUnavailable, ensure_binaries
 from localkube.cluster import ClusterStartError, LocalCluster
 

@@ -312,6 +312,15 @@ class SparkSpec(K8sModel):
         default=None, description="Image pull policy: Always, IfNotPresent or Never (Kubernetes default)."
     )
     resources: ResourceRequirements | None = Field(default=None, description="Resources of the driver pod.")
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description=(
+            "ServiceAccount of the driver pod (default: the namespace's 'default', with no API token mounted "
+            "unless executors run on Kubernetes). The chart creates 'taskshard-shard' in watched namespaces."
+        ),
+    )
     conf: dict[str, str] | None = Field(
         default=None,
         max_length=128,

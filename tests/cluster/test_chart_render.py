@@ -1,0 +1,121 @@
+"""The Helm chart, checked with the real helm binary: lint, values schema, and what it renders."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from localkube.binaries import ensure_binaries
+
+pytestmark = pytest.mark.cluster
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "taskshard-operator"
+KUBE_VERSION = "1.34.4"
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([ensure_binaries().helm, *args], capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def render(*sets: str, namespace: str = "taskshard-system") -> list[dict]:
+    args = ["template", "ts", str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_helm_lint_strict_passes():
+    out = helm("lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART))
+    assert "0 chart(s) failed" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("replicaCount=two", "/replicaCount"),
+        ("watchNamespaces={Bad_NS}", "/watchNamespaces/0"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("probes.port=70000", "/probes/port"),
+        ("storage.pvc.size=lots", "/storage/pvc/size"),
+        ("unknownKey=1", "unknownKey"),
+    ],
+)
+def test_values_schema_rejects_bad_values_naming_the_field(setting, complaint):
+    result = helm("template", "ts", str(CHART), "--kube-version", KUBE_VERSION, "--set", setting, check=False)
+    assert result.returncode != 0
+    assert complaint in result.stderr
+
+
+def test_operator_pod_meets_the_restricted_pod_security_standard():
+    deployment = by_kind(render(), "Deployment")[0]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    for container in pod["containers"]:
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert container["readinessProbe"]["httpGet"]["port"] == "probes"
+    assert {"name": "tmp", "mountPath": "/tmp"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_cluster_wide_by_default_with_framework_and_application_roles():
+    docs = render()
+    roles = {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
+    assert set(roles) == {
+        "ts-taskshard-operator-framework",
+        "ts-taskshard-operator-framework-namespaced",
+        "ts-taskshard-operator-application",
+    }
+    application = roles["ts-taskshard-operator-application"]["rules"]
+    groups = {g for rule in application for g in rule["apiGroups"]}
+    assert groups == {"taskshard.io", ""}, "the application role touches only TaskShard kinds and core objects"
+    assert not any("secrets" in rule["resources"] for rule in application), "the operator never reads secrets"
+    assert not any("*" in rule["verbs"] or "*" in rule["resources"] for r in roles.values() for rule in r["rules"])
+    assert len(by_kind(docs, "ClusterRoleBinding")) == 3
+    assert not by_kind(docs, "RoleBinding")
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in args and "--peering=taskshard" in args
+    assert by_kind(docs, "ClusterKopfPeering")[0]["metadata"]["name"] == "taskshard"
+
+
+def test_namespaced_watch_binds_roles_only_in_those_namespaces():
+    docs = render("watchNamespaces={team-a,team-b}")
+    bindings = by_kind(docs, "RoleBinding")
+    assert {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings} == {
+        (ns, f"ts-taskshard-operator-{role}")
+        for ns in ("team-a", "team-b")
+        for role in ("application", "framework-namespaced")
+    }
+    assert [b["metadata"]["name"] for b in by_kind(docs, "ClusterRoleBinding")] == ["ts-taskshard-operator-framework"]
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+    peerings = by_kind(docs, "KopfPeering")
+    assert {p["metadata"]["namespace"] for p in peerings} == {"team-a", "team-b"}
+    shard_accounts = [a for a in by_kind(docs, "ServiceAccount") if a["metadata"]["name"] == "taskshard-shard"]
+    assert {a["metadata"]["namespace"] for a in shard_accounts} == {"team-a", "team-b"}
+    assert all(a["automountServiceAccountToken"] is False for a in shard_accounts)
+
+
+def test_optional_pieces_render_only_when_enabled():
+    assert not by_kind(render(), "Service") and not by_kind(render(), "PersistentVolumeClaim")
+    docs = render("metrics.enabled=true", "storage.pvc.create=true", "peering.enabled=false")
+    assert by_kind(docs, "Service")[0]["spec"]["ports"][0]["targetPort"] == "probes"
+    pvc = by_kind(docs, "PersistentVolumeClaim")[0]
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--standalone" in args
+    assert by_kind(docs, "Deployment")[0]["spec"]["strategy"]["type"] == "Recreate"
+    assert not by_kind(docs, "ClusterKopfPeering")
