@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 import yaml
-from taskshard_operator.models import Task, TaskShard
 
+from taskshard_operator.models import Task, TaskShard
 from tests.unit.manifest_cases import BAD_CASES, CRDS_DIR, EXAMPLES_DIR, base_shard, base_task, example_files
 
 pytestmark = pytest.mark.cluster
