@@ -15,6 +15,7 @@ higher or equal priority is alive, so exactly one acts. The KopfPeering CRDs mus
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import sys
@@ -57,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     import taskshard_operator.handlers  # noqa: F401, PLC0415 - registers the handlers
 
     kopf.configure(verbose=args.verbose, debug=args.debug)
+    if not (args.verbose or args.debug):
+        # "Handler ... succeeded" for every timer tick drowns the operator's own lines.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,

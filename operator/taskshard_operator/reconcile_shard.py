@@ -27,6 +27,7 @@ exited (Step 3), and a child creates its pod only when its parent's pod is gone 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,11 @@ from taskshard_operator.models.task import TaskSpec
 from taskshard_operator.phases import check_transition, parse_phase
 
 P = ShardPhase
+
+CRASH_AFTER_PHASE_ENV = "TASKSHARD_CRASH_AFTER_PHASE"
+"""Fault injection for crash tests only: when set to a phase name, the operator process exits (code 137, as if
+SIGKILLed) right after it has persisted that phase and before it acts on it. Never set in production."""
+
 Emit = Callable[[dict[str, Any], str, str, str], None]
 """``emit(body, type, reason, message)``: post a Kubernetes Event about ``body`` (``kopf.event`` in production)."""
 
@@ -162,6 +168,9 @@ class ShardContext:
             return
         result = self.kube.patch_custom_status(naming.SHARD_PLURAL, self.namespace, self.name, changed)
         self.shard = result or {**self.shard, "status": {**current, **changed}}
+        if phase is not None and phase.value == os.environ.get(CRASH_AFTER_PHASE_ENV) and "phase" in changed:
+            print(f"[fault injection] {self.name}: exiting after writing phase {phase.value}", flush=True)
+            os._exit(137)
         if phase is not None and phase != parse_phase(current.get("phase")) and current.get("phase") is not None:
             self.emit(
                 self.shard,

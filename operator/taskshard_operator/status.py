@@ -106,10 +106,14 @@ class Termination:
         return self.exit_code == 0 and self.manifest is not None
 
     def checkpoint(self, *, with_manifest: bool) -> dict[str, Any] | None:
-        """A ``CheckpointRef`` dict (``status.lastCheckpoint`` / ``finalCheckpoint``), None without a batch id."""
+        """A ``CheckpointRef`` dict (``status.lastCheckpoint`` / ``finalCheckpoint``), None without a batch id.
+
+        A drain before the first committed batch reports batch id -1; the CRD's ``batchId`` is ``>= 0``, so such
+        a reference is recorded as batch 0 (the manifest is what the children restore from).
+        """
         if self.batch_id is None:
             return None
-        ref: dict[str, Any] = {"batchId": self.batch_id}
+        ref: dict[str, Any] = {"batchId": max(self.batch_id, 0)}
         time = (self.message or {}).get("time") or self.finished_at
         if time:
             ref["time"] = time

@@ -1,0 +1,227 @@
+"""Fixtures for the operator's cluster tests: CRDs installed, the operator as a killable subprocess, a Task.
+
+- ``operator_crds`` (session): ``kubectl apply -f crds/`` and wait until the CRDs are Established.
+- ``operator_process`` (function): a started :class:`OperatorProcess` watching the test's namespace
+  (``python -m taskshard_operator --namespace NS --standalone``), its log in the test's tmp dir; stopped after.
+- :func:`task_manifest`: a Task whose storage, journal and output live under a host directory (hostPath).
+- :func:`write_events` / :func:`expected_counts` / :func:`actual_counts`: the input and a plain-Python reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.waiting import get_json, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def operator_crds(kube_cluster):
+    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    for crd in ("tasks.taskshard.io", "taskshards.taskshard.io"):
+        kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    return kube_cluster
+
+
+class OperatorProcess:
+    """The operator under test as a subprocess; ``kill()`` is SIGKILL, ``start()`` starts a fresh one."""
+
+    def __init__(self, cluster, namespace: str, log_path: Path) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, *, crash_after_phase: str | None = None) -> OperatorProcess:
+        env = self.cluster.env()
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+        env.pop("TASKSHARD_CRASH_AFTER_PHASE", None)
+        if crash_after_phase:
+            env["TASKSHARD_CRASH_AFTER_PHASE"] = crash_after_phase
+        cmd = [
+            sys.executable,
+            "-m",
+            "taskshard_operator",
+            "--namespace",
+            self.namespace,
+            "--standalone",
+            "--liveness",
+            "",
+            "--resync-seconds",
+            "2",
+            "--backoff-base",
+            "1",
+        ]
+        log = open(self.log_path, "a")  # noqa: SIM115 - owned by the child
+        log.write(f"----- start {self.starts} (crash after phase: {crash_after_phase}) -----\n")
+        log.flush()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        log.close()
+        self.starts += 1
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.alive:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.alive:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def operator_process(operator_crds, kube_cluster, namespace, tmp_path):
+    op = OperatorProcess(kube_cluster, namespace, tmp_path / "operator.log").start()
+    yield op
+    # Stop the shards' pods while the operator still runs (its finalizers), then stop it.
+    kube_cluster.kubectl(
+        "delete", "tasks", "--all", "--namespace", namespace, "--wait=true", "--timeout=120s", check=False
+    )
+    op.stop()
+    print(f"\n[operator log] {op.log_path}", file=sys.stderr)
+
+
+def task_manifest(
+    name: str,
+    data_dir: Path,
+    *,
+    max_key_groups: int = 16,
+    initial_shards: int = 1,
+    partitions: int = 2,
+    retention: str = "Retain",
+    image: str = "taskshard/taskshard:test",
+) -> dict:
+    return {
+        "apiVersion": "taskshard.io/v1alpha1",
+        "kind": "Task",
+        "metadata": {"name": name},
+        "spec": {
+            "maxKeyGroups": max_key_groups,
+            "initialShards": initial_shards,
+            "keyField": "key",
+            "processor": {"builtin": "count"},
+            "source": {"journal": {"path": f"/data/journal/{name}", "partitions": partitions}},
+            "sink": {"directory": {"path": f"/data/output/{name}", "format": "jsonl"}},
+            "storage": {"path": "/data/state", "volume": {"hostPath": str(data_dir), "mountPath": "/data"}},
+            "spark": {
+                "image": image,
+                "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+                "triggerInterval": "1 second",
+            },
+            "checkpointRetention": retention,
+        },
+    }
+
+
+def apply(kubectl, manifest: dict) -> None:
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+
+
+def write_events(data_dir: Path, task: str, *, start: int, count: int, keys: int = 50, partitions: int = 2) -> None:
+    """Append ``count`` events (event i has key ``k<i % keys>``) round-robin to the journal partitions."""
+    journal = data_dir / "journal" / task
+    journal.mkdir(parents=True, exist_ok=True)
+    lines: dict[int, list[str]] = {p: [] for p in range(partitions)}
+    for i in range(start, start + count):
+        lines[i % partitions].append(json.dumps({"key": f"k{i % keys}", "seq": i}) + "\n")
+    for p, chunk in lines.items():
+        with open(journal / f"p{p}.jsonl", "a") as f:
+            f.write("".join(chunk))
+
+
+def expected_counts(data_dir: Path, task: str) -> dict[str, int]:
+    """The plain-Python reference: events per key in the journal."""
+    counts: Counter[str] = Counter()
+    for part in sorted((data_dir / "journal" / task).glob("p*.jsonl")):
+        for line in part.read_text().splitlines():
+            if line.strip():
+                counts[str(json.loads(line)["key"])] += 1
+    return dict(counts)
+
+
+def actual_counts(data_dir: Path, task: str) -> dict[str, int]:
+    """Per-key results the shards wrote, via ``spark_runtime.results`` when it exists, else read directly:
+    counts only grow, so a key's result is the largest value any shard emitted for it."""
+    sink = data_dir / "output" / task
+    try:
+        from spark_runtime import results  # noqa: PLC0415 - optional until the runtime lands
+    except ImportError:
+        results = None
+    if results is not None and hasattr(results, "read_results"):
+        return {str(k): int(v) for k, v in results.read_results(str(sink)).items()}
+    best: dict[str, int] = {}
+    for f in sorted(sink.glob("shard=*/batch-*.jsonl")):
+        for line in f.read_text().splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            value = next((row[k] for k in ("value", "count", "result") if k in row), None)
+            if value is not None:
+                best[str(row["key"])] = max(best.get(str(row["key"]), 0), int(value))
+    return best
+
+
+def shard_phases(kubectl) -> dict[str, str]:
+    items = get_json(kubectl, "taskshards")["items"]
+    return {i["metadata"]["name"]: (i.get("status") or {}).get("phase") for i in items}
+
+
+def wait_phases(kubectl, expected: dict[str, str], timeout: float, op: OperatorProcess | None = None) -> None:
+    def probe():
+        phases = shard_phases(kubectl)
+        return all(phases.get(k) == v for k, v in expected.items()) and phases
+
+    try:
+        wait_for(probe, timeout, f"shard phases {expected}", interval=1.0)
+    except AssertionError:
+        if op is not None:
+            print(op.log()[-6000:], file=sys.stderr)
+        raise
+
+
+def wait_results(data_dir: Path, task: str, timeout: float) -> dict[str, int]:
+    expected = expected_counts(data_dir, task)
+    wait_for(
+        lambda: actual_counts(data_dir, task) == expected,
+        timeout,
+        f"per-key results of {task} to equal the reference ({sum(expected.values())} events)",
+        interval=2.0,
+    )
+    return expected
+
+
+def running_pods(kubectl) -> dict[str, str]:
+    pods = get_json(kubectl, "pods", "-l", "taskshard.io/component=shard")["items"]
+    return {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}
+
+
+def now() -> float:
+    return time.monotonic()

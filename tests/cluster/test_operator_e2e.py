@@ -1,0 +1,215 @@
+"""The operator end to end: real control plane, node agent, real Spark in the shard pods.
+
+Scenarios share Spark pods to stay affordable on two cores:
+
+- ``test_demo_two_splits_pod_kill_and_bad_requests``: a Task with one shard; a killed shard pod is replaced and
+  resumes; two splits leave three active shards; bad split requests are refused and change nothing; per-key
+  results equal a plain-Python reference after each stage; at no instant do two running pods own a key group.
+- ``test_operator_killed_mid_split_at_each_step``: four splits, the operator dies right after persisting each
+  step in turn (SplitRequested, Draining, Drained, ChildrenCreated) and a fresh one completes the split with
+  exactly the expected children; results stay exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import threading
+
+import pytest
+
+from spark_runtime.keygroups import KeyGroupRange
+from tests.cluster.operator_fixtures import (  # noqa: F401 - fixtures
+    actual_counts,
+    apply,
+    expected_counts,
+    operator_crds,
+    operator_process,
+    running_pods,
+    shard_phases,
+    task_manifest,
+    wait_phases,
+    wait_results,
+    write_events,
+)
+from tests.waiting import get_json, wait_for
+
+pytestmark = pytest.mark.cluster
+
+START = 300  # seconds: JVM start, restore, first batches on a loaded 2-core machine
+
+
+class OverlapWatcher(threading.Thread):
+    """Polls the shard pods; records any instant at which two running pods own overlapping key groups."""
+
+    def __init__(self, kubectl) -> None:
+        super().__init__(daemon=True)
+        self.kubectl = kubectl
+        self.stop_event = threading.Event()
+        self.violations: list[str] = []
+        self.samples = 0
+
+    def run(self) -> None:
+        while not self.stop_event.wait(0.5):
+            try:
+                pods = get_json(self.kubectl, "pods", "-l", "taskshard.io/component=shard")["items"]
+            except Exception:  # noqa: BLE001 - keep watching
+                continue
+            self.samples += 1
+            ranges = sorted(
+                (KeyGroupRange.from_label(p["metadata"]["labels"]["taskshard.io/key-groups"]), p["metadata"]["name"])
+                for p in pods
+                if (p.get("status") or {}).get("phase") == "Running"
+            )
+            for (a, na), (b, nb) in itertools.pairwise(ranges):
+                if a.end > b.start:
+                    self.violations.append(f"{na} {a} and {nb} {b} run at once")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=10)
+
+
+def split(kubectl, shard: str, at: int | None = None) -> None:
+    body = {"spec": {"split": {"requested": True, **({"at": at} if at is not None else {})}}}
+    kubectl("patch", "taskshard", shard, "--type=merge", "-p", json.dumps(body))
+
+
+def status(kubectl, kind: str, name: str) -> dict:
+    return get_json(kubectl, kind, name).get("status") or {}
+
+
+def condition(obj_status: dict, type_: str) -> dict:
+    return next((c for c in obj_status.get("conditions") or [] if c["type"] == type_), {})
+
+
+def test_demo_two_splits_pod_kill_and_bad_requests(kubectl, operator_process, tmp_path):  # noqa: F811
+    data = tmp_path / "data"
+    data.mkdir()
+    op = operator_process
+    watcher = OverlapWatcher(kubectl)
+    watcher.start()
+    try:
+        write_events(data, "demo", start=0, count=400)
+        apply(kubectl, task_manifest("demo", data, max_key_groups=16))
+        wait_phases(kubectl, {"demo-0-16": "Running"}, START, op)
+        wait_results(data, "demo", START)
+
+        # A killed shard pod is replaced and resumes from its recovery log.
+        kubectl("delete", "pod", "demo-0-16-driver", "--wait=false")
+        wait_for(lambda: status(kubectl, "taskshard", "demo-0-16").get("restarts", 0) >= 1, START, "a replacement")
+        wait_phases(kubectl, {"demo-0-16": "Running"}, START, op)
+        write_events(data, "demo", start=400, count=200)
+        wait_results(data, "demo", START)
+
+        # Split 1 at the midpoint.
+        split(kubectl, "demo-0-16")
+        wait_phases(kubectl, {"demo-0-16": "Split", "demo-0-8": "Running", "demo-8-16": "Running"}, START, op)
+        parent = status(kubectl, "taskshard", "demo-0-16")
+        assert parent["lineage"]["children"] == ["demo-0-8", "demo-8-16"]
+        assert parent["finalCheckpoint"]["manifest"].endswith("manifest.json")
+        assert "demo-0-16-driver" not in running_pods(kubectl)
+        write_events(data, "demo", start=600, count=200)
+        wait_results(data, "demo", START)
+
+        # Split 2 at an explicit point: three active shards.
+        split(kubectl, "demo-8-16", at=12)
+        wait_phases(kubectl, {"demo-8-16": "Split", "demo-8-12": "Running", "demo-12-16": "Running"}, START, op)
+        write_events(data, "demo", start=800, count=200)
+        expected = wait_results(data, "demo", START)
+        assert sum(expected.values()) == 1000
+        task = status(kubectl, "task", "demo")
+        wait_for(lambda: status(kubectl, "task", "demo").get("shards") == 3, 60, "task status shards == 3")
+        task = status(kubectl, "task", "demo")
+        assert [s["keyGroups"] for s in task["activeShards"]] == ["0-8", "8-12", "12-16"]
+        assert condition(task, "Tiled")["status"] == "True"
+
+        # Bad requests: refused with a message naming the field and value; nothing changes.
+        before = (shard_phases(kubectl), sorted(running_pods(kubectl)))
+        bad = kubectl(
+            "patch",
+            "taskshard",
+            "demo-0-8",
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"split": {"requested": True, "at": 20}}}),
+            check=False,
+        )
+        assert bad.returncode != 0 and "spec.split.at" in bad.stderr  # the CRD's CEL rule refuses it at once
+        bad = kubectl(
+            "patch",
+            "taskshard",
+            "demo-12-16",
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"split": {"requested": True, "at": 12}}}),
+            check=False,
+        )
+        assert bad.returncode != 0 and "spec.split.at" in bad.stderr
+        split(kubectl, "demo-0-16", at=4)  # a Split parent is not Running: the operator refuses
+        wait_for(
+            lambda: condition(status(kubectl, "taskshard", "demo-0-16"), "SplitRejected").get("status") == "True",
+            60,
+            "SplitRejected on demo-0-16",
+        )
+        message = condition(status(kubectl, "taskshard", "demo-0-16"), "SplitRejected")["message"]
+        assert "spec.split.requested" in message and "phase Split" in message
+        events = kubectl("get", "events", "--field-selector", "involvedObject.name=demo-0-16", "-o", "json").stdout
+        assert "SplitRejected" in events
+        assert (shard_phases(kubectl), sorted(running_pods(kubectl))) == before
+        write_events(data, "demo", start=1000, count=100)
+        wait_results(data, "demo", START)
+    finally:
+        watcher.stop()
+    assert watcher.samples > 10
+    assert not watcher.violations, watcher.violations
+
+
+CRASH_STEPS = [
+    ("crash-0-32", "SplitRequested", ("crash-0-16", "crash-16-32")),
+    ("crash-0-16", "Draining", ("crash-0-8", "crash-8-16")),
+    ("crash-16-32", "Drained", ("crash-16-24", "crash-24-32")),
+    ("crash-0-8", "ChildrenCreated", ("crash-0-4", "crash-4-8")),
+]
+
+
+def test_operator_killed_mid_split_at_each_step(kubectl, operator_process, tmp_path):  # noqa: F811
+    data = tmp_path / "data"
+    data.mkdir()
+    op = operator_process
+    watcher = OverlapWatcher(kubectl)
+    watcher.start()
+    produced = 0
+    try:
+        write_events(data, "crash", start=0, count=300)
+        produced = 300
+        apply(kubectl, task_manifest("crash", data, max_key_groups=32))
+        wait_phases(kubectl, {"crash-0-32": "Running"}, START, op)
+        wait_results(data, "crash", START)
+        expected_shards = {"crash-0-32"}
+        for parent, step, children in CRASH_STEPS:
+            op.kill()
+            op.start(crash_after_phase=step)
+            split(kubectl, parent)
+            code = op.wait_exit(timeout=START)
+            assert code == 137, f"the operator should have died after writing {step}; exit code {code}"
+            assert shard_phases(kubectl)[parent] == step
+            op.start()
+            wait_phases(kubectl, {parent: "Split", **dict.fromkeys(children, "Running")}, START, op)
+            expected_shards |= set(children)
+            assert set(shard_phases(kubectl)) == expected_shards  # no duplicate or stray children
+            write_events(data, "crash", start=produced, count=100)
+            produced += 100
+            wait_results(data, "crash", START)
+        assert sum(expected_counts(data, "crash").values()) == produced
+        assert actual_counts(data, "crash") == expected_counts(data, "crash")
+    finally:
+        watcher.stop()
+    assert not watcher.violations, watcher.violations
+    assert "fault injection" in op.log()
+
+
+def test_operator_cli_help():
+    out = subprocess.run(["python", "-m", "taskshard_operator", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--standalone" in out.stdout
