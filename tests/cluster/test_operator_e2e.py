@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 import threading
 
 import pytest
@@ -208,8 +207,3 @@ def test_operator_killed_mid_split_at_each_step(kubectl, operator_process, tmp_p
         watcher.stop()
     assert not watcher.violations, watcher.violations
     assert "fault injection" in op.log()
-
-
-def test_operator_cli_help():
-    out = subprocess.run(["python", "-m", "taskshard_operator", "--help"], capture_output=True, text=True)
-    assert out.returncode == 0 and "--standalone" in out.stdout

@@ -6,11 +6,11 @@ import copy
 import json
 
 import pytest
+
+from spark_runtime.keygroups import KeyGroupRange as R
 from taskshard_operator import builders
 from taskshard_operator.models.task import TaskSpec
 from taskshard_operator.reconcile_shard import validate_shard_config
-
-from spark_runtime.keygroups import KeyGroupRange as R
 
 pytestmark = pytest.mark.unit
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as s
-from taskshard_operator import naming
 
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT, KeyGroupRange
+from taskshard_operator import naming
 
 pytestmark = pytest.mark.unit
 
@@ -55,3 +55,11 @@ def test_shard_names_are_unique_per_range_and_parse_back(bounds):
     r = KeyGroupRange(*bounds)
     name = naming.shard_name("orders", r)
     assert KeyGroupRange.from_label(name.removeprefix("orders-")) == r
+
+
+def test_cli_help_runs_without_a_cluster():
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    out = subprocess.run([sys.executable, "-m", "taskshard_operator", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--standalone" in out.stdout and "--all-namespaces" in out.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as s
+
 from taskshard_operator.models.shard import ShardPhase as P
 from taskshard_operator.phases import (
     ALLOWED,

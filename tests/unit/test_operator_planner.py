@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as s
+
+from spark_runtime.keygroups import KeyGroupRange as R
 from taskshard_operator.models.shard import ShardPhase as P
 from taskshard_operator.models.task import TaskPhase
 from taskshard_operator.planner import (
@@ -17,8 +19,6 @@ from taskshard_operator.planner import (
     plan_task_shards,
     task_phase,
 )
-
-from spark_runtime.keygroups import KeyGroupRange as R
 
 pytestmark = pytest.mark.unit
 

@@ -10,11 +10,11 @@ import itertools
 import json
 
 import pytest
+
+from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import naming
 from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
 from taskshard_operator.reconcile_task import reconcile_task
-
-from spark_runtime.keygroups import KeyGroupRange
 
 pytestmark = pytest.mark.unit
 
