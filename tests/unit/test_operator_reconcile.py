@@ -429,3 +429,32 @@ def test_invalid_task_spec_becomes_a_condition():
     assert "spec.processor" in ready["message"] and "field" in ready["message"]
     assert not kube.shards()
     assert any(e[1] == "Warning" and e[2] == "InvalidSpec" for e in events)
+
+
+def test_task_deletion_stops_pods_then_applies_retention():
+    import kopf  # noqa: PLC0415
+
+    from taskshard_operator.reconcile_task import delete_task  # noqa: PLC0415
+
+    kube = new_world({**SPEC, "checkpointRetention": "Delete"})
+    converge(kube, [])
+    body = kube.objects[("tasks", "t")]
+    events: list = []
+    with pytest.raises(kopf.TemporaryError, match="shard pods"):
+        delete_task(kube, NS, "t", body, emit=lambda *a: events.append(a))
+    assert not kube.pods()  # deleted (the fake removes them at once)
+    with pytest.raises(kopf.TemporaryError, match="removing the checkpoints"):
+        delete_task(kube, NS, "t", body, emit=lambda *a: events.append(a))
+    cleanup = kube.objects[("pods", "t-cleanup")]
+    assert "/data/state/t" in cleanup["spec"]["containers"][0]["command"][2]
+    cleanup["status"] = {"phase": "Succeeded"}
+    delete_task(kube, NS, "t", body, emit=lambda *a: events.append(a))
+    assert ("pods", "t-cleanup") not in kube.objects
+    assert events[-1][2] == "CheckpointsDeleted"
+    # Retain: nothing is removed.
+    kube = new_world()
+    converge(kube, [])
+    with pytest.raises(kopf.TemporaryError):
+        delete_task(kube, NS, "t", kube.objects[("tasks", "t")], emit=lambda *a: None)
+    delete_task(kube, NS, "t", kube.objects[("tasks", "t")], emit=lambda *a: events.append(a))
+    assert events[-1][2] == "CheckpointsRetained" and not kube.pods()
