@@ -5,8 +5,10 @@ Run as ``unshare --mount --propagation private python -m localkube.podshim PLAN.
 
 Each mount is a bind mount inside the container's private mount namespace, so every container sees its own
 files at the paths its pod spec names, while the rest of the file system is the host's. A missing mount point
-is created (an empty directory, or an empty file when the source is a file). The process then ``exec``s the
-command, so its pid is the one the node agent started and signals.
+is created (an empty directory, or an empty file when the source is a file). Every source is opened before the
+first mount and bound through its ``/proc/<pid>/fd`` link, so a mount over a parent of another source (an
+emptyDir at ``/tmp`` while pod sandboxes live under ``/tmp``) cannot hide it. Targets are mounted parents
+first. The process then ``exec``s the command, so its pid is the one the node agent started and signals.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 
 
-def _mount(source: str, target: str, read_only: bool) -> None:
+def _mount(source: str, fd: int, target: str, read_only: bool) -> None:
     src, dst = Path(source), Path(target)
     if src.is_dir():
         dst.mkdir(parents=True, exist_ok=True)
@@ -26,7 +28,7 @@ def _mount(source: str, target: str, read_only: bool) -> None:
         dst.parent.mkdir(parents=True, exist_ok=True)
         if not dst.exists():
             dst.touch()
-    subprocess.run(["mount", "--bind", str(src), str(dst)], check=True)
+    subprocess.run(["mount", "--bind", f"/proc/{os.getpid()}/fd/{fd}", str(dst)], check=True)
     if read_only:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(dst)], check=True)
 
@@ -34,8 +36,12 @@ def _mount(source: str, target: str, read_only: bool) -> None:
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
     try:
-        for m in plan["mounts"]:
-            _mount(m["source"], m["target"], m.get("readOnly", False))
+        mounts = sorted(plan["mounts"], key=lambda m: len(Path(m["target"]).parts))
+        fds = [os.open(m["source"], os.O_PATH) for m in mounts]
+        for m, fd in zip(mounts, fds, strict=True):
+            _mount(m["source"], fd, m["target"], m.get("readOnly", False))
+        for fd in fds:
+            os.close(fd)
         os.chdir(plan["cwd"])
         argv = plan["argv"]
         os.execvpe(argv[0], argv, plan["env"])

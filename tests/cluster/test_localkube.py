@@ -140,7 +140,9 @@ def test_env_sources_and_volumes_are_visible_to_the_container(kube_cluster, name
             - {{name: scratch, mountPath: /scratch}}
             - {{name: host, mountPath: /host}}
             - {{name: data, mountPath: /data}}
+            - {{name: tmp, mountPath: /tmp}}
           volumes:
+          - {{name: tmp, emptyDir: {{}}}}
           - {{name: conf, configMap: {{name: settings}}}}
           - {{name: creds, secret: {{secretName: creds}}}}
           - name: podinfo
