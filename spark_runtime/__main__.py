@@ -1,0 +1,139 @@
+"""``python -m spark_runtime`` / ``taskshard-shard``: run a shard, append events, read results.
+
+Subcommands::
+
+    run --config shard.json      run one shard until drained (SIGTERM or the drain-request file); exit 0 after
+                                 a drain, 1 when the query fails, 2 for a bad config
+    produce ...                  append events to a journal (same as taskshard-produce)
+    results --sink DIR --storage DIR --task NAME
+                                 print the final per-key results across the shard lineage as JSON lines
+
+Nothing here imports pyspark before a subcommand needs it, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+log = logging.getLogger("taskshard.shard")
+
+
+def _write_termination_message(path: str, summary: dict[str, Any]) -> None:
+    from spark_runtime.shard import summary_message
+
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(summary_message(summary))
+    except OSError as exc:
+        log.warning("cannot write the termination message to %s: %s", path, exc)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from spark_runtime.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    from spark_runtime.processor import ProcessorError
+    from spark_runtime.shard import ShardFailed, ShardRunner
+    from spark_runtime.snapshot import RestoreError
+
+    try:
+        runner = ShardRunner(config)
+    except (ProcessorError, NotImplementedError) as exc:
+        print(f"invalid shard config: {exc}", file=sys.stderr)
+        _write_termination_message(
+            config.termination_message_path, {"event": "failed", "shard": config.shard, "error": str(exc)}
+        )
+        return 2
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        runner.request_drain("SIGTERM")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        summary = runner.run()
+    except RestoreError as exc:
+        log.error("cannot restore: %s", exc)
+        _write_termination_message(
+            config.termination_message_path, {"event": "failed", "shard": config.shard, "error": str(exc)}
+        )
+        return 2
+    except ShardFailed as exc:
+        log.error("%s", exc)
+        _write_termination_message(
+            config.termination_message_path, {"event": "failed", "shard": config.shard, "error": str(exc)}
+        )
+        return 1
+    _write_termination_message(config.termination_message_path, summary)
+    print(json.dumps(summary, sort_keys=True), flush=True)
+    return 0
+
+
+def _cmd_results(args: argparse.Namespace) -> int:
+    from spark_runtime.results import final_results
+
+    results = final_results(args.sink, args.storage, args.task)
+    for key in sorted(results):
+        print(json.dumps({"key": key, "result": results[key]}, ensure_ascii=False))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="taskshard-shard",
+        description="TaskShard shard runtime: one PySpark Structured Streaming job per key-group range.",
+    )
+    p.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="run one shard until drained",
+        description="Run one shard until drained (SIGTERM or the drain-request file): exit 0 after a drain "
+        "(summary on stdout and in terminationMessagePath), 1 when the query fails, 2 for a bad config.",
+    )
+    run.add_argument(
+        "--config",
+        default=None,
+        help="shard config, JSON or YAML (default: $TASKSHARD_CONFIG, or inline JSON in $TASKSHARD_CONFIG_JSON)",
+    )
+    run.set_defaults(func=_cmd_run)
+    produce = sub.add_parser("produce", help="append events to a journal", add_help=False)
+    produce.set_defaults(func=None)
+    results = sub.add_parser("results", help="print final per-key results across a task's shard lineage")
+    results.add_argument("--sink", required=True, help="sink directory (sink.directory.path)")
+    results.add_argument("--storage", required=True, help="storage root (storage.path)")
+    results.add_argument("--task", required=True, help="task name")
+    results.set_defaults(func=_cmd_results)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `produce` forwards its arguments verbatim to taskshard-produce (so its --help is the producer's).
+    if argv[:1] == ["produce"]:
+        from spark_runtime.produce import main as produce_main
+
+        return produce_main(argv[1:])
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Reading a shard's recovery log (its Spark checkpoint) without Spark: committed batches and positions.
+
+Spark's checkpoint layout (``HDFSMetadataLog``): ``offsets/<N>`` is written when batch N is planned (first line
+``v1``, then the batch metadata JSON, then one JSON line per source: that source's end offset for batch N);
+``commits/<N>`` is written once batch N's state and sink output are committed. So the positions of the last
+*committed* batch are the source lines of ``offsets/<max commits>``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["last_batch", "last_committed_batch", "last_planned_batch", "read_offsets"]
+
+
+def last_batch(directory: Path) -> int:
+    """The largest ``<N>`` file name in ``directory``; -1 when there is none (or no directory)."""
+    try:
+        names = [p.name for p in directory.iterdir()]
+    except FileNotFoundError:
+        return -1
+    ids = [int(n) for n in names if n.isdigit()]
+    return max(ids) if ids else -1
+
+
+def last_committed_batch(checkpoint: Path) -> int:
+    return last_batch(Path(checkpoint) / "commits")
+
+
+def last_planned_batch(checkpoint: Path) -> int:
+    return last_batch(Path(checkpoint) / "offsets")
+
+
+def read_offsets(checkpoint: Path, batch_id: int) -> list[Any]:
+    """The per-source end offsets of ``batch_id`` (JSON-decoded, in Spark's source order)."""
+    lines = (Path(checkpoint) / "offsets" / str(batch_id)).read_text(encoding="utf-8").splitlines()
+    if not lines or not lines[0].startswith("v"):
+        raise ValueError(f"{checkpoint}/offsets/{batch_id}: not a Spark offset log file")
+    return [json.loads(line) if line.strip() not in ("", "-") else None for line in lines[2:]]

@@ -1,0 +1,148 @@
+"""Where a shard keeps things: one module for every path, so nothing else builds paths by hand.
+
+Storage root (``storage.path``), per docs/design-contracts.md::
+
+    <root>/<task>/shards/<shard>/
+        checkpoint/                     Spark checkpoint = the shard's recovery log (offsets, commits, state)
+        progress.json                   last committed batch: id, time, source positions, counts
+        lineage.json                    range, parent and restore manifest (written at start)
+        drain-requested                 drain marker: the journal source admits no new data once it exists
+        drained.json                    the termination summary of a finished drain (a drained shard never
+                                        processes again; a restart re-reports this and exits 0)
+        restore/kg-<n>.json             what the seed reader opened for key group n (files, bytes, rows)
+        snapshots/batch-<id>/
+            state/key_group=<n>/*.parquet   the key-group-indexed state snapshot
+            manifest.json                   written last: its presence marks the snapshot complete
+
+Sink directory (``sink.directory.path``)::
+
+    <sink>/shard=<shard>/batch-<id>.jsonl | .parquet           results of micro-batch <id> of <shard>
+    <sink>/_dead_letters/shard=<shard>/p<N>-<start>-<end>.jsonl dead letters of journal partition N,
+                                                               byte range [start, end)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ShardPaths", "SinkPaths", "read_json", "write_atomic", "write_json_atomic"]
+
+
+def snapshot_name(batch_id: int) -> str:
+    """``batch-7``; ``batch-initial`` for a drain before the first committed batch (id -1)."""
+    return f"batch-{batch_id}" if batch_id >= 0 else "batch-initial"
+
+
+@dataclass(frozen=True)
+class ShardPaths:
+    """Paths of one shard under the storage root."""
+
+    root: Path
+    task: str
+    shard: str
+
+    @classmethod
+    def of(cls, root: str | os.PathLike[str], task: str, shard: str) -> ShardPaths:
+        return cls(Path(root).absolute(), task, shard)
+
+    @property
+    def task_dir(self) -> Path:
+        return self.root / self.task
+
+    @property
+    def shard_dir(self) -> Path:
+        return self.root / self.task / "shards" / self.shard
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.shard_dir / "checkpoint"
+
+    @property
+    def progress(self) -> Path:
+        return self.shard_dir / "progress.json"
+
+    @property
+    def lineage(self) -> Path:
+        return self.shard_dir / "lineage.json"
+
+    @property
+    def drain_marker(self) -> Path:
+        return self.shard_dir / "drain-requested"
+
+    @property
+    def drained(self) -> Path:
+        return self.shard_dir / "drained.json"
+
+    @property
+    def restore_report_dir(self) -> Path:
+        return self.shard_dir / "restore"
+
+    @property
+    def snapshots(self) -> Path:
+        return self.shard_dir / "snapshots"
+
+    def snapshot_dir(self, batch_id: int) -> Path:
+        return self.snapshots / snapshot_name(batch_id)
+
+    def state_dir(self, batch_id: int) -> Path:
+        return self.snapshot_dir(batch_id) / "state"
+
+    def manifest(self, batch_id: int) -> Path:
+        return self.snapshot_dir(batch_id) / "manifest.json"
+
+    def shard_path(self, name: str) -> ShardPaths:
+        """Paths of another shard of the same task (a parent or a child)."""
+        return ShardPaths(self.root, self.task, name)
+
+
+@dataclass(frozen=True)
+class SinkPaths:
+    """Paths of one shard under the sink directory."""
+
+    root: Path
+    shard: str
+
+    @classmethod
+    def of(cls, root: str | os.PathLike[str], shard: str) -> SinkPaths:
+        return cls(Path(root).absolute(), shard)
+
+    @property
+    def results_dir(self) -> Path:
+        return self.root / f"shard={self.shard}"
+
+    def batch_file(self, batch_id: int, fmt: str) -> Path:
+        return self.results_dir / f"batch-{batch_id}.{fmt}"
+
+    @property
+    def dead_letter_dir(self) -> Path:
+        return self.root / "_dead_letters" / f"shard={self.shard}"
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` all-or-nothing: a temporary file in the same directory, then ``os.replace``.
+
+    A reader sees the old content or the new one, never a torn file; a crash leaves at most a ``.tmp-*`` file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        if fsync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> None:
+    write_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), fsync=fsync)
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)

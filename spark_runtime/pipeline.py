@@ -1,0 +1,239 @@
+"""The shard's Spark plan: source -> native key-group filter -> keyed state -> ``(key, key_group, result)``,
+and the export of that state as a key-group-indexed snapshot.
+
+Two processing kinds share the source, the filter, the seeding and the sink:
+
+``builtin`` (count, sum)
+    Spark's native streaming aggregation ``groupBy(key).agg(sum(delta))`` (delta = 1 for count, the field
+    for sum), state in the RocksDB state store. Seeded by one seed row per key whose delta is the parent's
+    total. State rows in the checkpoint: key ``{key}``, value ``{sum}``; snapshot columns ``key, value``.
+``python``
+    ``groupBy(key_group).applyInPandasWithState``: one Python call per key group per batch with a pandas
+    DataFrame of many keys (see :mod:`spark_runtime.processor`); the group's state is one Arrow IPC table
+    (``key`` + the processor's state columns) in the state store. Seeded by one blob per key group.
+    Snapshot columns ``key`` + the state columns.
+
+Both snapshots are Parquet under ``state/key_group=<n>/`` (one directory per key group, one file per
+directory), so a child reads only its key groups' files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_runtime.config import BuiltinProcessor, ShardConfig
+from spark_runtime.keygroups import key_group_sql
+from spark_runtime.processor import load_processor, result_column_type, state_columns
+from spark_runtime.records import RecordSpec
+
+__all__ = ["Plan", "build_output_frame", "export_state", "make_plan"]
+
+STATE_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the shard computes, derived from ``config.processor`` (no Spark needed)."""
+
+    kind: str  # "builtin" | "python"
+    record_spec: RecordSpec
+    state_format: str
+    """``builtin-count/v1``, ``builtin-sum/v1`` or ``python/v1``: snapshots restore only into the same format."""
+    state_columns: list[tuple[str, str]]
+    """Snapshot columns besides ``key`` (and the ``key_group`` partition column)."""
+    result_type: str
+    python_ref: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    delta_expr_field: str | None = None  # builtin sum: the summed field
+
+    @property
+    def state_schema(self) -> str:
+        """``key string, value bigint``: the snapshot's columns (the manifest records it)."""
+        return ", ".join(["key string"] + [f"{n} {t}" for n, t in self.state_columns])
+
+    @property
+    def parameters_json(self) -> str:
+        return json.dumps(self.parameters, sort_keys=True)
+
+
+def make_plan(config: ShardConfig) -> Plan:
+    proc = config.processor
+    if proc.builtin == BuiltinProcessor.COUNT:
+        return Plan("builtin", RecordSpec.build(config.key_field), "builtin-count/v1", [("value", "bigint")], "bigint")
+    if proc.builtin == BuiltinProcessor.SUM:
+        assert proc.field is not None
+        return Plan(
+            "builtin",
+            RecordSpec.build(config.key_field, {proc.field: "double"}),
+            "builtin-sum/v1",
+            [("value", "double")],
+            "double",
+            delta_expr_field=proc.field,
+        )
+    assert proc.python is not None
+    instance = load_processor(proc.python, proc.parameters)
+    fields = dict(getattr(instance, "fields", {}) or {})
+    return Plan(
+        "python",
+        RecordSpec.build(config.key_field, fields, bool(getattr(instance, "raw_value", False))),
+        f"python/v{STATE_FORMAT_VERSION}",
+        state_columns(instance.state_schema),
+        result_column_type(instance.result_type),
+        python_ref=proc.python,
+        parameters=dict(proc.parameters or {}),
+    )
+
+
+# ---------------------------------------------------------------- the streaming plan
+
+
+def key_group_column(config: ShardConfig, column: str = "key") -> Any:
+    from pyspark.sql import functions as F
+
+    return F.expr(key_group_sql(column, config.max_key_groups)).cast("int")
+
+
+def build_output_frame(spark: Any, config: ShardConfig, plan: Plan, events: Any, seed: dict[str, Any] | None) -> Any:
+    """The streaming DataFrame ``(key, key_group, result)`` (update mode) for ``events`` (the source's
+    DataFrame). ``seed``, when restoring, holds the keyword arguments of
+    :func:`spark_runtime.sources.seed.seed_stream` except ``mode`` and ``schema_ddl``."""
+    from pyspark.sql import functions as F
+
+    from spark_runtime.sources.seed import seed_stream
+
+    r = config.range
+    kg = key_group_column(config)
+    # Step 1: the native key-group filter, right after the source (no Python on this path).
+    mine = events.withColumn("key_group", kg).where(F.col("key_group").between(r.start, r.end - 1))
+    if plan.kind == "builtin":
+        delta_type = plan.result_type
+        if plan.delta_expr_field is None:
+            delta = F.lit(1).cast("bigint")
+        else:
+            delta = F.col(f"`{plan.delta_expr_field}`").cast("double")
+        deltas = mine.select("key", delta.alias("delta"))
+        if seed is not None:
+            seeds = seed_stream(spark, mode="rows", schema_ddl=f"key string, delta {delta_type}", **seed)
+            deltas = seeds.unionByName(deltas)
+        agg = deltas.groupBy("key").agg(F.sum("delta").alias("result"))
+        return agg.select("key", kg.alias("key_group"), "result")
+
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    ev = mine.withColumn("seed", F.lit(None).cast("binary"))
+    if seed is not None:
+        ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in ev.schema.fields)
+        ev = seed_stream(spark, mode="blobs", schema_ddl=ddl, **seed).unionByName(ev)
+    fn = make_group_function(plan)
+    return ev.groupBy("key_group").applyInPandasWithState(
+        fn,
+        outputStructType=f"key string, key_group int, result {plan.result_type}",
+        stateStructType="state binary",
+        outputMode="update",
+        timeoutConf=GroupStateTimeout.NoTimeout,
+    )
+
+
+def make_group_function(plan: Plan) -> Any:
+    """The ``applyInPandasWithState`` function: one call per key group per micro-batch."""
+    ref, params_json, columns = plan.python_ref, plan.parameters_json, list(plan.state_columns)
+    event_columns = ["key"] + [f.name for f in plan.record_spec.fields]
+    event_columns += ["value"] if plan.record_spec.raw_value else []
+    event_columns += ["partition", "offset"]
+
+    def process_key_group(key: tuple, frames: Any, state: Any) -> Any:
+        import warnings
+
+        import pandas as pd
+
+        # pyspark's worker concatenates our output frames; pandas 2.x warns about all-NA columns there.
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*concatenation with empty or all-NA")
+
+        from spark_runtime import processor as P
+
+        proc = P.cached_processor(ref, params_json)
+        pdf = pd.concat(list(frames), ignore_index=True)
+        group = int(key[0])
+        table = P.decode_state_table(state.get[0]) if state.exists else None
+        current = P.state_frame(table, columns)
+        seeded = pdf["seed"].notna()
+        if seeded.any():  # batch 0 of a restored child: install the parent's slice
+            parts = [current] + [P.state_frame(P.decode_state_table(b), columns) for b in pdf.loc[seeded, "seed"]]
+            current = pd.concat(parts, ignore_index=True)
+            pdf = pdf[~seeded]
+        events = pdf.sort_values(["partition", "offset"], kind="stable")[event_columns].reset_index(drop=True)
+        outputs = None
+        if len(events):
+            current, outputs = P.run_processor(proc, events, current, columns)
+        if len(current):
+            state.update((P.encode_state_table(P.frame_to_state_table(current, columns)),))
+        elif state.exists:
+            state.remove()
+        if outputs is not None and len(outputs):
+            yield pd.DataFrame({"key": outputs["key"].astype(str), "key_group": group, "result": outputs["result"]})
+
+    return process_key_group
+
+
+# ---------------------------------------------------------------- snapshot export
+
+
+def export_state(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Path, batch_id: int, out_dir: Path) -> None:
+    """Write the state at committed ``batch_id`` as Parquet partitioned by ``key_group`` into ``out_dir``
+    (which must not exist). Reads the checkpoint with Spark's State Data Source; key groups are computed
+    natively from the key."""
+    from pyspark.sql import functions as F
+
+    st = spark.read.format("statestore").option("batchId", batch_id).load(str(checkpoint))
+    if plan.kind == "builtin":
+        value_field = st.schema["value"].dataType.fields[0].name
+        rows = st.select(F.col("key.key").alias("key"), F.col(f"value.`{value_field}`").alias("value"))
+        rows = rows.withColumn("key_group", key_group_column(config))
+    else:
+        blobs = st.select(F.col("key.key_group").alias("key_group"), _blob_column(st).alias("blob"))
+        schema = plan.state_schema + ", key_group int"
+        rows = blobs.mapInArrow(_explode_blobs_function(plan), schema)
+    (rows.repartition(F.col("key_group")).write.partitionBy("key_group").mode("error").parquet(str(out_dir)))
+
+
+def _blob_column(st: Any) -> Any:
+    """The binary state column of the applyInPandasWithState state row (its layout varies by state format)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, StructType
+
+    def find(dtype: Any, path: str) -> str | None:
+        if isinstance(dtype, BinaryType):
+            return path
+        if isinstance(dtype, StructType):
+            for f in dtype.fields:
+                hit = find(f.dataType, f"{path}.`{f.name}`")
+                if hit:
+                    return hit
+        return None
+
+    path = find(st.schema["value"].dataType, "value")
+    if path is None:
+        raise RuntimeError(f"no binary state column in the state store value {st.schema['value'].dataType}")
+    return F.col(path)
+
+
+def _explode_blobs_function(plan: Plan) -> Any:
+    def explode(batches: Any) -> Any:
+        import pyarrow as pa
+
+        from spark_runtime import processor as P
+
+        for batch in batches:
+            kgs = batch.column("key_group").to_pylist()
+            blobs = batch.column("blob").to_pylist()
+            for kg, blob in zip(kgs, blobs, strict=True):
+                if blob is None:
+                    continue
+                table = P.decode_state_table(blob)
+                table = table.append_column("key_group", pa.array([kg] * table.num_rows, pa.int32()))
+                yield from table.to_batches()
+
+    return explode

@@ -1,0 +1,98 @@
+"""The final per-key results of a task: read a sink directory plus the shard lineage.
+
+Every shard writes ``<sink>/shard=<shard>/batch-<id>.*`` with the updated results of each micro-batch. A key's
+latest result is the one from the deepest shard of its lineage (a child starts from its parent's state, so
+its results supersede the parent's) and, within a shard, the highest batch id. Batches a parent wrote after
+its drain's last committed batch (possible only when a drain had to stop mid-batch) are ignored: that work was
+redone by the children.
+
+Lineage comes from ``<storage>/<task>/shards/<shard>/lineage.json`` (written by each shard at start) and the
+drain manifests; pass ``lineage`` explicitly to read a sink without the storage directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from spark_runtime.layout import read_json
+
+__all__ = ["final_results", "read_lineage", "read_sink"]
+
+
+def read_lineage(storage: str | os.PathLike[str], task: str) -> dict[str, dict[str, Any]]:
+    """``{shard: {"parent": name|None, "drainedBatch": id|None, "keyGroups": {...}}}`` from the storage root."""
+    shards_dir = Path(storage) / task / "shards"
+    out: dict[str, dict[str, Any]] = {}
+    if not shards_dir.is_dir():
+        return out
+    for d in sorted(shards_dir.iterdir()):
+        lineage_file = d / "lineage.json"
+        if not lineage_file.is_file():
+            continue
+        info = read_json(lineage_file)
+        drained = None
+        if (d / "drained.json").is_file():
+            drained = read_json(d / "drained.json").get("batchId")
+        out[d.name] = {"parent": info.get("parent"), "drainedBatch": drained, "keyGroups": info.get("keyGroups")}
+    return out
+
+
+def _depth(shard: str, lineage: dict[str, dict[str, Any]]) -> int:
+    depth, seen = 0, set()
+    cur = lineage.get(shard, {}).get("parent")
+    while cur is not None and cur not in seen:
+        seen.add(cur)
+        depth += 1
+        cur = lineage.get(cur, {}).get("parent")
+    return depth
+
+
+def read_sink(sink: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every output record under ``sink`` (JSON lines and Parquet), in no particular order."""
+    records: list[dict[str, Any]] = []
+    root = Path(sink)
+    if not root.is_dir():
+        return records
+    for shard_dir in sorted(root.glob("shard=*")):
+        for f in sorted(shard_dir.iterdir()):
+            if f.name.startswith("."):
+                continue
+            if f.suffix == ".jsonl":
+                with open(f, encoding="utf-8") as fh:
+                    records.extend(json.loads(line) for line in fh if line.strip())
+            elif f.suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                records.extend(pq.read_table(f).to_pylist())
+    return records
+
+
+def final_results(
+    sink: str | os.PathLike[str],
+    storage: str | os.PathLike[str] | None = None,
+    task: str | None = None,
+    *,
+    lineage: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """``{key: result}``: the latest result per key across the lineage (see the module docstring)."""
+    if lineage is None:
+        if storage is None or task is None:
+            raise ValueError("final_results needs storage and task, or an explicit lineage")
+        lineage = read_lineage(storage, task)
+    best: dict[str, tuple[int, int, Any]] = {}
+    for rec in read_sink(sink):
+        shard = rec["shard"]
+        batch = int(rec["batch"])
+        info = lineage.get(shard, {})
+        drained = info.get("drainedBatch")
+        if drained is not None and batch > drained:
+            continue
+        rank = (_depth(shard, lineage), batch)
+        key = rec["key"]
+        cur = best.get(key)
+        if cur is None or rank > cur[:2]:
+            best[key] = (rank[0], rank[1], rec["result"])
+    return {k: v[2] for k, v in best.items()}

@@ -1,0 +1,54 @@
+"""The shard's SparkSession: RocksDB state store with changelog checkpointing, and sane local defaults.
+
+User ``spark.conf`` wins over every default here except the two state-store settings the runtime depends on
+(the provider and changelog checkpointing are set unless the user set them explicitly).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+__all__ = ["DEFAULT_CONF", "spark_session", "prepare_python_env"]
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+DEFAULT_CONF: dict[str, str] = {
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # Fixed at a query's first start (it is the number of state partitions); small suits one shard.
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+    # A stop that interrupts a Python task makes Spark match a long traceback with a recursive regex;
+    # a bigger thread stack keeps that from overflowing (the drain normally never interrupts a batch).
+    "spark.driver.extraJavaOptions": "-Xss32m",
+    "spark.executor.extraJavaOptions": "-Xss32m",
+}
+
+
+def prepare_python_env() -> None:
+    """Make Spark's Python workers use this interpreter and see the current directory's packages
+    (``python -m spark_runtime`` semantics: a user processor module next to the config imports fine)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    cwd = os.getcwd()
+    if cwd not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, cwd])
+
+
+def spark_session(master: str, conf: dict[str, str] | None = None, app_name: str = "taskshard-shard") -> Any:
+    """Get or create the SparkSession (defaults above, then ``conf``)."""
+    prepare_python_env()
+    from pyspark.sql import SparkSession
+
+    merged = {**DEFAULT_CONF, **(conf or {})}
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in merged.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("TASKSHARD_SPARK_LOG_LEVEL", "WARN"))
+    return spark

@@ -1,0 +1,460 @@
+"""One shard's life: start (fresh, restored from a parent's manifest, or resumed from its own recovery log),
+process micro-batches, and drain.
+
+Lifecycle::
+
+    start ──> running ──(SIGTERM | drainRequestFile says true | drain())──> draining ──> drained (exit 0)
+      │          │                                                                       ▲
+      │          └──(query fails)──> failed (exit 1; the pod restarts it from the recovery log)
+      └──(drained.json exists: this shard drained before)────────────────────────────────┘ (re-report)
+
+Recovery: the Spark checkpoint is the recovery log. A restart with the same config (after SIGKILL, OOM, node
+loss) resumes from the last committed batch: an uncommitted batch is replayed with the offsets Spark logged for
+it, against the state of the previous commit, and its sink file is rewritten with the same content.
+
+Drain (:meth:`ShardRunner.drain`), each step safe to crash in (a restart with the drain request still
+present repeats the drain from the step it reached):
+
+1. Persist the request: create ``drain-requested``. From now on the journal source admits no new data, so no
+   new micro-batch starts (the running one, if any, finishes).
+2. Wait for the batch boundary: no trigger active and every planned batch committed.
+3. Stop the query (nothing is running, so nothing is interrupted).
+4. Read the last committed batch ``N`` and its source end positions from the checkpoint.
+5. Export the state at ``N`` (Spark's State Data Source) as Parquet partitioned by key group into
+   ``snapshots/batch-N/state`` (a temporary directory renamed into place). Before any commit (N = -1) the
+   state is the seed, so a restored shard copies its slice of the parent's snapshot.
+6. Write ``manifest.json`` atomically: its presence marks the snapshot complete.
+7. Write ``drained.json`` (the summary) and the termination message; the caller exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from spark_runtime.checkpoint import last_committed_batch, last_planned_batch, read_offsets
+from spark_runtime.config import ShardConfig
+from spark_runtime.layout import ShardPaths, SinkPaths, read_json, write_json_atomic
+from spark_runtime.pipeline import Plan, build_output_frame, export_state, make_plan
+from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter
+from spark_runtime.snapshot import MANIFEST_VERSION, check_restore, load_manifest, snapshot_stats, utc_now
+from spark_runtime.sources import SourceContext, make_source
+from spark_runtime.sources.seed import is_seed_offset, parquet_files, slice_dirs
+
+__all__ = ["ShardFailed", "ShardRunner", "summary_message"]
+
+log = logging.getLogger("taskshard.shard")
+
+TERMINATION_MESSAGE_LIMIT = 4096
+"""Kubernetes keeps at most 4096 bytes of a termination message."""
+
+
+class ShardFailed(RuntimeError):
+    """The streaming query failed; the message holds Spark's error."""
+
+
+def summary_message(summary: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+    """The termination message: compact JSON of ``summary``, dropping ``positions`` (they are in the
+    manifest) and then truncating ``error`` when it would not fit in ``limit`` bytes."""
+    text = json.dumps(summary, separators=(",", ":"), sort_keys=True)
+    if len(text.encode()) <= limit:
+        return text
+    slim = {k: v for k, v in summary.items() if k != "positions"}
+    slim["positionsOmitted"] = True
+    text = json.dumps(slim, separators=(",", ":"), sort_keys=True)
+    if len(text.encode()) > limit and "error" in slim:
+        slim["error"] = str(slim["error"])[: max(0, limit - len(text.encode()) + len(str(slim["error"])) - 64)]
+        text = json.dumps(slim, separators=(",", ":"), sort_keys=True)
+    return text
+
+
+class ShardRunner:
+    """Runs one shard. ``run()`` blocks until drained; tests may use ``start()``/``poll()``/``drain()``."""
+
+    def __init__(
+        self,
+        config: ShardConfig,
+        spark: Any | None = None,
+        *,
+        available_now: bool = False,
+        drain_timeout: float = 90.0,
+    ) -> None:
+        if config.storage.path is None:
+            raise NotImplementedError("storage.s3 is not implemented in this runtime yet; use storage.path")
+        if config.sink.directory is None:
+            raise NotImplementedError("sink.kafka is not implemented in this runtime yet; use sink.directory")
+        self.config = config
+        self.paths = ShardPaths.of(config.storage.path, config.task, config.shard)
+        self.sink_paths = SinkPaths.of(config.sink.directory.path, config.shard)
+        self.plan: Plan = make_plan(config)
+        self.source = make_source(config.source)
+        self.spark = spark
+        self.available_now = available_now
+        self.drain_timeout = drain_timeout
+        self.query: Any = None
+        self.sink: DirectorySinkWriter | None = None
+        self.dead_letters = DeadLetterCounter(self.sink_paths.dead_letter_dir)
+        self.start_positions: dict[str, Any] | None = None
+        self.restore_manifest: dict[str, Any] | None = None
+        self.summary: dict[str, Any] | None = None
+        self.last_committed = -1
+        self.rows_processed = 0
+        self._drain = threading.Event()
+        self._drain_reason = ""
+        self._seen_progress: set[int] = set()
+
+    # ---------------------------------------------------------------- requests
+
+    def request_drain(self, reason: str = "request") -> None:
+        """Ask for a drain (thread- and signal-safe); ``run()`` performs it at the next poll."""
+        self._drain_reason = self._drain_reason or reason
+        self._drain.set()
+
+    def drain_requested(self) -> bool:
+        if self._drain.is_set():
+            return True
+        path = self.config.drain_request_file
+        if path:
+            try:
+                if Path(path).read_text(encoding="utf-8").strip().lower() == "true":
+                    self.request_drain(f"file {path}")
+                    return True
+            except OSError:
+                pass
+        if self.paths.drain_marker.exists():  # an earlier run of this shard began draining
+            self.request_drain("drain marker from an earlier run")
+            return True
+        return False
+
+    # ---------------------------------------------------------------- start
+
+    @property
+    def already_drained(self) -> bool:
+        return self.paths.drained.exists()
+
+    def start(self) -> None:
+        """Start the streaming query (fresh, restored or resumed). No-op for an already drained shard."""
+        if self.already_drained:
+            self.summary = read_json(self.paths.drained)
+            log.info(
+                "shard %s drained before (manifest %s); not processing again",
+                self.config.shard,
+                self.summary.get("manifest"),
+            )
+            return
+        cfg = self.config
+        self.paths.shard_dir.mkdir(parents=True, exist_ok=True)
+        seed = None
+        # Step 1: a split child checks the parent's manifest and takes its slice and positions.
+        if cfg.restore_from is not None:
+            manifest = load_manifest(cfg.restore_from.manifest)
+            check_restore(
+                manifest,
+                task=cfg.task,
+                parent=cfg.restore_from.parent,
+                max_key_groups=cfg.max_key_groups,
+                start=cfg.key_groups.start,
+                end=cfg.key_groups.end,
+                state_format=self.plan.state_format,
+                state_schema=self.plan.state_schema,
+            )
+            self.source.validate_positions(manifest["positions"])
+            self.restore_manifest = manifest
+            self.start_positions = dict(manifest["positions"])
+            seed = {
+                "state_dir": Path(manifest["snapshot"]["path"]),
+                "start": cfg.key_groups.start,
+                "end": cfg.key_groups.end,
+                "report_dir": self.paths.restore_report_dir,
+            }
+        self._write_lineage()
+        # Step 2: Spark and the plan.
+        if self.spark is None:
+            from spark_runtime.session import spark_session
+
+            self.spark = spark_session(cfg.spark.master, cfg.spark.conf)
+        conf = cfg.spark.conf
+        ctx = SourceContext(
+            shard=cfg.shard,
+            max_key_groups=cfg.max_key_groups,
+            range_start=cfg.key_groups.start,
+            range_end=cfg.key_groups.end,
+            record_spec=self.plan.record_spec,
+            dead_letter_dir=self.sink_paths.dead_letter_dir,
+            drain_marker=self.paths.drain_marker,
+            start_positions=self.start_positions,
+            max_bytes_per_trigger=int(conf.get("spark.taskshard.maxBytesPerTrigger", "0")) or None,
+            partition_bytes=int(conf.get("spark.taskshard.partitionBytes", str(32 * 1024 * 1024))),
+        )
+        events = self.source.stream(self.spark, ctx)
+        out = build_output_frame(self.spark, cfg, self.plan, events, seed)
+        assert cfg.sink.directory is not None
+        self.sink = DirectorySinkWriter(self.sink_paths, cfg.sink.directory.format, cfg.shard)
+        writer = (
+            out.writeStream.outputMode("update")
+            .queryName(f"taskshard-{cfg.shard}-{uuid.uuid4().hex[:6]}")
+            .option("checkpointLocation", str(self.paths.checkpoint))
+            .foreachBatch(self.sink)
+        )
+        writer = (
+            writer.trigger(availableNow=True)
+            if self.available_now
+            else writer.trigger(processingTime=cfg.spark.trigger_interval)
+        )
+        self.last_committed = last_committed_batch(self.paths.checkpoint)
+        resumed = self.last_committed >= 0
+        self.query = writer.start()
+        log.info(
+            "shard %s started: task=%s keyGroups=[%d, %d) processor=%s source=%s %s",
+            cfg.shard,
+            cfg.task,
+            cfg.key_groups.start,
+            cfg.key_groups.end,
+            self.plan.state_format,
+            self.source.kind,
+            f"resumed after batch {self.last_committed}"
+            if resumed
+            else (f"restored from {cfg.restore_from.manifest}" if cfg.restore_from else "fresh"),
+        )
+
+    def _write_lineage(self) -> None:
+        cfg = self.config
+        lineage = {
+            "task": cfg.task,
+            "shard": cfg.shard,
+            "keyGroups": {"start": cfg.key_groups.start, "end": cfg.key_groups.end},
+            "maxKeyGroups": cfg.max_key_groups,
+            "parent": cfg.restore_from.parent if cfg.restore_from else None,
+            "restoreManifest": cfg.restore_from.manifest if cfg.restore_from else None,
+            "parentBatchId": self.restore_manifest["batchId"] if self.restore_manifest else None,
+            "sink": str(self.sink_paths.root),
+        }
+        if self.paths.lineage.exists():
+            old = read_json(self.paths.lineage)
+            if {k: old.get(k) for k in lineage} == lineage:
+                return
+        write_json_atomic(self.paths.lineage, {**lineage, "createdAt": utc_now()})
+
+    # ---------------------------------------------------------------- running
+
+    def poll(self) -> None:
+        """Log new batches, update ``progress.json`` and the dead-letter count; raise :class:`ShardFailed`
+        when the query failed."""
+        if self.query is None:
+            return
+        exc = self.query.exception()
+        if exc is not None:
+            raise ShardFailed(f"streaming query failed: {exc}")
+        new_dead = self.dead_letters.refresh()
+        events = []
+        for p in self.query.recentProgress:
+            data = json.loads(p.json if isinstance(p.json, str) else p.json())
+            bid = int(data.get("batchId", -1))
+            if bid not in self._seen_progress and data.get("numInputRows", 0) is not None:
+                self._seen_progress.add(bid)
+                events.append(data)
+        committed = last_committed_batch(self.paths.checkpoint)
+        if committed > self.last_committed or new_dead:
+            self.last_committed = committed
+            self._write_progress()
+        for data in events:
+            rows = int(data.get("numInputRows") or 0)
+            if rows == 0 and not data.get("durationMs", {}).get("addBatch"):
+                continue  # an idle trigger, not a batch
+            self.rows_processed += rows
+            log.info(
+                "batch %s: rows=%d rate=%.0f/s duration=%dms deadLetters=%d",
+                data.get("batchId"),
+                rows,
+                float(data.get("processedRowsPerSecond") or 0.0),
+                int((data.get("durationMs") or {}).get("triggerExecution", 0)),
+                self.dead_letters.total,
+            )
+
+    def positions_at(self, batch_id: int) -> dict[str, Any]:
+        """The source's end positions of committed ``batch_id`` (the start positions when -1)."""
+        if batch_id < 0:
+            if self.start_positions is not None:
+                return dict(self.start_positions)
+            return {name: 0 for name in getattr(self.source, "positions_names", lambda: [])()}
+        for entry in read_offsets(self.paths.checkpoint, batch_id):
+            if entry is not None and not is_seed_offset(entry) and self.source.owns_offset(entry):
+                return dict(entry)
+        raise RuntimeError(f"{self.paths.checkpoint}/offsets/{batch_id} has no {self.source.kind} offsets")
+
+    def _write_progress(self) -> None:
+        bid = self.last_committed
+        write_json_atomic(
+            self.paths.progress,
+            {
+                "task": self.config.task,
+                "shard": self.config.shard,
+                "batchId": bid,
+                "time": utc_now(),
+                "positions": self.positions_at(bid),
+                "deadLetters": self.dead_letters.total,
+            },
+            fsync=False,
+        )
+
+    def run(self, poll_interval: float = 0.25) -> dict[str, Any]:
+        """Start, process until a drain is requested (or, with ``available_now``, until caught up), drain, and
+        return the summary. Raises :class:`ShardFailed` when the query fails."""
+        self.start()
+        if self.summary is not None:
+            return self.summary
+        while True:
+            self.poll()
+            if self.drain_requested():
+                break
+            if self.available_now and not self.query.isActive:
+                self.poll()
+                self.request_drain("caught up (availableNow)")
+                break
+            time.sleep(poll_interval)
+        return self.drain()
+
+    # ---------------------------------------------------------------- drain
+
+    def wait_until(self, predicate: Any, timeout: float, interval: float = 0.2) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(interval)
+        return predicate()
+
+    def _at_boundary(self) -> bool:
+        q = self.query
+        if q is None or not q.isActive:
+            return True
+        if q.status.get("isTriggerActive"):
+            return False
+        return last_planned_batch(self.paths.checkpoint) == last_committed_batch(self.paths.checkpoint)
+
+    def drain(self) -> dict[str, Any]:
+        """Drain (see the module docstring); returns the summary. Idempotent."""
+        if self.already_drained:
+            self.summary = read_json(self.paths.drained)
+            return self.summary
+        t0 = time.monotonic()
+        log.info("shard %s draining (%s)", self.config.shard, self._drain_reason or "request")
+        # Step 1: persist the request; the source stops admitting data.
+        self.paths.drain_marker.parent.mkdir(parents=True, exist_ok=True)
+        self.paths.drain_marker.write_text(utc_now() + "\n", encoding="utf-8")
+        # Step 2: wait for the micro-batch boundary.
+        if self.query is not None:
+            if not self.wait_until(self._at_boundary, self.drain_timeout):
+                log.warning(
+                    "no batch boundary within %.0fs; stopping anyway (the snapshot uses the last "
+                    "committed batch, so it stays exact)",
+                    self.drain_timeout,
+                )
+            # Step 3: stop (nothing is running).
+            if self.query.isActive:
+                self.query.stop()
+            exc = self.query.exception()
+            if exc is not None:
+                raise ShardFailed(f"streaming query failed before the drain: {exc}")
+            self.poll_after_stop()
+        # Step 4: the last committed batch and its positions.
+        batch_id = last_committed_batch(self.paths.checkpoint)
+        positions = self.positions_at(batch_id)
+        # Step 5: the key-group-indexed snapshot.
+        snap_dir = self.paths.snapshot_dir(batch_id)
+        state_dir = self.paths.state_dir(batch_id)
+        manifest_path = self.paths.manifest(batch_id)
+        if not manifest_path.exists():
+            self._export(batch_id, snap_dir, state_dir)
+        stats = snapshot_stats(state_dir)
+        # Step 6: the manifest, written last.
+        self.dead_letters.refresh()
+        cfg = self.config
+        manifest = {
+            "version": MANIFEST_VERSION,
+            "task": cfg.task,
+            "shard": cfg.shard,
+            "maxKeyGroups": cfg.max_key_groups,
+            "keyGroups": {"start": cfg.key_groups.start, "end": cfg.key_groups.end},
+            "batchId": batch_id,
+            "positions": positions,
+            "source": self.source.describe(),
+            "processor": cfg.processor.to_json_dict(),
+            "stateFormat": self.plan.state_format,
+            "stateSchema": self.plan.state_schema,
+            "snapshot": {
+                "path": str(state_dir),
+                "format": "parquet",
+                "partitionColumn": "key_group",
+                **stats,
+            },
+            "checkpoint": str(self.paths.checkpoint),
+            "parent": (
+                {"shard": cfg.restore_from.parent, "manifest": cfg.restore_from.manifest} if cfg.restore_from else None
+            ),
+            "deadLetters": self.dead_letters.total,
+            "createdAt": utc_now(),
+        }
+        if not manifest_path.exists():
+            write_json_atomic(manifest_path, manifest)
+        else:
+            manifest = read_json(manifest_path)
+        # Step 7: the summary.
+        summary = {
+            "event": "drained",
+            "task": cfg.task,
+            "shard": cfg.shard,
+            "keyGroups": manifest["keyGroups"],
+            "batchId": manifest["batchId"],
+            "manifest": str(manifest_path),
+            "positions": manifest["positions"],
+            "stateRows": manifest["snapshot"].get("rows", 0),
+            "snapshotFiles": manifest["snapshot"].get("files", 0),
+            "deadLetters": manifest.get("deadLetters", 0),
+            "drainSeconds": round(time.monotonic() - t0, 3),
+        }
+        write_json_atomic(self.paths.drained, summary)
+        self.summary = summary
+        log.info("shard %s drained at batch %d: %s", cfg.shard, batch_id, manifest_path)
+        return summary
+
+    def poll_after_stop(self) -> None:
+        try:
+            self.dead_letters.refresh()
+            committed = last_committed_batch(self.paths.checkpoint)
+            if committed != self.last_committed:
+                self.last_committed = committed
+                self._write_progress()
+        except Exception:  # progress is advisory; the drain goes on
+            log.exception("could not update progress after stop")
+
+    def _export(self, batch_id: int, snap_dir: Path, state_dir: Path) -> None:
+        if snap_dir.exists():  # a partial export from a crashed drain
+            shutil.rmtree(snap_dir)
+        snap_dir.mkdir(parents=True)
+        tmp = snap_dir / f".state-tmp-{uuid.uuid4().hex[:8]}"
+        if batch_id >= 0:
+            export_state(self.spark, self.config, self.plan, self.paths.checkpoint, batch_id, tmp)
+        else:
+            tmp.mkdir()
+            if self.restore_manifest is not None:  # never ran a batch: the state is still the seed
+                parent_state = Path(self.restore_manifest["snapshot"]["path"])
+                for kg, directory in slice_dirs(
+                    parent_state, self.config.key_groups.start, self.config.key_groups.end
+                ).items():
+                    target = tmp / f"key_group={kg}"
+                    target.mkdir()
+                    for f in parquet_files(directory):
+                        shutil.copy2(f, target / f.name)
+        tmp.rename(state_dir)
+
+    def stop(self) -> None:
+        """Stop the query without draining (tests; a crash-like stop)."""
+        if self.query is not None and self.query.isActive:
+            self.query.stop()

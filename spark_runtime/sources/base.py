@@ -1,0 +1,77 @@
+"""The source contract: what the shard runtime needs from any event source (journal now, Kafka next).
+
+A source turns its input into a streaming DataFrame of **valid** records with the columns of
+:meth:`spark_runtime.records.RecordSpec.columns`::
+
+    key string (never null), partition int, offset bigint, <processor fields...>, [value string]
+
+and takes care of the rest of the record contract itself:
+
+- **Positions.** Its Spark offsets are a JSON object the runtime treats as the source's *positions*
+  (per-partition resume points, e.g. ``{"p0.jsonl": 1234, "p1.jsonl": 0}`` for the journal, a
+  ``{topic: {partition: offset}}`` object for Kafka). The runtime reads the end positions of the last
+  committed batch from the checkpoint's offset log, puts them into the drain manifest, and a restored child
+  passes them back as ``SourceContext.start_positions``: the child's first batch starts exactly there.
+- **Dead letters.** Records that fail the :class:`~spark_runtime.records.RecordSpec` (malformed JSON, no key,
+  wrong types) never reach the DataFrame; the source writes them under ``SourceContext.dead_letter_dir``,
+  exactly once per position range (deterministic file names, atomic writes, so a replayed batch rewrites the
+  same files), and only those the shard owns (:func:`spark_runtime.records.dead_letter_key_group`).
+- **Drain.** When ``SourceContext.drain_marker`` exists the source admits no new data (its latest offset stays
+  at its start), so no new micro-batch begins and the runtime can stop at a batch boundary without
+  interrupting one. A source that cannot do that sets ``supports_drain_marker = False``; the runtime then
+  stops between triggers (still exact: the snapshot is taken at the last *committed* batch).
+
+Key-group filtering is not the source's job: the runtime applies it natively in Spark right after the source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from spark_runtime.records import RecordSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["Source", "SourceContext"]
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """Everything a source needs to know about the shard it feeds."""
+
+    shard: str
+    max_key_groups: int
+    range_start: int
+    range_end: int
+    record_spec: RecordSpec
+    dead_letter_dir: Path
+    drain_marker: Path
+    start_positions: dict[str, Any] | None = None
+    max_bytes_per_trigger: int | None = None
+    partition_bytes: int = 32 * 1024 * 1024
+
+
+class Source(Protocol):
+    """An event source (see the module docstring for the contract)."""
+
+    kind: str
+    supports_drain_marker: bool
+
+    def stream(self, spark: SparkSession, ctx: SourceContext) -> DataFrame:
+        """The streaming DataFrame of valid records."""
+        ...
+
+    def owns_offset(self, offset: dict[str, Any]) -> bool:
+        """True when ``offset`` (one source entry of a checkpoint offset-log file) belongs to this source."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON summary for manifests (kind, location, partitions)."""
+        ...
+
+    def validate_positions(self, positions: dict[str, Any]) -> None:
+        """Raise ``ValueError`` when ``positions`` (from a parent's manifest) cannot start this source."""
+        ...

@@ -1,0 +1,325 @@
+"""The embedded journal: append-only JSON-lines partition files ``<path>/p<N>.jsonl``, read by a PySpark
+Python Data Source streaming reader with exact byte-offset positions.
+
+Positions are ``{"p0.jsonl": <byte offset>, ...}``, always one entry per partition. A batch's end offset is
+always a line boundary: a partial trailing line (a writer mid-append) waits for its newline. The reader
+
+1. ``latestOffset``: per partition, the end of the last complete line (capped by ``maxBytesPerTrigger``
+   when Spark passes a byte limit); unchanged while the drain marker exists;
+2. ``partitions``: splits each partition's new byte range at line boundaries into pieces of at most
+   ``partitionBytes`` (one Spark task each), so a few big partitions still use every core;
+3. ``read`` (in a Python worker): parses the piece with :func:`spark_runtime.records.parse_lines`, yields
+   Arrow record batches of the valid records, and writes the piece's owned dead letters to
+   ``<deadLetterDir>/p<N>-<start>-<end>.jsonl`` atomically (a retried or replayed piece rewrites the same file).
+
+The journal is append-only: a file that shrinks below a committed position is an error, never silently
+re-read. Writers append whole lines (see :mod:`spark_runtime.produce`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    SupportsTriggerAvailableNow,
+)
+
+from spark_runtime.records import RecordSpec, dead_letter_key_group, parse_lines
+from spark_runtime.sources.base import SourceContext
+
+__all__ = [
+    "JournalDataSource",
+    "JournalSource",
+    "complete_end",
+    "capped_end",
+    "partition_file",
+    "plan_pieces",
+]
+
+FORMAT = "taskshard_journal"
+_FILE_RE = re.compile(r"^p(\d+)\.jsonl$")
+_BLOCK = 64 * 1024
+ARROW_BATCH_ROWS = 65_536
+
+
+def partition_file(index: int) -> str:
+    """``p0.jsonl`` for partition 0."""
+    return f"p{index}.jsonl"
+
+
+def partition_index(name: str) -> int:
+    m = _FILE_RE.match(name)
+    if not m:
+        raise ValueError(f"{name!r} is not a journal partition file name (p<N>.jsonl)")
+    return int(m.group(1))
+
+
+def complete_end(fh: Any, start: int, size: int) -> int:
+    """The offset just past the last ``\\n`` in ``[start, size)`` of the open binary file ``fh``;
+    ``start`` when that range holds no complete line."""
+    hi = size
+    while hi > start:
+        lo = max(start, hi - _BLOCK)
+        fh.seek(lo)
+        block = fh.read(hi - lo)
+        i = block.rfind(b"\n")
+        if i >= 0:
+            return lo + i + 1
+        hi = lo
+    return start
+
+
+def _first_line_end(fh: Any, start: int, end: int) -> int:
+    """The offset just past the first ``\\n`` in ``[start, end)``; ``end`` if there is none."""
+    pos = start
+    while pos < end:
+        fh.seek(pos)
+        block = fh.read(min(_BLOCK, end - pos))
+        i = block.find(b"\n")
+        if i >= 0:
+            return pos + i + 1
+        pos += len(block)
+    return end
+
+
+def capped_end(fh: Any, start: int, end: int, budget: int) -> int:
+    """A line boundary in ``(start, end]`` admitting about ``budget`` bytes: the last line end at or before
+    ``start + budget``, or, when the first line alone is longer, that line's end (so a batch always progresses).
+    ``end`` must be a line boundary."""
+    if end - start <= budget:
+        return end
+    cut = complete_end(fh, start, start + budget)
+    return cut if cut > start else _first_line_end(fh, start, end)
+
+
+def plan_pieces(fh: Any, start: int, end: int, piece_bytes: int) -> list[tuple[int, int]]:
+    """Split the line-aligned range ``[start, end)`` at line boundaries into pieces of at most ``piece_bytes``
+    (a single longer line becomes a piece of its own). Deterministic for given arguments."""
+    pieces = []
+    pos = start
+    while pos < end:
+        nxt = capped_end(fh, pos, end, piece_bytes)
+        pieces.append((pos, nxt))
+        pos = nxt
+    return pieces
+
+
+def _arrow_type(spark_type: str) -> Any:
+    import pyarrow as pa
+
+    return {
+        "string": pa.string(),
+        "int": pa.int32(),
+        "bigint": pa.int64(),
+        "double": pa.float64(),
+        "boolean": pa.bool_(),
+        "binary": pa.binary(),
+    }[spark_type]
+
+
+class JournalPiece(InputPartition):
+    """Bytes ``[start, end)`` of partition ``index`` (line-aligned)."""
+
+    def __init__(self, index: int, start: int, end: int) -> None:
+        super().__init__((index, start, end))
+        self.index = index
+        self.start = start
+        self.end = end
+
+
+class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """See the module docstring. Options are strings (set by :meth:`JournalSource.stream`)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.path = Path(options["path"])
+        self.partitions_n = int(options["partitions"])
+        self.spec = RecordSpec.from_json(options["recordspec"])
+        self.shard = options["shard"]
+        self.max_key_groups = int(options["maxkeygroups"])
+        self.range_start = int(options["rangestart"])
+        self.range_end = int(options["rangeend"])
+        self.dead_letter_dir = Path(options["deadletterdir"])
+        self.drain_marker = Path(options["drainmarker"])
+        self.start_positions = json.loads(options.get("startpositions") or "null")
+        self.max_bytes = int(options.get("maxbytespertrigger") or 0)
+        self.piece_bytes = int(options.get("partitionbytes") or 32 * 1024 * 1024)
+        self.target: dict[str, int] | None = None  # set by prepareForTriggerAvailableNow
+
+    # ---- driver side (Spark runs these in a Python worker next to the driver)
+
+    def _names(self) -> list[str]:
+        return [partition_file(i) for i in range(self.partitions_n)]
+
+    def initialOffset(self) -> dict:
+        if self.start_positions is not None:
+            return {name: int(self.start_positions[name]) for name in self._names()}
+        return {name: 0 for name in self._names()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxBytes(self.max_bytes) if self.max_bytes > 0 else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        start = {name: 0 for name in self._names()}
+        self.target = self._complete_ends(start, ReadAllAvailable())
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if self.drain_marker.exists():
+            return start  # draining: admit nothing new, so no new micro-batch starts
+        return self._complete_ends(start, limit)
+
+    def _complete_ends(self, start: dict, limit: ReadLimit) -> dict:
+        budget = None
+        if isinstance(limit, ReadMaxBytes):
+            budget = max(1, int(limit.max_bytes) // self.partitions_n)
+        out = {}
+        for name in self._names():
+            begin = int(start.get(name, 0))
+            path = self.path / name
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                size = 0
+            if size < begin:
+                raise RuntimeError(
+                    f"journal {path}: size {size} is below the committed position {begin}; journal files are "
+                    "append-only (was the file truncated or replaced?)"
+                )
+            if size == begin:
+                out[name] = begin
+                continue
+            with open(path, "rb") as fh:
+                end = complete_end(fh, begin, size)
+                if self.target is not None:
+                    end = max(begin, min(end, self.target[name]))
+                if budget is not None and end > begin:
+                    end = capped_end(fh, begin, end, budget)
+            out[name] = end
+        return out
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        pieces: list[InputPartition] = []
+        for name in self._names():
+            s, e = int(start.get(name, 0)), int(end.get(name, 0))
+            if e <= s:
+                continue
+            with open(self.path / name, "rb") as fh:
+                for ps, pe in plan_pieces(fh, s, e, self.piece_bytes):
+                    pieces.append(JournalPiece(partition_index(name), ps, pe))
+        return pieces
+
+    def commit(self, end: dict) -> None:  # positions live in Spark's offset log; nothing to do
+        return None
+
+    # ---- executor side
+
+    def read(self, partition: JournalPiece) -> Iterator[Any]:
+        import pyarrow as pa
+
+        with open(self.path / partition_file(partition.index), "rb") as fh:
+            fh.seek(partition.start)
+            data = fh.read(partition.end - partition.start)
+        parsed = parse_lines(data, partition.start, self.spec)
+        self._write_dead_letters(partition, parsed.dead)
+        columns = self.spec.columns()
+        schema = pa.schema([(name, _arrow_type(t)) for name, t in columns])
+        n = len(parsed)
+        arrays = {
+            "key": parsed.keys,
+            "partition": [partition.index] * n,
+            "offset": parsed.offsets,
+            **parsed.columns,
+        }
+        if parsed.values is not None:
+            arrays["value"] = parsed.values
+        for lo in range(0, n, ARROW_BATCH_ROWS):
+            hi = min(n, lo + ARROW_BATCH_ROWS)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(arrays[name][lo:hi], type=schema.field(name).type) for name, _ in columns], schema=schema
+            )
+
+    def _write_dead_letters(self, piece: JournalPiece, dead: list) -> None:
+        from spark_runtime.layout import write_atomic
+
+        owned = []
+        for d in dead:
+            kg = dead_letter_key_group(d, self.max_key_groups)
+            if self.range_start <= kg < self.range_end:
+                owned.append(d.to_record(shard=self.shard, partition=piece.index, key_group=kg))
+        if not owned:
+            return
+        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in owned).encode("utf-8")
+        write_atomic(self.dead_letter_dir / f"p{piece.index}-{piece.start}-{piece.end}.jsonl", body, fsync=False)
+
+
+class JournalDataSource(DataSource):
+    """``spark.readStream.format("taskshard_journal")``; options as in :class:`JournalStreamReader`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return RecordSpec.from_json(self.options["recordSpec"]).ddl()
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return JournalStreamReader({k.lower(): v for k, v in self.options.items()})
+
+
+class JournalSource:
+    """The journal as a :class:`spark_runtime.sources.base.Source`."""
+
+    kind = "journal"
+    supports_drain_marker = True
+
+    def __init__(self, path: str | os.PathLike[str], partitions: int) -> None:
+        self.path = Path(path).absolute()
+        self.partitions = partitions
+
+    def positions_names(self) -> list[str]:
+        return [partition_file(i) for i in range(self.partitions)]
+
+    def owns_offset(self, offset: dict[str, Any]) -> bool:
+        return isinstance(offset, dict) and bool(offset) and all(_FILE_RE.match(k) for k in offset)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": str(self.path), "partitions": self.partitions}
+
+    def validate_positions(self, positions: dict[str, Any]) -> None:
+        want = set(self.positions_names())
+        got = set(positions)
+        if want != got:
+            raise ValueError(
+                f"restore positions name partitions {sorted(got)} but source.journal.partitions is "
+                f"{self.partitions} ({sorted(want)}); a child must read the parent's partitions"
+            )
+        bad = {k: v for k, v in positions.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}
+        if bad:
+            raise ValueError(f"restore positions must be non-negative byte offsets, got {bad}")
+
+    def stream(self, spark: Any, ctx: SourceContext) -> Any:
+        self.path.mkdir(parents=True, exist_ok=True)
+        spark.dataSource.register(JournalDataSource)
+        options = {
+            "path": str(self.path),
+            "partitions": str(self.partitions),
+            "recordSpec": ctx.record_spec.to_json(),
+            "shard": ctx.shard,
+            "maxKeyGroups": str(ctx.max_key_groups),
+            "rangeStart": str(ctx.range_start),
+            "rangeEnd": str(ctx.range_end),
+            "deadLetterDir": str(ctx.dead_letter_dir),
+            "drainMarker": str(ctx.drain_marker),
+            "startPositions": json.dumps(ctx.start_positions) if ctx.start_positions is not None else "",
+            "maxBytesPerTrigger": str(ctx.max_bytes_per_trigger or 0),
+            "partitionBytes": str(ctx.partition_bytes),
+        }
+        return spark.readStream.format(FORMAT).options(**options).load()

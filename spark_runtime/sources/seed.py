@@ -1,0 +1,180 @@
+"""The seed source: a one-shot streaming source that replays a slice of a parent's state snapshot.
+
+A restored child unions this source with its event stream, so its state is seeded *inside Spark's own state
+store* by its first micro-batch, and its own checkpoint takes over from there:
+
+- offsets: ``{"seed": 0}`` initially, ``{"seed": 1}`` afterwards, so the seed rows belong to batch 0 only.
+  A crash before batch 0 commits replays batch 0 with the same rows (the snapshot files are immutable); after
+  it commits, the checkpoint holds the seeded state and the seed source never emits again.
+- partitions: one Spark task per key group of the child's range that has a snapshot directory
+  ``<state>/key_group=<n>/``. A task opens **only** the Parquet files of its key group, and records what it
+  read (files, bytes, rows) in ``<reportDir>/kg-<n>.json``.
+- modes: ``rows`` emits one row per key, ``(key, key_group, <delta column> = value)``, for the builtin native
+  aggregation (the parent's total becomes the first delta); ``blobs`` emits one row per key group whose
+  ``seed`` column holds the key group's per-key state table as Arrow IPC bytes, for Python processors
+  (see :mod:`spark_runtime.processor`), all other columns null.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from spark_runtime.sources.journal import _arrow_type
+
+__all__ = ["SeedDataSource", "parse_ddl", "slice_dirs"]
+
+FORMAT = "taskshard_seed"
+_KG_DIR = re.compile(r"^key_group=(\d+)$")
+
+
+def parse_ddl(ddl: str) -> list[tuple[str, str]]:
+    """``"`key` string, `n` bigint"`` -> ``[("key", "string"), ("n", "bigint")]`` (simple types only)."""
+    cols = []
+    for part in ddl.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part.startswith("`"):
+            end = part.index("`", 1)
+            name, typ = part[1:end], part[end + 1 :].strip()
+        else:
+            name, typ = part.split(None, 1)
+        cols.append((name, typ.strip().lower()))
+    return cols
+
+
+def slice_dirs(state_dir: str | Path, start: int, end: int) -> dict[int, Path]:
+    """The key-group directories ``key_group=<n>`` of a snapshot with ``start <= n < end``."""
+    out = {}
+    state = Path(state_dir)
+    if not state.is_dir():
+        return out
+    for child in state.iterdir():
+        m = _KG_DIR.match(child.name)
+        if m and child.is_dir() and start <= int(m.group(1)) < end:
+            out[int(m.group(1))] = child
+    return dict(sorted(out.items()))
+
+
+def parquet_files(kg_dir: Path) -> list[Path]:
+    return sorted(p for p in kg_dir.iterdir() if p.name.endswith(".parquet") and not p.name.startswith((".", "_")))
+
+
+class SeedPiece(InputPartition):
+    def __init__(self, key_group: int, directory: str) -> None:
+        super().__init__(key_group)
+        self.key_group = key_group
+        self.directory = directory
+
+
+class SeedStreamReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.state_dir = Path(options["statedir"])
+        self.start = int(options["rangestart"])
+        self.end = int(options["rangeend"])
+        self.mode = options["mode"]
+        self.columns = parse_ddl(options["schema"])
+        self.value_column = options.get("valuecolumn", "delta")
+        self.report_dir = Path(options["reportdir"])
+
+    def initialOffset(self) -> dict:
+        return {"seed": 0}
+
+    def latestOffset(self, start: dict, limit: Any) -> dict:
+        return {"seed": 1}
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        if int(end.get("seed", 0)) <= int(start.get("seed", 0)):
+            return []
+        return [SeedPiece(kg, str(d)) for kg, d in slice_dirs(self.state_dir, self.start, self.end).items()]
+
+    def read(self, partition: SeedPiece) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from spark_runtime.layout import write_json_atomic
+
+        files = parquet_files(Path(partition.directory))
+        tables = [pq.read_table(f) for f in files]
+        nbytes = sum(f.stat().st_size for f in files)
+        table = pa.concat_tables(tables, promote_options="default") if tables else None
+        rows = table.num_rows if table is not None else 0
+        write_json_atomic(
+            self.report_dir / f"kg-{partition.key_group}.json",
+            {"keyGroup": partition.key_group, "files": [str(f) for f in files], "bytes": nbytes, "rows": rows},
+            fsync=False,
+        )
+        if not rows:
+            return
+        schema = pa.schema([(n, _arrow_type(t)) for n, t in self.columns])
+        if self.mode == "rows":
+            arrays = []
+            for name, typ in self.columns:
+                if name == "key":
+                    arrays.append(table.column("key").combine_chunks().cast(pa.string()))
+                elif name == "key_group":
+                    arrays.append(pa.array([partition.key_group] * rows, pa.int32()))
+                elif name == self.value_column:
+                    arrays.append(table.column("value").combine_chunks().cast(_arrow_type(typ)))
+                else:
+                    arrays.append(pa.nulls(rows, _arrow_type(typ)))
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        elif self.mode == "blobs":
+            from spark_runtime.processor import encode_state_table
+
+            blob = encode_state_table(table)
+            values: dict[str, Any] = {"key_group": partition.key_group, "partition": -1, "offset": -1, "seed": blob}
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([values.get(n)], _arrow_type(t)) for n, t in self.columns], schema=schema
+            )
+        else:  # pragma: no cover - options are built by the runtime
+            raise ValueError(f"unknown seed mode {self.mode!r}")
+
+
+class SeedDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return self.options["schema"]
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return SeedStreamReader({k.lower(): v for k, v in self.options.items()})
+
+
+def seed_stream(
+    spark: Any,
+    *,
+    state_dir: Path,
+    start: int,
+    end: int,
+    mode: str,
+    schema_ddl: str,
+    report_dir: Path,
+    value_column: str = "delta",
+) -> Any:
+    """The seed streaming DataFrame (``schema_ddl`` must equal the event stream's schema for the union)."""
+    spark.dataSource.register(SeedDataSource)
+    return (
+        spark.readStream.format(FORMAT)
+        .options(
+            stateDir=str(state_dir),
+            rangeStart=str(start),
+            rangeEnd=str(end),
+            mode=mode,
+            schema=schema_ddl,
+            valueColumn=value_column,
+            reportDir=str(report_dir),
+        )
+        .load()
+    )
+
+
+def is_seed_offset(offset: Any) -> bool:
+    return isinstance(offset, dict) and set(offset) == {"seed"}
