@@ -51,6 +51,9 @@ CRASH_AFTER_PHASE_ENV = "TASKSHARD_CRASH_AFTER_PHASE"
 """Fault injection for crash tests only: when set to a phase name, the operator process exits (code 137, as if
 SIGKILLed) right after it has persisted that phase and before it acts on it. Never set in production."""
 
+STABLE_SECONDS = 60.0
+"""A driver container that ran this long resets the pod replacement back-off."""
+
 Emit = Callable[[dict[str, Any], str, str, str], None]
 """``emit(body, type, reason, message)``: post a Kubernetes Event about ``body`` (``kopf.event`` in production)."""
 
@@ -382,7 +385,12 @@ def _reconcile_active(ctx: ShardContext) -> None:
 
     # A pod that ended (Failed, or exited 0 without being asked to drain) is replaced: last-state restart.
     if pod.phase in ("Failed", "Succeeded"):
-        why = "failed" if pod.phase == "Failed" else "exited without a drain request"
+        why = "failed" if pod.phase == "Failed" else "exited without a split drain request"
+        if term is not None and term.drained:
+            why += (
+                f" after draining at batch {term.batch_id} (the runtime treats SIGTERM as a final drain and does "
+                "not process again after one; was the pod deleted?)"
+            )
         ctx.write(
             {
                 **base_patch,
@@ -415,7 +423,8 @@ def _reconcile_active(ctx: ShardContext) -> None:
 
     # Mirror the pod into status.
     if pod.running:
-        ctx.backoff.reset(ctx.uid) if pod.restart_count == 0 else None
+        if pod.running_for() >= STABLE_SECONDS:
+            ctx.backoff.reset(ctx.uid)
         ctx.write(
             {
                 **base_patch,

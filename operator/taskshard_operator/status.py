@@ -145,6 +145,8 @@ class PodView:
     phase: str | None = None
     deleting: bool = False
     running: bool = False
+    running_since: str | None = None
+    """``state.running.startedAt`` of the driver container (RFC 3339), when it runs."""
     waiting_reason: str | None = None
     restart_count: int = 0
     restarts_base: int = 0
@@ -163,6 +165,16 @@ class PodView:
     def failed(self) -> bool:
         """The pod gave up (phase Failed) or its container crash-loops."""
         return self.phase == "Failed" or self.waiting_reason in ("CrashLoopBackOff", "Error")
+
+    def running_for(self, now: dt.datetime | None = None) -> float:
+        """Seconds the driver container has been running (0 when not running or unknown)."""
+        if not self.running or not self.running_since:
+            return 0.0
+        try:
+            started = dt.datetime.fromisoformat(self.running_since.replace("Z", "+00:00"))
+        except ValueError:
+            return 0.0
+        return max(0.0, ((now or dt.datetime.now(dt.UTC)) - started).total_seconds())
 
     @property
     def finished_ok(self) -> bool:
@@ -206,6 +218,7 @@ def pod_view(pod: dict[str, Any] | None) -> PodView:
         phase=status.get("phase"),
         deleting=bool(meta.get("deletionTimestamp")),
         running="running" in state,
+        running_since=(state.get("running") or {}).get("startedAt"),
         waiting_reason=(state.get("waiting") or {}).get("reason"),
         restart_count=int(cs.get("restartCount") or 0),
         restarts_base=base,
