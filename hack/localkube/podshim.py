@@ -1,7 +1,10 @@
 """Process entry for one container of a local pod: bind-mount its volumes, then exec its command.
 
 Run as ``unshare --mount --propagation private python -m localkube.podshim PLAN.json``. The plan is JSON:
-``{"mounts": [{"source": str, "target": str, "readOnly": bool}], "cwd": str, "argv": [...], "env": {...}}``.
+``{"mounts": [{"source": str, "target": str, "readOnly": bool}], "cwd": str | None, "sandboxCwd": str,
+"argv": [...], "env": {...}}``. ``cwd`` is the container's ``workingDir``, entered after the mounts (a path of
+the container's view); without one the process starts in ``sandboxCwd``, entered before the mounts so that no
+mount can hide it.
 
 Each mount is a bind mount inside the container's private mount namespace, so every container sees its own
 files at the paths its pod spec names, while the rest of the file system is the host's. A missing mount point
@@ -36,13 +39,16 @@ def _mount(source: str, fd: int, target: str, read_only: bool) -> None:
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
     try:
+        if not plan.get("cwd"):
+            os.chdir(plan["sandboxCwd"])
         mounts = sorted(plan["mounts"], key=lambda m: len(Path(m["target"]).parts))
         fds = [os.open(m["source"], os.O_PATH) for m in mounts]
         for m, fd in zip(mounts, fds, strict=True):
             _mount(m["source"], fd, m["target"], m.get("readOnly", False))
         for fd in fds:
             os.close(fd)
-        os.chdir(plan["cwd"])
+        if plan.get("cwd"):
+            os.chdir(plan["cwd"])
         argv = plan["argv"]
         os.execvpe(argv[0], argv, plan["env"])
     except (OSError, subprocess.CalledProcessError) as e:

@@ -318,9 +318,12 @@ class PodWorker(threading.Thread):
             }
             run.next_start = time.monotonic() + 5
             return
-        cwd = spec.get("workingDir") or str(cdir)
         plan = cdir / "plan.json"
-        plan.write_text(json.dumps({"mounts": mounts, "cwd": cwd, "argv": argv, "env": env}))
+        plan.write_text(
+            json.dumps(
+                {"mounts": mounts, "cwd": spec.get("workingDir"), "sandboxCwd": str(cdir), "argv": argv, "env": env}
+            )
+        )
         log = open(self._log_file(run), "ab")  # noqa: SIM115 - handed to the child
         log.write(f"----- {now_iso()} start of {run.name} (restart {run.restarts}) -----\n".encode())
         log.flush()
