@@ -13,7 +13,9 @@ A :class:`PodWorker` owns one pod (by UID) for its whole life on the node:
    file, start and finish times) is reported, and ``restartPolicy`` decides: Always restarts, OnFailure restarts
    on a non-zero code, Never leaves it. Restarts wait an exponential back-off (``CrashLoopBackOff``), which is
    reset after a container has run for ten minutes.
-5. Deletion (``terminate``): SIGTERM to each running container, SIGKILL to its whole process group after the
+5. Probes (:mod:`localkube.probes`): a readiness probe decides the container's ``ready`` (and the pod's Ready
+   condition); a failed liveness probe kills the container, which then restarts per ``restartPolicy``.
+6. Deletion (``terminate``): SIGTERM to each running container, SIGKILL to its whole process group after the
    grace period, then the pod object is removed (delete with grace period 0, UID precondition).
 
 Status is patched only when it changes, and only by this worker, so the API always shows what the processes do.
@@ -36,6 +38,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .containerenv import EnvError, EnvResolver, base_environment, expand
 from .kubeconfig import write_kubeconfig
+from .probes import Prober
 from .volumes import VolumeError, VolumeMaterializer
 
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -61,6 +64,9 @@ class ContainerRun:
     last_state: dict = field(default_factory=dict)
     done: bool = False  # terminated and not to be restarted
     next_start: float = 0.0
+    ready: bool = False
+    readiness: Prober | None = None
+    liveness: Prober | None = None
 
     @property
     def name(self) -> str:
@@ -72,7 +78,7 @@ class ContainerRun:
             "image": self.spec.get("image", ""),
             "imageID": "",
             "containerID": f"local://{self.proc.pid}" if self.proc else "",
-            "ready": "running" in self.state,
+            "ready": "running" in self.state and self.ready,
             "started": "running" in self.state,
             "restartCount": self.restarts,
             "state": self.state,
@@ -221,7 +227,17 @@ class PodWorker(threading.Thread):
         if code is None:
             if time.monotonic() - run.started_mono > RESET_BACKOFF_AFTER:
                 run.next_start = 0.0
+            run.ready = run.readiness.tick(run.proc.pid) if run.readiness else True
+            if run.liveness and not run.liveness.tick(run.proc.pid):
+                print(
+                    f"[node-agent] pod {self.key}: container {run.name} failed its liveness probe "
+                    f"({run.liveness.last_error}); killing it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._kill_group(run, signal.SIGKILL)
             return
+        run.ready = False
         self._kill_group(run, signal.SIGKILL)  # reap anything the container left behind
         run.state = {"terminated": self._terminated_state(run, code)}
         run.proc = None
@@ -340,6 +356,12 @@ class PodWorker(threading.Thread):
         run.started_at = now_iso()
         run.started_mono = time.monotonic()
         run.state = {"running": {"startedAt": run.started_at}}
+        run.readiness = (
+            Prober(spec["readinessProbe"], spec, run.started_mono, False) if spec.get("readinessProbe") else None
+        )
+        run.liveness = (
+            Prober(spec["livenessProbe"], spec, run.started_mono, True) if spec.get("livenessProbe") else None
+        )
 
     def _sa_kubeconfig(self, mounts: list[dict]) -> str | None:
         """A kubeconfig that authenticates as the pod's service account, if its token is mounted."""
@@ -416,7 +438,7 @@ class PodWorker(threading.Thread):
 
     def _report(self, start_time: str) -> None:
         phase = self._phase()
-        ready = phase == "Running" and all("running" in r.state for r in self.runs)
+        ready = phase == "Running" and all("running" in r.state and r.ready for r in self.runs)
         initialized = all(r.done and not self._failed(r) for r in self.init_runs)
         t = now_iso()
 

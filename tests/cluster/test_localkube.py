@@ -290,3 +290,35 @@ def test_in_cluster_client_has_its_service_accounts_rbac_not_admin(kube_cluster,
     assert get_json(kubectl, "pod", "client")["status"]["phase"] == "Succeeded", out
     assert "visible" in out.split("configmaps:")[1].splitlines()[0]
     assert "secrets: 403" in out
+
+
+def test_readiness_probe_gates_ready_and_failed_liveness_restarts(kube_cluster, namespace, kubectl):
+    from localkube.cluster import free_port
+
+    port = free_port()
+    manifest = textwrap.dedent(f"""
+        apiVersion: v1
+        kind: Pod
+        metadata: {{name: probed}}
+        spec:
+          containers:
+          - name: web
+            image: example.invalid/web:1
+            command: ["sh", "-c", "sleep 4; exec python -m http.server {port} --bind 127.0.0.1"]
+            ports: [{{name: http, containerPort: {port}}}]
+            readinessProbe: {{httpGet: {{port: http, path: /}}, periodSeconds: 1}}
+          - name: doomed
+            image: example.invalid/doomed:1
+            command: ["sleep", "3600"]
+            livenessProbe: {{exec: {{command: ["false"]}}, periodSeconds: 1, failureThreshold: 2}}
+    """)
+    kubectl("apply", "-f", "-", input=manifest)
+
+    def statuses():
+        return {c["name"]: c for c in get_json(kubectl, "pod", "probed")["status"].get("containerStatuses") or []}
+
+    wait_for(lambda: statuses().get("web", {}).get("state", {}).get("running"), 60, "web running")
+    assert statuses()["web"]["ready"] is False, "not ready before the server listens"
+    wait_for(lambda: statuses()["web"]["ready"], 60, "web ready once its HTTP probe succeeds")
+    doomed = wait_for(lambda: (s := statuses()["doomed"]) and s["restartCount"] >= 1 and s, 60, "a liveness restart")
+    assert doomed["lastState"]["terminated"]["exitCode"] == 137
