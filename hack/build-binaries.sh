@@ -42,6 +42,12 @@ go_build() {
   [[ ${PIPESTATUS[0]} -eq 0 && -x $out ]] || die "go build of $* failed (see lines above)"
 }
 
+# Move a finished build into its cache directory and mark it complete: finish LABEL DEST WORK
+finish() {
+  rm -rf "$2"; mkdir -p "$2"; mv "$3/bin" "$2/bin"; rm -rf "$3"
+  touch "$2/.complete"; log "$1: ready in $2"
+}
+
 build_kubernetes() {
   local v=$KUBERNETES_VERSION dest="$cache/kubernetes-$KUBERNETES_VERSION"
   [[ -f $dest/.complete ]] && { log "kubernetes $v: cached at $dest"; return; }
@@ -84,44 +90,33 @@ GO
       go_build "bin/$cmd" -ldflags "$ld" "k8s.io/kubernetes/cmd/$cmd"
     done
   ) || { rm -rf "$work"; exit 1; }
-  rm -rf "$dest"; mkdir -p "$dest"; mv "$work/bin" "$dest/bin"; rm -rf "$work"
-  touch "$dest/.complete"; log "kubernetes $v: ready in $dest"
+  finish "kubernetes $v" "$dest" "$work"
 }
 
-build_etcd() {
-  local v=$ETCD_VERSION dest="$cache/etcd-$ETCD_VERSION"
-  [[ -f $dest/.complete ]] && { log "etcd $v: cached at $dest"; return; }
+# Build one binary from a module without replace directives of its own that bind us:
+#   build_module NAME VERSION MODULE PACKAGE [LDFLAGS]   ->  $cache/NAME-VERSION/bin/NAME
+build_module() {
+  local name=$1 v=$2 module=$3 pkg=$4 ld=${5:-"-s -w"} dest="$cache/$1-$2"
+  [[ -f $dest/.complete ]] && { log "$name $v: cached at $dest"; return; }
   check_proxy
-  local work; work=$(mktemp -d "$cache/.build-etcd.XXXXXX")
-  log "etcd $v: building go.etcd.io/etcd/server/v3 through a wrapper module"
+  local work; work=$(mktemp -d "$cache/.build-$name.XXXXXX")
+  log "$name $v: building $pkg through a wrapper module"
   (
     cd "$work"
-    go mod init taskshard.local/etcdbuild >/dev/null 2>&1
-    go mod edit -require="go.etcd.io/etcd/server/v3@$v"
-    printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go
-    go mod tidy >&2 || die "go mod tidy failed for the etcd wrapper module"
-    go_build bin/etcd -ldflags "-s -w" go.etcd.io/etcd/server/v3
+    go mod init "taskshard.local/${name}build" >/dev/null 2>&1
+    go mod edit -require="$module@$v"
+    printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
+    go mod tidy >&2 || die "go mod tidy failed for the $name wrapper module"
+    go_build "bin/$name" -ldflags "$ld" "$pkg"
   ) || { rm -rf "$work"; exit 1; }
-  rm -rf "$dest"; mkdir -p "$dest"; mv "$work/bin" "$dest/bin"; rm -rf "$work"
-  touch "$dest/.complete"; log "etcd $v: ready in $dest"
+  finish "$name $v" "$dest" "$work"
 }
+
+build_etcd() { build_module etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3; }
 
 build_helm() {
-  local v=$HELM_VERSION dest="$cache/helm-$HELM_VERSION"
-  [[ -f $dest/.complete ]] && { log "helm $v: cached at $dest"; return; }
-  check_proxy
-  local work; work=$(mktemp -d "$cache/.build-helm.XXXXXX")
-  log "helm $v: building helm.sh/helm/v3/cmd/helm"
-  (
-    cd "$work"
-    go mod init taskshard.local/helmbuild >/dev/null 2>&1
-    go mod edit -require="helm.sh/helm/v3@$v"
-    printf '//go:build tools\n\npackage tools\n\nimport _ "helm.sh/helm/v3/cmd/helm"\n' > tools.go
-    go mod tidy >&2 || die "go mod tidy failed for the helm wrapper module"
-    go_build bin/helm -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v" helm.sh/helm/v3/cmd/helm
-  ) || { rm -rf "$work"; exit 1; }
-  rm -rf "$dest"; mkdir -p "$dest"; mv "$work/bin" "$dest/bin"; rm -rf "$work"
-  touch "$dest/.complete"; log "helm $v: ready in $dest"
+  build_module helm "$HELM_VERSION" helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm \
+    "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
 
 mkdir -p "$cache"

@@ -173,18 +173,7 @@ class LocalCluster:
             "kube-controller-manager",
             [
                 b.kube_controller_manager,
-                "--kubeconfig",
-                str(self.kubeconfig),
-                "--authentication-kubeconfig",
-                str(self.kubeconfig),
-                "--authorization-kubeconfig",
-                str(self.kubeconfig),
-                "--authentication-skip-lookup=true",
-                "--bind-address",
-                "127.0.0.1",
-                "--secure-port",
-                str(free_port()),
-                "--leader-elect=false",
+                *self._component_flags(),
                 "--service-account-private-key-file",
                 p("sa.key"),
                 "--root-ca-file",
@@ -204,18 +193,7 @@ class LocalCluster:
             "kube-scheduler",
             [
                 b.kube_scheduler,
-                "--kubeconfig",
-                str(self.kubeconfig),
-                "--authentication-kubeconfig",
-                str(self.kubeconfig),
-                "--authorization-kubeconfig",
-                str(self.kubeconfig),
-                "--authentication-skip-lookup=true",
-                "--bind-address",
-                "127.0.0.1",
-                "--secure-port",
-                str(free_port()),
-                "--leader-elect=false",
+                *self._component_flags(),
                 "--v",
                 "1",
             ],
@@ -302,6 +280,15 @@ class LocalCluster:
             tail = log.read_text(errors="replace").splitlines()[-lines:]
             print(f"----- {log.name} (last {len(tail)} lines) -----", file=sys.stderr)
             print("\n".join(tail), file=sys.stderr)
+
+    def _component_flags(self) -> list[str]:
+        """Flags shared by controller-manager and scheduler: admin kubeconfig, loopback, no leader election."""
+        kubeconfig = str(self.kubeconfig)
+        return [
+            *("--kubeconfig", kubeconfig, "--authentication-kubeconfig", kubeconfig),
+            *("--authorization-kubeconfig", kubeconfig, "--authentication-skip-lookup=true"),
+            *("--bind-address", "127.0.0.1", "--secure-port", str(free_port()), "--leader-elect=false"),
+        ]
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
