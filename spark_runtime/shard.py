@@ -101,6 +101,7 @@ class ShardRunner:
         self.sink: DirectorySinkWriter | None = None
         self.dead_letters = DeadLetterCounter(self.sink_paths.dead_letter_dir)
         self.start_positions: dict[str, Any] | None = None
+        self.seed_options: dict[str, Any] | None = None
         self.restore_manifest: dict[str, Any] | None = None
         self.summary: dict[str, Any] | None = None
         self.last_committed = -1
@@ -138,8 +139,9 @@ class ShardRunner:
     def already_drained(self) -> bool:
         return self.paths.drained.exists()
 
-    def start(self) -> None:
-        """Start the streaming query (fresh, restored or resumed). No-op for an already drained shard."""
+    def prepare(self) -> bool:
+        """Everything before Spark: the drained check, the restore checks, ``lineage.json``. Returns False for
+        a shard that drained before (its summary is then in ``self.summary``). Idempotent."""
         if self.already_drained:
             self.summary = read_json(self.paths.drained)
             log.info(
@@ -147,11 +149,11 @@ class ShardRunner:
                 self.config.shard,
                 self.summary.get("manifest"),
             )
-            return
+            return False
         cfg = self.config
         self.paths.shard_dir.mkdir(parents=True, exist_ok=True)
-        seed = None
-        # Step 1: a split child checks the parent's manifest and takes its slice and positions.
+        self.seed_options = None
+        # A split child checks the parent's manifest and takes its slice and positions.
         if cfg.restore_from is not None:
             manifest = load_manifest(cfg.restore_from.manifest)
             check_restore(
@@ -167,14 +169,20 @@ class ShardRunner:
             self.source.validate_positions(manifest["positions"])
             self.restore_manifest = manifest
             self.start_positions = dict(manifest["positions"])
-            seed = {
+            self.seed_options = {
                 "state_dir": Path(manifest["snapshot"]["path"]),
                 "start": cfg.key_groups.start,
                 "end": cfg.key_groups.end,
                 "report_dir": self.paths.restore_report_dir,
             }
         self._write_lineage()
-        # Step 2: Spark and the plan.
+        return True
+
+    def start(self) -> None:
+        """Start the streaming query (fresh, restored or resumed). No-op for an already drained shard."""
+        if not self.prepare():
+            return
+        cfg = self.config
         if self.spark is None:
             from spark_runtime.session import spark_session
 
@@ -193,7 +201,7 @@ class ShardRunner:
             partition_bytes=int(conf.get("spark.taskshard.partitionBytes", str(32 * 1024 * 1024))),
         )
         events = self.source.stream(self.spark, ctx)
-        out = build_output_frame(self.spark, cfg, self.plan, events, seed)
+        out = build_output_frame(self.spark, cfg, self.plan, events, self.seed_options)
         assert cfg.sink.directory is not None
         self.sink = DirectorySinkWriter(self.sink_paths, cfg.sink.directory.format, cfg.shard)
         writer = (
@@ -440,6 +448,10 @@ class ShardRunner:
         snap_dir.mkdir(parents=True)
         tmp = snap_dir / f".state-tmp-{uuid.uuid4().hex[:8]}"
         if batch_id >= 0:
+            if self.spark is None:
+                from spark_runtime.session import spark_session
+
+                self.spark = spark_session(self.config.spark.master, self.config.spark.conf)
             export_state(self.spark, self.config, self.plan, self.paths.checkpoint, batch_id, tmp)
         else:
             tmp.mkdir()

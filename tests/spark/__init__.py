@@ -1,0 +1,1 @@
+"""Spark tier: the shard runtime on local Spark."""
