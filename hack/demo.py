@@ -1,89 +1,270 @@
-"""The main job: bring up a cluster and show TaskShard working on it.
+"""The main job (``make demo``): a Task on a cluster, split twice while events keep arriving, results checked.
 
-Cluster: the local control plane (etcd, kube-apiserver, controller-manager, scheduler and the local node agent,
-all on 127.0.0.1) unless ``KUBECONFIG`` is set, in which case that cluster is used as it is.
+Steps, each printed as it happens:
+1. A cluster: the local control plane (etcd, kube-apiserver, controller-manager, scheduler and the local node
+   agent, all on 127.0.0.1) unless ``KUBECONFIG`` is set, in which case that cluster is used as it is.
+2. The CRDs from ``crds/`` and the operator (``python -m taskshard_operator``, a local process watching the demo
+   namespace).
+3. A Task counting events per key over 128 key groups, one initial shard, reading a 2-partition journal in
+   ``<run dir>/data`` (mounted into the shard pods as ``/data`` through a hostPath volume).
+4. A producer appends events all along. The shard is split at its midpoint, then its left child is split again:
+   the same edit a user makes with ``kubectl edit taskshard NAME`` (``spec.split.requested: true``).
+5. The producer stops; once the shards have caught up, every key's count is compared with a plain-Python count
+   of the journal: nothing lost, nothing counted twice. Shard tables before and after are printed.
 
-Until the operator lands, the demo proves the platform it will run on: the node is Ready, a Pod runs as a local
-process and its output is read back, and everything is torn down cleanly.
+On an existing cluster the shard pods must be able to run the image named by ``TASKSHARD_DEMO_IMAGE`` and to
+mount the run directory's ``data`` folder at the same host path (a single-node cluster on this machine).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from localkube.binaries import ensure_binaries
 from localkube.cluster import LocalCluster
+from spark_runtime.produce import append_events
+from spark_runtime.results import final_results
 
+ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = str(Path(sys.executable).parent)
+NAMESPACE = "taskshard-demo"
+TASK = "clicks"
+KEYS = 200
+PARTITIONS = 2
+PHASE_TIMEOUT = 600
 
 
 def say(message: str) -> None:
-    print(f"\n==> {message}", flush=True)
+    print(f"\n==> [{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class Demo:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.data = run_dir / "data"
+        self.journal = self.data / "journal" / TASK
+        self.binaries = ensure_binaries()
+        self.cluster: LocalCluster | None = None
+        self.env = dict(os.environ)
+        self.operator: subprocess.Popen | None = None
+        self.produced = 0
+        self._stop_producer = threading.Event()
+
+    # ----------------------------------------------------------------- plumbing
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        out = subprocess.run(
+            [self.binaries.kubectl, "-n", NAMESPACE, *args], env=self.env, input=input, capture_output=True, text=True
+        )
+        if check and out.returncode != 0:
+            raise SystemExit(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
+        return out.stdout
+
+    def shards(self) -> dict[str, dict]:
+        items = json.loads(self.kubectl("get", "taskshards", "-o", "json"))["items"]
+        return {i["metadata"]["name"]: i for i in items}
+
+    def wait_phases(self, expected: dict[str, str]) -> None:
+        deadline = time.monotonic() + PHASE_TIMEOUT
+        last = None
+        while time.monotonic() < deadline:
+            phases = {n: (s.get("status") or {}).get("phase") for n, s in self.shards().items()}
+            if phases != last:
+                print("    phases: " + ", ".join(f"{n}={p}" for n, p in sorted(phases.items())), flush=True)
+                last = phases
+            if all(phases.get(n) == p for n, p in expected.items()):
+                return
+            self._check_operator()
+            time.sleep(2)
+        raise SystemExit(f"shards did not reach {expected} in {PHASE_TIMEOUT}s (operator log: {self.operator_log})")
+
+    def table(self, title: str) -> None:
+        say(title)
+        print(self.kubectl("get", "taskshards", "-o", "wide"), flush=True)
+
+    @property
+    def operator_log(self) -> Path:
+        return self.run_dir / "operator.log"
+
+    def _check_operator(self) -> None:
+        if self.operator and self.operator.poll() is not None:
+            tail = self.operator_log.read_text(errors="replace")[-3000:]
+            raise SystemExit(f"the operator exited with code {self.operator.returncode}:\n{tail}")
+
+    # ----------------------------------------------------------------- steps
+    def start_cluster(self) -> None:
+        existing = os.environ.get("KUBECONFIG")
+        if existing:
+            say(f"using the existing cluster from KUBECONFIG={existing}")
+            return
+        say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, node agent)")
+        self.cluster = LocalCluster(self.run_dir / "cluster", binaries=self.binaries, agent_env_path=[VENV_BIN])
+        self.cluster.start()
+        self.env = self.cluster.env()
+        print(f"    KUBECONFIG={self.cluster.kubeconfig}\n    component logs: {self.cluster.log_dir}", flush=True)
+
+    def start_operator(self) -> None:
+        say("installing the CRDs and starting the operator")
+        subprocess.run(
+            [self.binaries.kubectl, "apply", "--server-side", "-f", str(ROOT / "crds")],
+            env=self.env,
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [
+                self.binaries.kubectl,
+                "wait",
+                "--for=condition=Established",
+                "crd/tasks.taskshard.io",
+                "crd/taskshards.taskshard.io",
+                "--timeout=60s",
+            ],
+            env=self.env,
+            check=True,
+            capture_output=True,
+        )
+        self.kubectl("create", "namespace", NAMESPACE, check=False)
+        log = open(self.operator_log, "wb")  # noqa: SIM115 - owned by the child
+        self.operator = subprocess.Popen(
+            [sys.executable, "-m", "taskshard_operator", "--namespace", NAMESPACE, "--standalone", "--liveness", ""],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        print(f"    operator pid {self.operator.pid}, log {self.operator_log}", flush=True)
+
+    def apply_task(self) -> None:
+        say(f"applying Task {TASK}: count per key, 128 key groups, 1 initial shard")
+        self.journal.mkdir(parents=True, exist_ok=True)
+        image = os.environ.get("TASKSHARD_DEMO_IMAGE", "taskshard/shard:0.1.0")
+        manifest = textwrap.dedent(f"""
+            apiVersion: taskshard.io/v1alpha1
+            kind: Task
+            metadata: {{name: {TASK}}}
+            spec:
+              maxKeyGroups: 128
+              initialShards: 1
+              keyField: key
+              processor: {{builtin: count}}
+              source: {{journal: {{path: /data/journal/{TASK}, partitions: {PARTITIONS}}}}}
+              sink: {{directory: {{path: /data/output/{TASK}, format: jsonl}}}}
+              storage:
+                path: /data/state
+                volume: {{hostPath: {self.data}, mountPath: /data}}
+              spark:
+                image: {image}
+                conf: {{spark.sql.shuffle.partitions: "2", spark.ui.enabled: "false"}}
+                triggerInterval: 1 second
+        """)
+        print(textwrap.indent(manifest.strip(), "    "), flush=True)
+        self.kubectl("apply", "-f", "-", input=manifest)
+
+    def produce(self) -> None:
+        """Append 40 events every half second until stopped (keys k0..k199)."""
+        while not self._stop_producer.is_set():
+            events = [{"key": f"k{(self.produced + i) * 7919 % KEYS}", "n": self.produced + i} for i in range(40)]
+            append_events(self.journal, PARTITIONS, events)
+            self.produced += len(events)
+            self._stop_producer.wait(0.5)
+
+    def split(self, shard: str) -> tuple[str, str]:
+        spec = self.shards()[shard]["spec"]["keyGroups"]
+        mid = spec["start"] + (spec["end"] - spec["start"]) // 2
+        say(
+            f"splitting {shard} [{spec['start']}, {spec['end']}) at its midpoint {mid} "
+            f"(kubectl edit taskshard {shard}: spec.split.requested: true); {self.produced} events so far"
+        )
+        self.kubectl("patch", "taskshard", shard, "--type", "merge", "-p", '{"spec":{"split":{"requested":true}}}')
+        left, right = f"{TASK}-{spec['start']}-{mid}", f"{TASK}-{mid}-{spec['end']}"
+        started = time.monotonic()
+        self.wait_phases({shard: "Split", left: "Running", right: "Running"})
+        print(f"    split done in {time.monotonic() - started:.0f}s: {left} and {right} are Running", flush=True)
+        return left, right
+
+    def reference(self) -> dict[str, int]:
+        counts: Counter[str] = Counter()
+        for part in sorted(self.journal.glob("p*.jsonl")):
+            for line in part.read_text().splitlines():
+                if line.strip():
+                    counts[str(json.loads(line)["key"])] += 1
+        return dict(counts)
+
+    def results(self) -> dict[str, int]:
+        found = final_results(self.data / "output" / TASK, self.data / "state", TASK)
+        return {str(k): int(v) for k, v in found.items()}
+
+    def check_results(self) -> bool:
+        expected = self.reference()
+        say(f"producer stopped after {self.produced} events; waiting for the shards to catch up")
+        deadline = time.monotonic() + 300
+        actual: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            actual = self.results()
+            if actual == expected:
+                break
+            time.sleep(2)
+        missing = {k: v - actual.get(k, 0) for k, v in expected.items() if actual.get(k, 0) < v}
+        extra = {k: actual[k] - expected.get(k, 0) for k in actual if actual[k] > expected.get(k, 0)}
+        say("per-key result check against a plain-Python count of the journal")
+        print(
+            f"    keys: {len(expected)} expected, {len(actual)} reported; events: {sum(expected.values())} in the "
+            f"journal, {sum(actual.values())} counted",
+            flush=True,
+        )
+        print(f"    keys short (lost): {len(missing)}; keys over (double-counted): {len(extra)}", flush=True)
+        ok = not missing and not extra
+        print(
+            "    RESULT: exact"
+            if ok
+            else f"    RESULT: MISMATCH short={dict(list(missing.items())[:5])} over={dict(list(extra.items())[:5])}",
+            flush=True,
+        )
+        return ok
+
+    def run(self) -> int:
+        self.start_cluster()
+        producer = threading.Thread(target=self.produce, daemon=True)
+        try:
+            self.start_operator()
+            self.apply_task()
+            producer.start()
+            self.wait_phases({f"{TASK}-0-128": "Running"})
+            self.table("shards before the splits")
+            left, _ = self.split(f"{TASK}-0-128")
+            self.split(left)
+            self.table("shards after two splits (the parents stay for lineage, in phase Split, with no pod)")
+            time.sleep(5)
+            self._stop_producer.set()
+            producer.join()
+            ok = self.check_results()
+            say(f"deleting Task {TASK} (shards and pods go; checkpoints stay under {self.data / 'state'})")
+            self.kubectl("delete", "task", TASK, "--wait=true", "--timeout=180s", check=False)
+            return 0 if ok else 1
+        finally:
+            self._stop_producer.set()
+            if self.operator and self.operator.poll() is None:
+                self.operator.terminate()
+                self.operator.wait(timeout=30)
+            if self.cluster:
+                say("stopping the local control plane")
+                self.cluster.stop()
 
 
 def main() -> int:
-    binaries = ensure_binaries()
-    existing = os.environ.get("KUBECONFIG")
-    cluster = None
-    if existing:
-        say(f"using the existing cluster from KUBECONFIG={existing}")
-        env = dict(os.environ)
-    else:
-        say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, node agent)")
-        cluster = LocalCluster(
-            Path(".run") / time.strftime("demo-%Y%m%d-%H%M%S"), binaries=binaries, agent_env_path=[VENV_BIN]
-        ).start()
-        env = cluster.env()
-        print(f"    KUBECONFIG={cluster.kubeconfig}\n    component logs: {cluster.log_dir}")
-
-    def kubectl(*args: str, input: str | None = None) -> str:
-        out = subprocess.run([binaries.kubectl, *args], env=env, input=input, capture_output=True, text=True)
-        if out.returncode != 0:
-            raise SystemExit(f"kubectl {' '.join(args)} failed: {out.stderr}")
-        return out.stdout
-
-    try:
-        say("kubectl version / get nodes")
-        print(kubectl("version"))
-        print(kubectl("get", "nodes", "-o", "wide"))
-        say("running a Pod and reading its output")
-        kubectl("create", "namespace", "taskshard-demo")
-        kubectl(
-            "apply",
-            "-n",
-            "taskshard-demo",
-            "-f",
-            "-",
-            input=textwrap.dedent("""
-            apiVersion: v1
-            kind: Pod
-            metadata: {name: hello}
-            spec:
-              restartPolicy: Never
-              containers:
-              - name: main
-                image: example.invalid/hello:1
-                command: ["python", "-c", "import platform; print('hello from a pod on', platform.node())"]
-        """),
-        )
-        kubectl(
-            "wait", "-n", "taskshard-demo", "--for=jsonpath={.status.phase}=Succeeded", "pod/hello", "--timeout=120s"
-        )
-        print(kubectl("get", "pods", "-n", "taskshard-demo"))
-        if cluster:
-            print(cluster.pod_log_path("taskshard-demo", "hello", "main").read_text())
-        kubectl("delete", "namespace", "taskshard-demo", "--wait=true", "--timeout=120s")
-        say("demo finished")
-    finally:
-        if cluster:
-            say("stopping the local control plane")
-            cluster.stop()
-    return 0
+    run_dir = (ROOT / ".run" / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
+    run_dir.mkdir(parents=True)
+    print(f"TaskShard demo; everything it writes is under {run_dir}", flush=True)
+    return Demo(run_dir).run()
 
 
 if __name__ == "__main__":
