@@ -20,7 +20,7 @@
 # Environment: see hack/image/lib.sh; TASKSHARD_IMAGE_TAG (default "check") tags the two images.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=lib.sh
+# shellcheck source=SCRIPTDIR/lib.sh
 source "$here/lib.sh"
 
 smoke=1
@@ -88,10 +88,10 @@ if [[ $smoke -eq 1 ]]; then
   smoke_start=$(date +%s)
   expect_output "shard: Spark smoke (JRE, venv Python workers, key groups, RocksDB state)" '^smoke: ok' \
     run -v "$here/smoke_shard.py:/opt/smoke_shard.py:ro" --entrypoint python "$shard_image" /opt/smoke_shard.py
-  IMG_TIMES[smoke]=$(( $(date +%s) - smoke_start ))
+  IMG_TIMES["smoke"]=$(( $(date +%s) - smoke_start ))
 fi
 
-IMG_TIMES[total]=$(( $(date +%s) - total_start ))
+IMG_TIMES["total"]=$(( $(date +%s) - total_start ))
 echo "check: base_image=$IMG_BASE_IMAGE"
 echo "check: operator_image=$operator_image size_mb=$(img_size_mb "$operator_image")"
 echo "check: shard_image=$shard_image size_mb=$(img_size_mb "$shard_image")"

@@ -29,6 +29,10 @@ DOCKER=${DOCKER:-docker}
 IMG_DOCKERD_DIR=$IMG_CACHE/dockerd
 IMG_DOCKERD_EXEC_ROOT=/run/taskshard-dockerd   # short: containerd's socket path lives under it (108-byte limit)
 IMG_STARTED_DOCKERD_PID=""
+# One revision for every image of a run (others may commit while it builds): the commit and its time.
+IMG_REVISION=$(git -C "$IMG_REPO" rev-parse HEAD 2>/dev/null || echo unknown)
+IMG_CREATED=$(git -C "$IMG_REPO" log -1 --format=%cI "$IMG_REVISION" 2>/dev/null || echo unknown)
+# shellcheck disable=SC2034 # read by the scripts that source this file
 declare -A IMG_TIMES=()
 
 img_log() { printf '[image %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -41,6 +45,7 @@ img_timed() {
   local name=$1 start rc; shift
   start=$(date +%s)
   "$@"; rc=$?
+  # shellcheck disable=SC2034
   IMG_TIMES[$name]=$(( $(date +%s) - start ))
   return $rc
 }
@@ -91,14 +96,16 @@ img_ensure_docker() {
     --userland-proxy=false >> "$log" 2>&1 &
   IMG_STARTED_DOCKERD_PID=$!
   echo "$IMG_STARTED_DOCKERD_PID" > "$IMG_DOCKERD_DIR/pid"
-  local i
-  for i in $(seq 1 120); do
+  for _ in $(seq 1 120); do
     if img_docker_answers; then
       img_log "dockerd $("$DOCKER" info --format '{{.ServerVersion}}') is up (pid $IMG_STARTED_DOCKERD_PID, storage driver $("$DOCKER" info --format '{{.Driver}}'), cgroup $("$DOCKER" info --format '{{.CgroupVersion}}'))"
       return 0
     fi
     if ! kill -0 "$IMG_STARTED_DOCKERD_PID" 2>/dev/null; then
       IMG_STARTED_DOCKERD_PID=""
+# One revision for every image of a run (others may commit while it builds): the commit and its time.
+IMG_REVISION=$(git -C "$IMG_REPO" rev-parse HEAD 2>/dev/null || echo unknown)
+IMG_CREATED=$(git -C "$IMG_REPO" log -1 --format=%cI "$IMG_REVISION" 2>/dev/null || echo unknown)
       img_unavailable "dockerd exited at start: $(img_log_reason "$log")"
     fi
     sleep 0.5
@@ -116,8 +123,7 @@ img_cleanup() {
   fi
   img_log "stopping the dockerd this run started (pid $pid)"
   kill -TERM "$pid" 2>/dev/null || return 0
-  local i
-  for i in $(seq 1 60); do
+  for _ in $(seq 1 60); do
     kill -0 "$pid" 2>/dev/null || { rm -f "$IMG_DOCKERD_DIR/pid"; return 0; }
     sleep 0.5
   done
@@ -178,10 +184,10 @@ EOF
   # What the excludes would have left out had they been in place during debootstrap.
   find "$root/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete 2>/dev/null || true
   find "$root/usr/share/doc" -mindepth 1 -type d -empty -delete 2>/dev/null || true
-  rm -rf "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/usr/share/locale/* "$root"/usr/share/groff/* \
-    "$root"/usr/share/lintian/* "$root"/usr/share/linda/*
-  rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb \
-    "$root"/var/log/* "$root"/tmp/* "$root"/dev/* "$root"/proc/* "$root"/sys/* "$root"/run/*
+  rm -rf "${root:?}"/usr/share/man/* "${root:?}"/usr/share/info/* "${root:?}"/usr/share/locale/* \
+    "${root:?}"/usr/share/groff/* "${root:?}"/usr/share/lintian/* "${root:?}"/usr/share/linda/*
+  rm -rf "${root:?}"/var/lib/apt/lists/* "${root:?}"/var/cache/apt/*.bin "${root:?}"/var/cache/apt/archives/*.deb \
+    "${root:?}"/var/log/* "${root:?}"/tmp/* "${root:?}"/dev/* "${root:?}"/proc/* "${root:?}"/sys/* "${root:?}"/run/*
   echo "debian" > "$root/etc/hostname"
   tar --numeric-owner --xattrs -C "$root" -cf "$work/rootfs.tar" . || { rm -rf "$work"; img_die "tar of the rootfs failed"; }
   mv "$work/rootfs.tar" "$tarball"
@@ -218,8 +224,7 @@ img_build() {
   local target=$1 tag=$2 base=${3:-${IMG_BASE_IMAGE:-}} log=$IMG_CACHE/logs/build-$1.log
   local -a args=(--network host --target "$target" --tag "$tag"
     --build-arg "VERSION=$(img_project_version)"
-    --build-arg "REVISION=$(git -C "$IMG_REPO" rev-parse HEAD 2>/dev/null || echo unknown)"
-    --build-arg "CREATED=$(git -C "$IMG_REPO" log -1 --format=%cI 2>/dev/null || echo unknown)")
+    --build-arg "REVISION=$IMG_REVISION" --build-arg "CREATED=$IMG_CREATED")
   [[ -n $base ]] && args+=(--build-arg "BASE_IMAGE=$base")
   # Pass the host's PyPI mirror and its extra CA certificates (a TLS-inspecting egress proxy) to the builder
   # stages; the final images never contain them.

@@ -34,9 +34,9 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-# shellcheck source=../image/lib.sh
+# shellcheck source=SCRIPTDIR/../image/lib.sh
 source "$repo/hack/image/lib.sh"
-# shellcheck source=../versions.env
+# shellcheck source=SCRIPTDIR/../versions.env
 source "$repo/hack/versions.env"
 
 KIND_VERSION=${KIND_VERSION:-v0.33.0}
