@@ -1,0 +1,413 @@
+"""An Apache Kafka broker in KRaft mode on loopback, from the cached Maven Central jars, plus client helpers.
+
+:class:`KafkaBroker` (one combined broker+controller node, ``node.id=1``):
+- ``start()``: the first start fetches the jars if needed (:mod:`testinfra.jars`), picks two free 127.0.0.1
+  ports (client and controller listener), writes ``<run_dir>/server.properties`` and formats the log directory
+  with ``kafka.tools.StorageTool format`` (the ``kafka-storage.sh format`` step); it then runs ``kafka.Kafka`` with
+  the classpath ``<jars>/*`` and waits until the broker answers metadata requests with a leader for every
+  partition. Output goes to ``<run_dir>/broker.log`` (appended across restarts).
+- ``stop()`` is a controlled shutdown (SIGTERM, SIGKILL after the timeout); ``kill()`` is a crash (SIGKILL);
+  ``restart()`` is stop + start. Ports, cluster id and data directory are kept, so clients' bootstrap address stays
+  valid and committed data survives a restart.
+- Topics are never auto-created (``auto.create.topics.enable=false``): a missing topic is an error, not a surprise.
+- Transactions work on one node (transaction log replication factor 1, ``min.insync.replicas`` 1).
+
+Client helpers (module functions taking the bootstrap address, also bound as broker methods) use confluent-kafka:
+:func:`create_topic`, :func:`produce` (keyed JSON, idempotent producer, ``acks=all``), :func:`consume_all`
+(``read_committed`` by default, no consumer group), :func:`end_offsets`, :func:`delete_topic`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .common import ManagedProcess, StartError, free_port, log, port_open, wait_until
+from .jars import kafka_broker_jars
+
+__all__ = [
+    "KafkaBroker",
+    "KafkaRecord",
+    "consume_all",
+    "create_topic",
+    "delete_topic",
+    "end_offsets",
+    "produce",
+]
+
+COMPONENT = "kafka"
+
+LOG4J = """\
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger=WARN
+log4j.logger.state.change.logger=WARN
+log4j.logger.org.apache.zookeeper=WARN
+"""
+
+
+def _confluent():
+    try:
+        import confluent_kafka
+        import confluent_kafka.admin
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RuntimeError(
+            "the Kafka test helpers need the confluent-kafka package (in the project's dev extra): "
+            "pip install 'confluent-kafka>=2.6,<3'"
+        ) from e
+    return confluent_kafka
+
+
+@dataclass(frozen=True)
+class KafkaRecord:
+    partition: int
+    offset: int
+    key: str | None
+    value: Any  # parsed JSON when the payload is JSON, else the decoded text
+    headers: dict[str, bytes]
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not os.access(java, os.X_OK):
+        raise StartError("Java is not installed (need java >= 17 on PATH or JAVA_HOME)")
+    return java
+
+
+class KafkaBroker:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        jars_dir: str | os.PathLike | None = None,
+        heap: str = "768m",
+        extra_config: Mapping[str, str] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.jars_dir = Path(jars_dir) if jars_dir else None
+        self.heap = heap
+        self.extra_config = dict(extra_config or {})
+        self.port: int | None = None
+        self.controller_port: int | None = None
+        self.process = ManagedProcess("kafka", self.run_dir / "broker.log")
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    @property
+    def bootstrap_servers(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the broker has not been started")
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.run_dir / "data"
+
+    def _config(self) -> str:
+        assert self.port and self.controller_port
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            "num.partitions": "1",
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "min.insync.replicas": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "log.segment.bytes": str(64 * 2**20),
+            "share.coordinator.state.topic.replication.factor": "1",
+        }
+        props.update(self.extra_config)
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _jvm(self, main: str, *args: str) -> list[str]:
+        assert self.jars_dir is not None
+        return [
+            _java(),
+            f"-Xmx{self.heap}",
+            "-Xms128m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j.configuration=file:{self.run_dir / 'log4j.properties'}",
+            f"-Dkafka.logs.dir={self.run_dir / 'logs'}",
+            "-cp",
+            f"{self.jars_dir}/*",
+            main,
+            *args,
+        ]
+
+    def _format(self) -> None:
+        cluster_file = self.run_dir / "cluster.id"
+        if not cluster_file.exists():
+            cluster_file.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode())
+        cmd = self._jvm(
+            "kafka.tools.StorageTool",
+            "format",
+            "--ignore-formatted",
+            "-t",
+            cluster_file.read_text().strip(),
+            "-c",
+            str(self.run_dir / "server.properties"),
+        )
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+        if res.returncode != 0:
+            raise StartError(
+                f"kafka-storage format failed (exit {res.returncode}):\n{res.stdout[-1500:]}{res.stderr[-1500:]}"
+            )
+
+    def start(self, timeout: float = 90.0) -> KafkaBroker:
+        if self.process.alive():
+            return self
+        if self.jars_dir is None:
+            self.jars_dir = kafka_broker_jars()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        first = self.port is None
+        if first:
+            self.port, self.controller_port = free_port(), free_port()
+            (self.run_dir / "server.properties").write_text(self._config())
+            (self.run_dir / "log4j.properties").write_text(LOG4J)
+            self._format()
+        self.process.start(self._jvm("kafka.Kafka", str(self.run_dir / "server.properties")))
+        started = time.monotonic()
+        wait_until(
+            lambda: port_open(self.port or 0),
+            timeout=timeout,
+            what=f"Kafka on {self.bootstrap_servers}",
+            process=self.process,
+        )
+        wait_until(
+            self._healthy, timeout=timeout, what="the broker to serve metadata with leaders", process=self.process
+        )
+        log(
+            COMPONENT,
+            f"broker {'up' if first else 'restarted'} at {self.bootstrap_servers} in {time.monotonic() - started:.1f}s "
+            f"(pid {self.process.pid}, log {self.process.log_path})",
+        )
+        return self
+
+    def _healthy(self) -> bool:
+        ck = _confluent()
+        admin = ck.admin.AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        md = admin.list_topics(timeout=3)
+        if 1 not in md.brokers:
+            return False
+        return all(
+            p.leader >= 0 and p.error is None
+            for t in md.topics.values()
+            if t.error is None
+            for p in t.partitions.values()
+        )
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Controlled shutdown; idempotent."""
+        if self.process.alive():
+            rc = self.process.stop(timeout)
+            log(COMPONENT, f"broker stopped (exit {rc})")
+
+    def kill(self) -> None:
+        """Crash the broker (SIGKILL)."""
+        if self.process.alive():
+            self.process.kill()
+            log(COMPONENT, "broker killed")
+
+    def restart(self, *, graceful: bool = True, down_for: float = 0.0, timeout: float = 90.0) -> None:
+        self.stop() if graceful else self.kill()
+        if down_for:
+            time.sleep(down_for)
+        self.start(timeout)
+
+    def __enter__(self) -> KafkaBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- helpers bound to this broker ------------------------------------------------------------------------
+    def create_topic(self, name: str, partitions: int, **kw: Any) -> None:
+        create_topic(self.bootstrap_servers, name, partitions, **kw)
+
+    def produce(self, topic: str, records: Iterable[Mapping[str, Any]], **kw: Any) -> list[tuple[int, int]]:
+        return produce(self.bootstrap_servers, topic, records, **kw)
+
+    def consume_all(self, topic: str, **kw: Any) -> list[KafkaRecord]:
+        return consume_all(self.bootstrap_servers, topic, **kw)
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        return end_offsets(self.bootstrap_servers, topic)
+
+    def delete_topic(self, name: str) -> None:
+        delete_topic(self.bootstrap_servers, name)
+
+
+# ---- client helpers ------------------------------------------------------------------------------------------
+def _admin(bootstrap: str):
+    return _confluent().admin.AdminClient({"bootstrap.servers": bootstrap})
+
+
+def create_topic(
+    bootstrap: str, name: str, partitions: int, *, config: Mapping[str, str] | None = None, timeout: float = 30
+) -> None:
+    """Create ``name`` with ``partitions`` partitions (replication 1) and wait until every partition has a leader."""
+    ck = _confluent()
+    admin = _admin(bootstrap)
+    futures = admin.create_topics([ck.admin.NewTopic(name, partitions, 1, config=dict(config or {}))])
+    futures[name].result(timeout)
+
+    def ready() -> bool:
+        t = admin.list_topics(name, timeout=5).topics.get(name)
+        return bool(
+            t
+            and t.error is None
+            and len(t.partitions) == partitions
+            and all(p.leader >= 0 for p in t.partitions.values())
+        )
+
+    wait_until(ready, timeout=timeout, what=f"topic {name} to have leaders")
+
+
+def delete_topic(bootstrap: str, name: str, timeout: float = 30) -> None:
+    _admin(bootstrap).delete_topics([name])[name].result(timeout)
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    records: Iterable[Mapping[str, Any]],
+    *,
+    key_field: str | None = "key",
+    partition: int | None = None,
+    timeout: float = 60,
+) -> list[tuple[int, int]]:
+    """Produce each record as JSON, keyed by ``str(record[key_field])`` (Kafka's default partitioner then picks the
+    partition unless ``partition`` is given). Idempotent producer, ``acks=all``. Returns ``(partition, offset)`` per
+    record in order; raises when any delivery failed."""
+    ck = _confluent()
+    producer = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    results: list[tuple[int, int] | None] = []
+    errors: list[str] = []
+
+    def on_delivery(i: int):
+        def cb(err, msg) -> None:
+            if err is not None:
+                errors.append(f"record {i}: {err}")
+            else:
+                results[i] = (msg.partition(), msg.offset())
+
+        return cb
+
+    for i, rec in enumerate(records):
+        results.append(None)
+        key = None if key_field is None or rec.get(key_field) is None else str(rec[key_field])
+        kw: dict[str, Any] = {
+            "key": key,
+            "value": json.dumps(rec, separators=(",", ":")),
+            "on_delivery": on_delivery(i),
+        }
+        if partition is not None:
+            kw["partition"] = partition
+        while True:
+            try:
+                producer.produce(topic, **kw)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    left = producer.flush(timeout)
+    if left or errors or any(r is None for r in results):
+        raise RuntimeError(f"producing to {topic} at {bootstrap} failed: {left} undelivered; {errors[:5]}")
+    return [r for r in results if r is not None]
+
+
+def end_offsets(bootstrap: str, topic: str, timeout: float = 10) -> dict[int, int]:
+    """``{partition: high watermark}``; raises ``KeyError`` when the topic does not exist."""
+    ck = _confluent()
+    consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"taskshard-probe-{uuid.uuid4().hex}"})
+    try:
+        t = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if t is None or t.error is not None:
+            raise KeyError(f"topic {topic} does not exist at {bootstrap} ({t.error if t else 'no metadata'})")
+        return {
+            p: consumer.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=timeout)[1]
+            for p in sorted(t.partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def consume_all(
+    bootstrap: str, topic: str, *, isolation: str = "read_committed", timeout: float = 60
+) -> list[KafkaRecord]:
+    """Every record of ``topic`` from the beginning up to the end offsets at call time, ordered by partition
+    and offset. ``read_committed`` skips aborted transactions and waits for open ones (then times out)."""
+    ck = _confluent()
+    highs = end_offsets(bootstrap, topic)
+    consumer = ck.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"taskshard-reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    out: list[KafkaRecord] = []
+    try:
+        tps = [ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in highs]
+        consumer.assign(tps)
+        deadline = time.monotonic() + timeout
+
+        def done() -> bool:
+            positions = consumer.position([ck.TopicPartition(topic, p) for p in highs])
+            return all(tp.offset >= highs[tp.partition] for tp in positions if highs[tp.partition] > 0)
+
+        while not done():
+            if time.monotonic() > deadline:
+                pos = {
+                    tp.partition: tp.offset for tp in consumer.position([ck.TopicPartition(topic, p) for p in highs])
+                }
+                raise TimeoutError(f"consuming {topic}: reached {pos} of end offsets {highs} within {timeout:.0f}s")
+            for msg in consumer.consume(500, timeout=0.5):
+                if msg.error():
+                    raise RuntimeError(f"consuming {topic}: {msg.error()}")
+                if msg.offset() >= highs[msg.partition()]:
+                    continue
+                raw = msg.value()
+                try:
+                    value: Any = json.loads(raw) if raw is not None else None
+                except ValueError:
+                    value = raw.decode(errors="replace")
+                key = msg.key()
+                out.append(
+                    KafkaRecord(
+                        msg.partition(),
+                        msg.offset(),
+                        key.decode() if key is not None else None,
+                        value,
+                        dict(msg.headers() or []),
+                    )
+                )
+    finally:
+        consumer.close()
+    return sorted(out, key=lambda r: (r.partition, r.offset))
