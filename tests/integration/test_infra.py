@@ -112,6 +112,45 @@ def test_spark_writes_and_reads_parquet_on_s3a(spark, minio):
     assert f"{prefix}/_SUCCESS" in keys and any(k.endswith(".parquet") for k in keys)
 
 
+def test_spark_streams_kafka_with_its_checkpoint_on_s3a(spark, kafka_broker, minio):
+    """The shape the shard runtime needs: a stateful Kafka stream whose checkpoint (offsets, commits, RocksDB
+    state) lives on s3a, restarted from that checkpoint with no record lost or counted twice."""
+    topic = _topic("spark-stream")
+    kafka_broker.create_topic(topic, 2)
+    checkpoint = f"s3a://{minio.bucket}/infra/stream-{uuid.uuid4().hex[:8]}/checkpoint"
+    spark.conf.set(
+        "spark.sql.streaming.stateStore.providerClass",
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    )
+
+    def run_once(table: str) -> dict[str, int]:
+        q = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers)
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .load()
+            .selectExpr("CAST(key AS STRING) AS key")
+            .groupBy("key")
+            .count()
+            .writeStream.outputMode("complete")
+            .format("memory")
+            .queryName(table)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(300)
+        assert q.exception() is None, q.exception()
+        return {r.key: r["count"] for r in spark.table(table).collect()}
+
+    kafka_broker.produce(topic, _records(35, keys=5))
+    assert run_once("first") == {f"k{i}": 7 for i in range(5)}
+    kafka_broker.produce(topic, _records(10, keys=5))
+    assert run_once("second") == {f"k{i}": 9 for i in range(5)}
+    assert minio.client().list_objects(minio.bucket, checkpoint.split("/", 3)[3] + "/offsets/")
+
+
 # ---- failing clearly -----------------------------------------------------------------------------------------
 def test_jars_fail_clearly_when_maven_central_is_unreachable(tmp_path, monkeypatch):
     monkeypatch.setenv("TASKSHARD_JAR_CACHE", str(tmp_path / "jars"))
@@ -119,6 +158,14 @@ def test_jars_fail_clearly_when_maven_central_is_unreachable(tmp_path, monkeypat
     with pytest.raises(jarmod.JarsUnavailable, match="is not reachable"):
         jarmod.ensure_jar_set(jarmod.kafka_broker_set())
     assert not list((tmp_path / "jars").glob("kafka-broker-*"))  # nothing half-made
+
+
+def test_minio_fails_clearly_when_the_module_proxy_is_unreachable(tmp_path, monkeypatch):
+    monkeypatch.setenv("TASKSHARD_BIN_CACHE", str(tmp_path / "bin"))
+    monkeypatch.setenv("GOPROXY", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(miniomod.MinioUnavailable, match="did not serve"):
+        miniomod.ensure_minio()
+    assert not list((tmp_path / "bin").glob("minio-*"))
 
 
 def test_jar_cache_is_reused(spark_jars, monkeypatch):
