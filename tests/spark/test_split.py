@@ -1,0 +1,146 @@
+"""Split and restore: a shard drained part-way hands its state to two children over the halves of its range,
+one child is split again (three active shards), and the task's results equal the reference after every step:
+no event lost, none counted twice. Each child reads only its key groups' snapshot files.
+
+Runs once with the builtin (Spark's native aggregation) and once with a Python processor (the vectorized
+processor API), in one shared SparkSession.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spark_runtime.produce import generate_events
+
+from .conftest import Reference, TaskEnv, wait_caught_up
+
+pytestmark = pytest.mark.spark
+
+PROCESSORS = {
+    "builtin-count": ({"builtin": "count"}, Reference("count")),
+    "python-sum": (
+        {"python": "spark_runtime.processor:SumProcessor", "parameters": {"field": "amount"}},
+        Reference("sum", "amount"),
+    ),
+}
+
+
+def restore_report(env: TaskEnv, shard: str) -> dict[int, dict]:
+    d = env.storage / env.task / "shards" / shard / "restore"
+    return {int(f.stem.split("-")[1]): json.loads(f.read_text()) for f in d.glob("kg-*.json")}
+
+
+def snapshot_files(manifest: dict, start: int, end: int) -> set[str]:
+    state = Path(manifest["snapshot"]["path"])
+    return {
+        str(f)
+        for d in state.glob("key_group=*")
+        if start <= int(d.name.split("=")[1]) < end
+        for f in d.glob("*.parquet")
+    }
+
+
+def check_child_read_only_its_slice(env: TaskEnv, parent_manifest: dict, shard: str, start: int, end: int) -> None:
+    report = restore_report(env, shard)
+    state = Path(parent_manifest["snapshot"]["path"])
+    assert set(report) == {kg for kg in parent_manifest["snapshot"]["keyGroups"] if start <= kg < end}
+    opened = {f for r in report.values() for f in r["files"]}
+    assert opened == snapshot_files(parent_manifest, start, end), "exactly the files of its key groups"
+    for kg, r in report.items():
+        assert all(Path(f).parent == state / f"key_group={kg}" for f in r["files"])
+        assert r["bytes"] == sum(Path(f).stat().st_size for f in r["files"])
+    outside = snapshot_files(parent_manifest, 0, start) | snapshot_files(parent_manifest, end, 1 << 20)
+    assert not opened & outside, "no file of another key group was opened"
+
+
+@pytest.mark.parametrize("kind", sorted(PROCESSORS))
+def test_split_twice_equals_reference(kind, make_task, shard_spark):
+    from spark_runtime.shard import ShardRunner
+
+    processor, ref_template = PROCESSORS[kind]
+    env = make_task(processor=processor, max_key_groups=16)
+    ref = Reference(ref_template.kind, ref_template.field)
+    events = list(generate_events(1600, 64, seed=5))
+
+    def produce(chunk):
+        env.produce(chunk)
+        ref.add_all(chunk)
+
+    # Phase 1: the root shard [0, 16).
+    root = ShardRunner(env.config(0, 16), shard_spark)
+    produce(events[:500])
+    root.start()
+    wait_caught_up(env, [root])
+    produce(events[500:700])  # more input arrives; the drain stops wherever the current batch ends
+    root_summary = root.drain()
+    root_manifest = json.loads(Path(root_summary["manifest"]).read_text())
+    assert env.results() == reference_at(ref, root_manifest, env), "the parent's output at its drain positions"
+
+    # Phase 2: two children over the halves, restored from the root's manifest.
+    restore = {"parent": "orders-0-16", "manifest": root_summary["manifest"]}
+    left, right = (ShardRunner(env.config(a, b, restore), shard_spark) for a, b in [(0, 8), (8, 16)])
+    left.start()
+    right.start()
+    produce(events[700:1000])
+    wait_caught_up(env, [left, right])
+    assert env.results() == ref.results
+    for child, (a, b) in [(left, (0, 8)), (right, (8, 16))]:
+        check_child_read_only_its_slice(env, root_manifest, child.config.shard, a, b)
+
+    # Phase 3: split the left child again: three active shards [0, 4), [4, 8), [8, 16).
+    left_summary = left.drain()
+    left_manifest = json.loads(Path(left_summary["manifest"]).read_text())
+    restore = {"parent": "orders-0-8", "manifest": left_summary["manifest"]}
+    grand = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in [(0, 4), (4, 8)]]
+    for g in grand:
+        g.start()
+    produce(events[1000:])
+    wait_caught_up(env, [*grand, right])
+    for g, (a, b) in zip(grand, [(0, 4), (4, 8)], strict=True):
+        check_child_read_only_its_slice(env, left_manifest, g.config.shard, a, b)
+    summaries = [r.drain() for r in [*grand, right]]
+    assert env.results() == ref.results
+    # The active shards' final states partition the keys: every key in exactly one shard, rows add up.
+    assert sum(s["stateRows"] for s in summaries) == len(ref.results)
+
+
+def reference_at(ref: Reference, manifest: dict, env: TaskEnv) -> dict:
+    """The reference over exactly the journal prefix a drained shard consumed (its manifest positions)."""
+    consumed = Reference(ref.kind, ref.field)
+    for name, pos in manifest["positions"].items():
+        data = (env.journal / name).read_bytes()[:pos]
+        consumed.add_all(json.loads(line) for line in data.splitlines() if line.strip())
+    return consumed.results
+
+
+def test_drain_before_the_first_batch_passes_the_seed_on(make_task, shard_spark):
+    """A restored child drained before it committed any batch re-exports exactly its slice of the parent."""
+    import pyarrow.parquet as pq
+
+    from spark_runtime.keygroups import key_group
+    from spark_runtime.shard import ShardRunner
+
+    env = make_task(processor={"builtin": "count"}, max_key_groups=16)
+    env.produce(list(generate_events(300, 30, seed=3)))
+    root = ShardRunner(env.config(0, 16), shard_spark)
+    root.start()
+    wait_caught_up(env, [root])
+    summary = root.drain()
+    child = ShardRunner(env.config(4, 12, {"parent": "orders-0-16", "manifest": summary["manifest"]}), shard_spark)
+    assert child.prepare()
+    child_summary = child.drain()  # never started a query
+    assert child_summary["batchId"] == -1
+    assert child_summary["positions"] == summary["positions"]
+    manifest = json.loads(Path(child_summary["manifest"]).read_text())
+    rows = {}
+    for d in Path(manifest["snapshot"]["path"]).glob("key_group=*"):
+        for f in d.glob("*.parquet"):
+            rows.update({r["key"]: r["value"] for r in pq.read_table(f).to_pylist()})
+    parent_rows = {}
+    for d in Path(summary["manifest"]).parent.glob("state/key_group=*"):
+        for f in d.glob("*.parquet"):
+            parent_rows.update({r["key"]: r["value"] for r in pq.read_table(f).to_pylist()})
+    assert rows == {k: v for k, v in parent_rows.items() if 4 <= key_group(k, 16) < 12}
