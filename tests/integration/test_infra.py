@@ -99,6 +99,20 @@ def test_spark_reads_a_kafka_topic(spark, kafka_broker):
     assert sorted(r.key for r in rows) == sorted(rec["key"] for rec in _records(50))
 
 
+def test_spark_writes_a_kafka_topic(spark, kafka_broker):
+    topic = _topic("spark-write")
+    kafka_broker.create_topic(topic, 2)
+    rows = [(f"k{i % 3}", f'{{"key": "k{i % 3}", "n": {i}}}') for i in range(20)]
+
+    spark.createDataFrame(rows, "key string, value string").write.format("kafka").option(
+        "kafka.bootstrap.servers", kafka_broker.bootstrap_servers
+    ).option("topic", topic).save()
+
+    got = kafka_broker.consume_all(topic)
+    assert sorted(r.value["n"] for r in got) == list(range(20))
+    assert all(r.key == r.value["key"] for r in got)
+
+
 def test_spark_writes_and_reads_parquet_on_s3a(spark, minio):
     prefix = f"infra/parquet-{uuid.uuid4().hex[:8]}"
     path = f"s3a://{minio.bucket}/{prefix}"
