@@ -92,7 +92,7 @@ def s3a_conf(minio: MinioServer, *, access_key: str | None = None, secret_key: s
 
 
 @pytest.fixture(scope="session")
-def spark(spark_jars, minio):
+def spark(spark_jars, minio, kafka_broker):  # stops before the servers it talks to (no reconnect noise)
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
