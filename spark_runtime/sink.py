@@ -12,7 +12,9 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 import signal
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -40,33 +42,48 @@ class DirectorySinkWriter:
         self._kill_after = int(kill_at) if kill_at.strip().lstrip("-").isdigit() else None
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        pdf = df.toPandas()
-        if len(pdf):
-            pdf["shard"] = self.shard
-            pdf["batch"] = int(batch_id)
-            pdf = pdf[OUTPUT_COLUMNS]
-            self.write(pdf, int(batch_id))
-            self.rows_written += len(pdf)
-        if self._kill_after is not None and int(batch_id) == self._kill_after:
+        batch_id = int(batch_id)
+        if self.fmt == "jsonl":
+            rows = self.write_jsonl(df, batch_id)
+        else:
+            rows = self.write_parquet(df, batch_id)
+        self.rows_written += rows
+        if self._kill_after is not None and batch_id == self._kill_after:
             log.warning("fault injection: SIGKILL after writing batch %s output", batch_id)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def write(self, pdf: Any, batch_id: int) -> Path:
-        path = self.paths.batch_file(batch_id, self.fmt)
-        if self.fmt == "jsonl":
-            body = pdf.to_json(orient="records", lines=True, force_ascii=False)
-            data = body.encode("utf-8")
+    def _with_columns(self, df: Any, batch_id: int) -> Any:
+        from pyspark.sql import functions as F
+
+        shard = F.lit(self.shard).alias("shard")
+        return df.select("key", "key_group", shard, "result", F.lit(batch_id).cast("bigint").alias("batch"))
+
+    def write_jsonl(self, df: Any, batch_id: int) -> int:
+        """Spark's JSON writer (parallel, native) into a temporary directory, then its part files concatenated
+        into one file that replaces ``batch-<id>.jsonl`` atomically."""
+        tmp_dir = self.paths.results_dir / f".batch-{batch_id}-{uuid.uuid4().hex[:8]}"
+        self._with_columns(df, batch_id).write.option("ignoreNullFields", "false").json(str(tmp_dir))
+        try:
+            parts = sorted(p for p in tmp_dir.iterdir() if p.name.startswith("part-"))
+            data = b"".join(p.read_bytes() for p in parts)
             if data and not data.endswith(b"\n"):
                 data += b"\n"
-        else:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+            rows = data.count(b"\n")
+            if rows:
+                write_atomic(self.paths.batch_file(batch_id, "jsonl"), data)
+        finally:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        return rows
 
+    def write_parquet(self, df: Any, batch_id: int) -> int:
+        import pyarrow.parquet as pq
+
+        table = self._with_columns(df, batch_id).toArrow()
+        if table.num_rows:
             buf = io.BytesIO()
-            pq.write_table(pa.Table.from_pandas(pdf, preserve_index=False), buf)
-            data = buf.getvalue()
-        write_atomic(path, data)
-        return path
+            pq.write_table(table, buf)
+            write_atomic(self.paths.batch_file(batch_id, "parquet"), buf.getvalue())
+        return table.num_rows
 
 
 class DeadLetterCounter:

@@ -1,0 +1,190 @@
+"""Pure helpers of the shard runtime: results across a lineage, the recovery-log reader, restore checks, the
+termination message, the dead-letter counter, layout, the CLI's --help without Spark."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from spark_runtime.checkpoint import last_committed_batch, last_planned_batch, read_offsets
+from spark_runtime.layout import ShardPaths, SinkPaths, write_json_atomic
+from spark_runtime.results import final_results, read_lineage
+from spark_runtime.sink import DeadLetterCounter
+from spark_runtime.snapshot import RestoreError, check_restore, load_manifest
+from spark_runtime.sources.seed import parse_ddl, slice_dirs
+
+pytestmark = pytest.mark.unit
+
+
+def write_batch(sink, shard, batch, rows):
+    path = sink / f"shard={shard}" / f"batch-{batch}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "".join(
+            json.dumps({"key": k, "key_group": 0, "shard": shard, "result": v, "batch": batch}) + "\n"
+            for k, v in rows.items()
+        )
+    )
+
+
+def test_final_results_prefers_deeper_shards_and_later_batches(tmp_path):
+    sink = tmp_path / "out"
+    write_batch(sink, "t-0-16", 0, {"a": 1, "b": 1})
+    write_batch(sink, "t-0-16", 1, {"a": 2})
+    write_batch(sink, "t-0-16", 2, {"a": 99})  # after the drain's last committed batch: ignored
+    write_batch(sink, "t-0-8", 0, {"a": 5})
+    write_batch(sink, "t-0-4", 3, {"a": 7})
+    write_batch(sink, "t-8-16", 0, {"c": 4})
+    lineage = {
+        "t-0-16": {"parent": None, "drainedBatch": 1},
+        "t-0-8": {"parent": "t-0-16", "drainedBatch": 0},
+        "t-8-16": {"parent": "t-0-16", "drainedBatch": None},
+        "t-0-4": {"parent": "t-0-8", "drainedBatch": None},
+    }
+    assert final_results(sink, lineage=lineage) == {"a": 7, "b": 1, "c": 4}
+
+
+def test_read_lineage_from_storage(tmp_path):
+    paths = ShardPaths.of(tmp_path, "t", "t-0-8")
+    write_json_atomic(paths.lineage, {"parent": "t-0-16", "keyGroups": {"start": 0, "end": 8}})
+    write_json_atomic(paths.drained, {"batchId": 4})
+    assert read_lineage(tmp_path, "t") == {
+        "t-0-8": {"parent": "t-0-16", "drainedBatch": 4, "keyGroups": {"start": 0, "end": 8}}
+    }
+    assert read_lineage(tmp_path, "none") == {}
+
+
+def test_checkpoint_reader(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "offsets").mkdir(parents=True)
+    (ckpt / "commits").mkdir()
+    assert last_committed_batch(ckpt) == -1 and last_committed_batch(tmp_path / "nope") == -1
+    for n in (0, 1, 2):
+        (ckpt / "offsets" / str(n)).write_text(
+            'v1\n{"batchWatermarkMs":0}\n{"seed": 1}\n' + json.dumps({"p0.jsonl": 10 * n}) + "\n"
+        )
+        (ckpt / "offsets" / f".{n}.crc").write_text("x")
+    (ckpt / "commits" / "0").write_text("v1\n{}\n")
+    (ckpt / "commits" / "1").write_text("v1\n{}\n")
+    assert last_planned_batch(ckpt) == 2 and last_committed_batch(ckpt) == 1
+    assert read_offsets(ckpt, 1) == [{"seed": 1}, {"p0.jsonl": 10}]
+
+
+@pytest.fixture
+def manifest():
+    return {
+        "version": 1,
+        "task": "t",
+        "shard": "t-0-16",
+        "maxKeyGroups": 16,
+        "keyGroups": {"start": 0, "end": 16},
+        "stateFormat": "builtin-count/v1",
+        "stateSchema": "key string, value bigint",
+    }
+
+
+def test_restore_checks(manifest, tmp_path):
+    ok = dict(
+        task="t",
+        parent="t-0-16",
+        max_key_groups=16,
+        start=0,
+        end=8,
+        state_format="builtin-count/v1",
+        state_schema="key string, value bigint",
+    )
+    check_restore(manifest, **ok)
+    for change, message in [
+        ({"task": "u"}, "belongs to task"),
+        ({"parent": "t-0-8"}, "restoreFrom.parent"),
+        ({"max_key_groups": 32}, "maxKeyGroups"),
+        ({"end": 20}, "not inside the parent's range"),
+        ({"state_format": "builtin-sum/v1"}, "state layout"),
+    ]:
+        with pytest.raises(RestoreError, match=message):
+            check_restore(manifest, **{**ok, **change})
+    with pytest.raises(RestoreError, match="has not finished draining"):
+        load_manifest(tmp_path / "missing.json")
+    (tmp_path / "m.json").write_text(json.dumps({"version": 99}))
+    with pytest.raises(RestoreError, match="version-1"):
+        load_manifest(tmp_path / "m.json")
+
+
+def test_termination_message_fits_4096_bytes():
+    from spark_runtime.shard import summary_message
+
+    small = {"event": "drained", "positions": {"p0.jsonl": 1}}
+    assert json.loads(summary_message(small)) == small
+    big = {"event": "drained", "positions": {f"p{i}.jsonl": 10**12 for i in range(1024)}, "manifest": "/m"}
+    text = summary_message(big)
+    assert len(text.encode()) <= 4096
+    assert json.loads(text)["positionsOmitted"] is True and json.loads(text)["manifest"] == "/m"
+    err = summary_message({"event": "failed", "error": "x" * 10000})
+    assert len(err.encode()) <= 4096 and json.loads(err)["event"] == "failed"
+
+
+def test_dead_letter_counter_counts_each_file_once(tmp_path):
+    counter = DeadLetterCounter(tmp_path / "dl")
+    assert counter.refresh() == 0
+    (tmp_path / "dl").mkdir()
+    (tmp_path / "dl" / "p0-0-10.jsonl").write_text("{}\n{}\n")
+    assert counter.refresh() == 2
+    (tmp_path / "dl" / "p0-0-10.jsonl").write_text("{}\n{}\n")  # a replay rewrites the same range
+    (tmp_path / "dl" / ".tmp-x").write_text("{}\n")
+    assert counter.refresh() == 0 and counter.total == 2
+
+
+def test_layout_matches_the_contract(tmp_path):
+    p = ShardPaths.of(tmp_path, "orders", "orders-0-64")
+    assert p.checkpoint == tmp_path / "orders" / "shards" / "orders-0-64" / "checkpoint"
+    assert p.state_dir(7) == tmp_path / "orders" / "shards" / "orders-0-64" / "snapshots" / "batch-7" / "state"
+    assert p.manifest(7).name == "manifest.json" and p.manifest(-1).parent.name == "batch-initial"
+    s = SinkPaths.of(tmp_path, "orders-0-64")
+    assert s.batch_file(3, "jsonl") == tmp_path / "shard=orders-0-64" / "batch-3.jsonl"
+    assert s.dead_letter_dir == tmp_path / "_dead_letters" / "shard=orders-0-64"
+
+
+def test_seed_helpers(tmp_path):
+    assert parse_ddl("`key` string, key_group int, `a b` double") == [
+        ("key", "string"),
+        ("key_group", "int"),
+        ("a b", "double"),
+    ]
+    for kg in (1, 5, 9):
+        (tmp_path / f"key_group={kg}").mkdir()
+    (tmp_path / "_SUCCESS").write_text("")
+    assert list(slice_dirs(tmp_path, 2, 9)) == [5]
+
+
+def test_cli_help_does_not_start_spark():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from spark_runtime.__main__ import main; "
+            "import contextlib, io\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('pyspark' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "run" in out and "produce" in out and out.strip().endswith("False")
+    run_help = subprocess.run(
+        [sys.executable, "-m", "spark_runtime", "run", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "--config" in run_help
+
+
+def test_cli_bad_config_exits_2_naming_the_field(tmp_path):
+    cfg = tmp_path / "shard.json"
+    cfg.write_text(json.dumps({"task": "t", "shard": "s", "maxKeyGroups": 0}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "spark_runtime", "run", "--config", str(cfg)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert "maxKeyGroups: 0 is invalid" in proc.stderr and "keyGroups: required field is missing" in proc.stderr
