@@ -1,7 +1,7 @@
 # TaskShard developer entry points. Every target installs what it needs (venv, binaries) itself.
 #   make demo          the main job: local control plane + (once the operator lands) a Task that splits
-#   make test          every tier that runs on this machine (unit, spark, cluster)
-#   make test-unit | test-spark | test-cluster | test-kind
+#   make test          every tier that runs on this machine (unit, spark, cluster, integration)
+#   make test-unit | test-spark | test-cluster | test-integration | test-kind
 #   make binaries      build or reuse the control-plane binaries (cache: $TASKSHARD_BIN_CACHE)
 #   make lint          ruff
 
@@ -11,7 +11,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST := bash hack/run-pytest.sh
 
-.PHONY: venv binaries demo test test-unit test-spark test-cluster test-kind lint clean
+.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind lint clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -27,8 +27,11 @@ binaries:
 demo: venv binaries
 	$(PY) hack/demo.py
 
+# Two pytest processes: the integration tier's SparkSession must be the first JVM of its process (the Kafka and
+# s3a jars join the classpath only at JVM start).
 test: venv binaries
-	$(PYTEST) --require-tests -m "not kind"
+	$(PYTEST) --require-tests -m "not kind and not integration"
+	$(PYTEST) --require-tests -m integration
 
 test-unit: venv
 	$(PYTEST) -m unit
@@ -38,6 +41,9 @@ test-spark: venv
 
 test-cluster: venv binaries
 	$(PYTEST) -m cluster
+
+test-integration: venv
+	$(PYTEST) -m integration
 
 test-kind: venv
 	$(PYTEST) -m kind

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskshard_operator import naming
+from taskshard_operator.models import ConditionType
 
-READY = "Ready"
-PROGRESSING = "Progressing"
-DEGRADED = "Degraded"
-SPLIT_REJECTED = "SplitRejected"
-TILED = "Tiled"
+READY = ConditionType.READY.value
+PROGRESSING = ConditionType.PROGRESSING.value
+DEGRADED = ConditionType.DEGRADED.value
+SPLIT_REJECTED = ConditionType.SPLIT_REJECTED.value
+TILED = ConditionType.TILED.value
 
 
 def now() -> str:
@@ -108,12 +109,11 @@ class Termination:
     def checkpoint(self, *, with_manifest: bool) -> dict[str, Any] | None:
         """A ``CheckpointRef`` dict (``status.lastCheckpoint`` / ``finalCheckpoint``), None without a batch id.
 
-        A drain before the first committed batch reports batch id -1; the CRD's ``batchId`` is ``>= 0``, so such
-        a reference is recorded as batch 0 (the manifest is what the children restore from).
+        A drain before the first committed batch reports batch id -1, recorded as it is.
         """
         if self.batch_id is None:
             return None
-        ref: dict[str, Any] = {"batchId": max(self.batch_id, 0)}
+        ref: dict[str, Any] = {"batchId": self.batch_id}
         time = (self.message or {}).get("time") or self.finished_at
         if time:
             ref["time"] = time

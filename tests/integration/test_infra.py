@@ -7,10 +7,13 @@ import collections
 import uuid
 
 import pytest
+
 from testinfra import jars as jarmod
 from testinfra import minio as miniomod
 from testinfra.common import free_port
 from testinfra.s3 import S3Error
+
+pytestmark = pytest.mark.integration
 
 
 def _records(n: int, keys: int = 7, tag: str = "") -> list[dict]:

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import yaml
+
 from taskshard_operator.models.crd import build_crds, render_crds
 
 from .manifest_cases import CRDS_DIR, ROOT

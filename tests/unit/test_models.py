@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 from pydantic import ValidationError
+
+from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator.models import (
     Condition,
     ConditionStatus,
@@ -20,8 +22,6 @@ from taskshard_operator.models import (
     TaskShardStatus,
     TaskSpec,
 )
-
-from spark_runtime.keygroups import KeyGroupRange
 
 from .manifest_cases import BAD_CASES, base_shard, base_task, example_files, load_example, merge_patch
 
@@ -128,7 +128,14 @@ def test_shard_phases_match_the_contract_and_ownership():
 
 def test_task_phase_and_condition_types():
     assert [p.value for p in TaskPhase] == ["Pending", "Running", "Splitting", "Degraded", "Failed", "Stopping"]
-    assert [c.value for c in ConditionType] == ["Ready", "Tiled", "Splitting", "SplitRejected"]
+    assert [c.value for c in ConditionType] == [
+        "Ready",
+        "Tiled",
+        "Splitting",
+        "SplitRejected",
+        "Progressing",
+        "Degraded",
+    ]
 
 
 def test_key_groups_convert_to_ranges():

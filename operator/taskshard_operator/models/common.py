@@ -81,12 +81,18 @@ class ConditionType(StrEnum):
       any of its shards splits.
     - ``SplitRejected``: TaskShard only: True when the current ``spec.split`` request was refused (the message
       says why); nothing else changed.
+    - ``Progressing``: True while the object moves towards its desired state (pods starting, a split or a roll
+      under way); False once settled.
+    - ``Degraded``: True when something needs attention (an invalid spec, a failing pod, a drain without a
+      manifest); the message names the field or the pod and what to do.
     """
 
     READY = "Ready"
     TILED = "Tiled"
     SPLITTING = "Splitting"
     SPLIT_REJECTED = "SplitRejected"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
 
 
 class Condition(K8sModel):

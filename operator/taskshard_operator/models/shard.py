@@ -57,7 +57,8 @@ class ShardPhase(StrEnum):
     Draining, Drained and Failed; from ChildrenCreated on its two children own the halves instead. The pod
     stops processing before Drained is written, so a range is never processed by parent and child at once.
     An invalid split request changes no phase (condition SplitRejected instead). Failed goes back to Pending
-    when the operator retries.
+    when the operator retries; Running goes back to Pending when its pod is replaced (a template roll or a
+    deleted pod), and the new pod resumes from the recovery log.
     """
 
     PENDING = "Pending"
@@ -203,7 +204,9 @@ class TaskShardSpec(K8sModel):
 class CheckpointRef(K8sModel):
     """A committed micro-batch of a shard and, for a drain, its snapshot manifest."""
 
-    batch_id: int = Field(ge=0, description="Id of the last committed micro-batch.")
+    batch_id: int = Field(
+        ge=-1, description="Id of the last committed micro-batch; -1 when a drain came before the first batch."
+    )
     time: datetime | None = Field(default=None, description="When the batch committed (RFC 3339 date-time).")
     manifest: str | None = Field(
         default=None,
