@@ -16,9 +16,11 @@
 #
 # Runtime contract (what the chart and the operator rely on):
 #   - uid/gid 10001 (numeric, so `runAsNonRoot` can be verified); code under /opt/taskshard is root-owned, read-only.
-#   - The root filesystem may be read-only, but /tmp MUST be writable: it is HOME, the working directory, Java's
-#     tmpdir and Spark's local dir (spark.local.dir, spark-warehouse, hsperfdata). The chart mounts an emptyDir at
-#     /tmp; `docker run --read-only --tmpfs /tmp` does the same.
+#   - The root filesystem may be read-only, but /tmp MUST be writable and allow exec: it is HOME, the working
+#     directory, Java's tmpdir and Spark's local dir (spark.local.dir, spark-warehouse, hsperfdata), and RocksDB's
+#     JNI library is unpacked there and mapped executable (a `noexec` /tmp fails the first stateful batch with
+#     "UnsatisfiedLinkError: /tmp/librocksdbjni...so: failed to map segment"). The chart mounts an emptyDir at
+#     /tmp; with Docker: `docker run --read-only --tmpfs /tmp:exec ...` (Docker's tmpfs default is noexec).
 #   - PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON name the venv's interpreter, so Spark's Python workers find
 #     pandas and pyarrow. JAVA_HOME points at the JRE through an architecture-neutral link.
 #   - No compilers or build tools in the final stages; pip stays in the venv so that a derived image can add

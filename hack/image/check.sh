@@ -93,8 +93,8 @@ fi
 
 IMG_TIMES["total"]=$(( $(date +%s) - total_start ))
 echo "check: base_image=$IMG_BASE_IMAGE"
-echo "check: operator_image=$operator_image size_mb=$(img_size_mb "$operator_image")"
-echo "check: shard_image=$shard_image size_mb=$(img_size_mb "$shard_image")"
+echo "check: operator_image=$operator_image operator_size_mb=$(img_size_mb "$operator_image")"
+echo "check: shard_image=$shard_image shard_size_mb=$(img_size_mb "$shard_image")"
 for k in dockerd debootstrap import build_operator build_shard smoke total; do
   [[ -n ${IMG_TIMES[$k]:-} ]] && echo "check: time_${k}_s=${IMG_TIMES[$k]}"
 done

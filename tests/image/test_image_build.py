@@ -61,4 +61,4 @@ def test_both_images_build_and_run(tmp_path):
     summary = _summary(result.stdout)
     print("\n[image] " + " ".join(f"{k}={v}" for k, v in summary.items()), file=sys.stderr)
     assert summary.get("operator_image") and summary.get("shard_image"), result.stdout
-    assert int(summary["size_mb"]) > 0
+    assert int(summary["operator_size_mb"]) > 0 and int(summary["shard_size_mb"]) > int(summary["operator_size_mb"])
