@@ -6,7 +6,7 @@
 #   2. the base image: debootstrap --variant=minbase <suite> (tarball cached under the cache dir, keyed by suite
 #      and architecture) and `docker import`; no registry is contacted for images
 #   3. docker build --network host --build-arg BASE_IMAGE=<imported> --target operator, then --target shard
-#   4. runs, each with `--read-only --tmpfs /tmp` as the chart runs them (read-only root, writable /tmp):
+#   4. runs, each with `--read-only --tmpfs /tmp:exec` as the chart runs them (read-only root, writable /tmp):
 #      `taskshard-operator --help`, `python -m spark_runtime --help`, uid 10001, no compilers in either image,
 #      `python` on PATH is the venv's, and hack/image/smoke_shard.py (Spark, Python workers, RocksDB) in the shard
 #   5. a summary: times and image sizes, as `check: key=value` lines on stdout
@@ -15,7 +15,7 @@
 # no Debian mirror, not root): the printed `UNAVAILABLE: <reason>` line says why (the pytest wrapper skips).
 #
 # Usage: hack/image/check.sh [--no-smoke] [--rebuild-base]
-#   --no-smoke      skip the Spark smoke run in the shard image (about 20-30 s)
+#   --no-smoke      skip the Spark smoke run in the shard image (30-100 s on 2 cores)
 #   --rebuild-base  debootstrap the base again (the cached rootfs never picks up Debian updates by itself)
 # Environment: see hack/image/lib.sh; TASKSHARD_IMAGE_TAG (default "check") tags the two images.
 set -euo pipefail
@@ -29,7 +29,7 @@ for arg in "$@"; do
   case $arg in
     --no-smoke) smoke=0 ;;
     --rebuild-base) rebuild_base=1 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
