@@ -104,3 +104,5 @@ if [[ ${#failures[@]} -gt 0 ]]; then
   exit 1
 fi
 img_log "all image checks passed"
+# Earlier builds' images (untagged now) would pile up in the private data root; the layer cache stays.
+if "$DOCKER" image prune --force >/dev/null 2>&1; then img_log "pruned dangling images"; fi
