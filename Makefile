@@ -2,6 +2,8 @@
 #   make demo          the main job: local control plane + (once the operator lands) a Task that splits
 #   make test          every tier that runs on this machine (unit, spark, cluster, integration)
 #   make test-unit | test-spark | test-cluster | test-integration | test-kind
+#   make test-image    build both images from a debootstrap'ed bookworm base and check them (root; ~10 min cold)
+#   make images        docker build both targets (IMAGE_TAG, default the project version)
 #   make binaries      build or reuse the control-plane binaries (cache: $TASKSHARD_BIN_CACHE)
 #   make lint          ruff
 
@@ -10,8 +12,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST := bash hack/run-pytest.sh
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind lint clean
+.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind test-image images lint clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -30,7 +33,7 @@ demo: venv binaries
 # Two pytest processes: the integration tier's SparkSession must be the first JVM of its process (the Kafka and
 # s3a jars join the classpath only at JVM start).
 test: venv binaries
-	$(PYTEST) --require-tests -m "not kind and not integration"
+	$(PYTEST) --require-tests -m "not kind and not integration and not image"
 	$(PYTEST) --require-tests -m integration
 
 test-unit: venv
@@ -47,6 +50,13 @@ test-integration: venv
 
 test-kind: venv
 	$(PYTEST) -m kind
+
+test-image: venv
+	$(PYTEST) -m image
+
+images:
+	docker build --target operator -t taskshard/operator:$(IMAGE_TAG) .
+	docker build --target shard -t taskshard/shard:$(IMAGE_TAG) .
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -117,7 +117,7 @@ def task_manifest(
     initial_shards: int = 1,
     partitions: int = 2,
     retention: str = "Retain",
-    image: str = "taskshard/taskshard:test",
+    image: str = "taskshard/shard:test",
 ) -> dict:
     return {
         "apiVersion": "taskshard.io/v1alpha1",

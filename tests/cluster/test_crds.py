@@ -127,7 +127,7 @@ def test_task_immutable_fields_cannot_change(k):
     ]:
         result = _patch(k, "task", name, patch)
         assert result.returncode != 0 and field in result.stderr and "immutable" in result.stderr, result.stderr
-    ok = _patch(k, "task", name, {"spec": {"spark": {"image": "taskshard/taskshard:0.2.0"}}})
+    ok = _patch(k, "task", name, {"spec": {"spark": {"image": "taskshard/shard:0.2.0"}}})
     assert ok.returncode == 0, ok.stderr  # template edits are allowed (they roll the shards)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.kind]
+pytestmark = [pytest.mark.image]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "image" / "check.sh"

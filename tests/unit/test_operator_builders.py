@@ -23,7 +23,7 @@ SPEC = {
     "sink": {"directory": {"path": "/data/output/orders", "format": "jsonl"}},
     "storage": {"path": "/data/state", "volume": {"hostPath": "/srv/taskshard", "mountPath": "/data"}},
     "spark": {
-        "image": "taskshard/taskshard:0.1.0",
+        "image": "taskshard/shard:0.1.0",
         "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
         "conf": {"spark.sql.shuffle.partitions": "4"},
         "triggerInterval": "1 second",
@@ -136,7 +136,7 @@ def test_build_pod_golden():
             "containers": [
                 {
                     "name": "driver",
-                    "image": "taskshard/taskshard:0.1.0",
+                    "image": "taskshard/shard:0.1.0",
                     "command": ["python", "-m", "spark_runtime", "run", "--config", "/etc/taskshard/shard.json"],
                     "env": [
                         {"name": "TASKSHARD_TASK", "value": "orders"},
@@ -191,7 +191,7 @@ def test_pod_variants():
 def test_template_hash_changes_with_the_template_only():
     base = builders.template_hash(spec())
     assert builders.template_hash(spec()) == base
-    assert builders.template_hash(spec(spark__image="taskshard/taskshard:0.2.0")) != base
+    assert builders.template_hash(spec(spark__image="taskshard/shard:0.2.0")) != base
     assert builders.template_hash(spec(processor={"builtin": "sum", "field": "amount"})) != base
     assert builders.template_hash(spec(initialShards=4)) == base  # not part of a shard's template
     assert builders.template_hash(spec(checkpointRetention="Delete")) == base
@@ -207,7 +207,7 @@ def test_executor_manifests():
         "spark.submit.deployMode": "client",
         "spark.executor.instances": "2",
         "spark.kubernetes.namespace": "ns1",
-        "spark.kubernetes.container.image": "taskshard/taskshard:0.1.0",
+        "spark.kubernetes.container.image": "taskshard/shard:0.1.0",
         "spark.kubernetes.driver.pod.name": "orders-0-64-driver",
         "spark.kubernetes.authenticate.driver.serviceAccountName": "default",
         "spark.kubernetes.executor.podNamePrefix": "orders-0-64",
