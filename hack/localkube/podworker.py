@@ -364,22 +364,23 @@ class PodWorker(threading.Thread):
         )
 
     def _sa_kubeconfig(self, mounts: list[dict]) -> str | None:
-        """A kubeconfig that authenticates as the pod's service account, if its token is mounted."""
+        """A kubeconfig that authenticates as the pod's service account, if its token is mounted.
+
+        It is written as ``.kubeconfig`` inside the token volume itself, so the container finds it at
+        ``<SA mount>/.kubeconfig`` whatever else its mounts hide (an emptyDir at ``/tmp``, say).
+        """
         token_dir = next((m["source"] for m in mounts if m["target"] == SA_MOUNT), None)
         if token_dir is None:
             return None
-        path = self.sandbox / "serviceaccount.kubeconfig"
-        if not path.exists():
-            ns = self.pod["metadata"]["namespace"]
-            write_kubeconfig(
-                path,
-                f"https://{self.api_host}:{self.api_port}",
-                f"{SA_MOUNT}/ca.crt",
-                user="serviceaccount",
-                token_file=f"{SA_MOUNT}/token",
-                namespace=ns,
-            )
-        return str(path)
+        write_kubeconfig(
+            Path(token_dir) / ".kubeconfig",
+            f"https://{self.api_host}:{self.api_port}",
+            f"{SA_MOUNT}/ca.crt",
+            user="serviceaccount",
+            token_file=f"{SA_MOUNT}/token",
+            namespace=self.pod["metadata"]["namespace"],
+        )
+        return f"{SA_MOUNT}/.kubeconfig"
 
     def _kill_group(self, run: ContainerRun, sig: int) -> None:
         if run.proc is None:

@@ -181,6 +181,21 @@ def _resources(resources: Any) -> dict[str, Any]:
     return resources.to_k8s() if resources is not None else {}
 
 
+# The "restricted" Pod Security Standard; uid/gid 10001 is the image's user (see the Dockerfile).
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
 def build_pod(
     *,
     task: str,
@@ -205,9 +220,12 @@ def build_pod(
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
         {"name": "drain", "mountPath": naming.DRAIN_DIR, "readOnly": True},
+        # Spark's local dirs, RocksDB's native library and Python's temp files; the root file system is read-only.
+        {"name": "tmp", "mountPath": "/tmp"},
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": naming.configmap_name(shard)}},
+        {"name": "tmp", "emptyDir": {}},
         {
             "name": "drain",
             "downwardAPI": {
@@ -239,6 +257,7 @@ def build_pod(
         "volumeMounts": mounts,
         "terminationMessagePath": naming.TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "File",
+        "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
     }
     if spec.spark.image_pull_policy:
         container["imagePullPolicy"] = spec.spark.image_pull_policy
@@ -261,6 +280,7 @@ def build_pod(
             "serviceAccountName": service_account_of(spec),
             # Local mode needs no API access; the driver talks to the apiserver only to manage executors.
             "automountServiceAccountToken": executors,
+            "securityContext": dict(POD_SECURITY_CONTEXT),
             "containers": [container],
             "volumes": volumes,
         },

@@ -235,17 +235,23 @@ def test_crd_applies_and_schema_violations_are_rejected(kube_cluster, namespace,
 
 def test_in_cluster_client_has_its_service_accounts_rbac_not_admin(kube_cluster, namespace, kubectl):
     script = textwrap.dedent(f"""
+        import os
         from kubernetes import client, config
         from kubernetes.client.exceptions import ApiException
-        config.load_incluster_config()
-        core = client.CoreV1Api()
-        names = [c.metadata.name for c in core.list_namespaced_config_map("{namespace}").items]
-        print("configmaps:", ",".join(sorted(names)))
-        try:
-            core.list_namespaced_secret("{namespace}")
-            print("secrets: allowed")
-        except ApiException as e:
-            print("secrets:", e.status)
+        loaders = {{
+            "incluster": config.load_incluster_config,
+            "kubeconfig": lambda: config.load_kube_config(config_file=os.environ["KUBECONFIG"]),
+        }}
+        for how, load in loaders.items():
+            load()
+            core = client.CoreV1Api()
+            names = [c.metadata.name for c in core.list_namespaced_config_map("{namespace}").items]
+            print(how, "configmaps:", ",".join(sorted(names)))
+            try:
+                core.list_namespaced_secret("{namespace}")
+                print(how, "secrets: allowed")
+            except ApiException as e:
+                print(how, "secrets:", e.status)
     """)
     manifest = textwrap.dedent(f"""
         apiVersion: v1
@@ -278,7 +284,8 @@ def test_in_cluster_client_has_its_service_accounts_rbac_not_admin(kube_cluster,
           - name: main
             image: example.invalid/client:1
             command: ["python", "-c", {json.dumps(script)}]
-            env: [{{name: SCRIPT_KUBECTL, value: x}}]
+            volumeMounts: [{{name: tmp, mountPath: /tmp}}]
+          volumes: [{{name: tmp, emptyDir: {{}}}}]
     """)
     kubectl("apply", "-f", "-", input=manifest)
     wait_for(
@@ -288,8 +295,9 @@ def test_in_cluster_client_has_its_service_accounts_rbac_not_admin(kube_cluster,
     )
     out = pod_log(kube_cluster, namespace, "client", "main")
     assert get_json(kubectl, "pod", "client")["status"]["phase"] == "Succeeded", out
-    assert "visible" in out.split("configmaps:")[1].splitlines()[0]
-    assert "secrets: 403" in out
+    for how in ("incluster", "kubeconfig"):
+        assert "visible" in out.split(f"{how} configmaps:")[1].splitlines()[0], out
+        assert f"{how} secrets: 403" in out, out
 
 
 def test_readiness_probe_gates_ready_and_failed_liveness_restarts(kube_cluster, namespace, kubectl):

@@ -133,6 +133,13 @@ def test_build_pod_golden():
             "terminationGracePeriodSeconds": 120,
             "serviceAccountName": "default",
             "automountServiceAccountToken": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "runAsGroup": 10001,
+                "fsGroup": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
             "containers": [
                 {
                     "name": "driver",
@@ -148,14 +155,21 @@ def test_build_pod_golden():
                     "volumeMounts": [
                         {"name": "config", "mountPath": "/etc/taskshard", "readOnly": True},
                         {"name": "drain", "mountPath": "/etc/taskshard-drain", "readOnly": True},
+                        {"name": "tmp", "mountPath": "/tmp"},
                         {"name": "storage", "mountPath": "/data"},
                     ],
                     "terminationMessagePath": "/dev/termination-log",
                     "terminationMessagePolicy": "File",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
                 }
             ],
             "volumes": [
                 {"name": "config", "configMap": {"name": "orders-0-64-config"}},
+                {"name": "tmp", "emptyDir": {}},
                 {
                     "name": "drain",
                     "downwardAPI": {
@@ -182,7 +196,7 @@ def test_pod_variants():
     assert {"name": "storage", "mountPath": "/mnt/s"} in pod["spec"]["containers"][0]["volumeMounts"]
     s3 = TaskSpec.from_k8s({**SPEC, "storage": {"s3": {"bucket": "bkt"}}})
     pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s3, template_hash="h")
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["config", "drain"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["config", "tmp", "drain"]
     pulled = spec(spark__imagePullPolicy="IfNotPresent")
     pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=pulled, template_hash="h")
     assert pod["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
