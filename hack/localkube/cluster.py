@@ -2,8 +2,8 @@
 
 :class:`LocalCluster` starts, in order, etcd, kube-apiserver (TLS, client-certificate authentication, RBAC,
 service-account token signing), kube-controller-manager (garbage collection, Deployments/ReplicaSets,
-namespaces, service accounts, ...), kube-scheduler and the local node agent (:mod:`localkube.nodeagent`),
-each on free loopback ports, and waits for each to be healthy before the next.
+namespaces, service accounts, ...), kube-scheduler and (unless ``node_agent=False``) the local node agent
+(:mod:`localkube.nodeagent`), each on free loopback ports, and waits for each to be healthy before the next.
 
 Contract:
 - Every component's output goes to ``<run_dir>/logs/<component>.log``; on a start failure the tail of each log
@@ -58,6 +58,7 @@ class LocalCluster:
         node_name: str = NODE_NAME,
         keep_run_dir: bool = True,
         agent_env_path: Sequence[str] = (),
+        node_agent: bool = True,
     ) -> None:
         self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="localkube-")).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -67,6 +68,7 @@ class LocalCluster:
         self.node_name = node_name
         self.keep_run_dir = keep_run_dir
         self.agent_env_path = list(agent_env_path)
+        self.node_agent = node_agent
         self.kubeconfig = self.run_dir / "admin.kubeconfig"
         self.api_port = 0
         self.server = ""
@@ -198,7 +200,11 @@ class LocalCluster:
                 "1",
             ],
         )
-        # Step 4: the node agent (a stand-in for the kubelet, see localkube.nodeagent).
+        # Step 4: the node agent (a stand-in for the kubelet, see localkube.nodeagent). Without it pods stay
+        # Pending (no node), which is what a control-plane-only benchmark wants.
+        if not self.node_agent:
+            self._wait("default service account", self._default_sa_exists, 60)
+            return
         agent_env = dict(os.environ)
         agent_env.pop("KUBECONFIG", None)
         if self.agent_env_path:
