@@ -45,6 +45,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    # A SIGTERM from now on means "drain", even one that arrives while Spark is still starting.
+    early_sigterm: list[bool] = []
+    runner: Any = None
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if runner is None:
+            early_sigterm.append(True)
+        else:
+            runner.request_drain("SIGTERM")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     from spark_runtime.processor import ProcessorError
     from spark_runtime.shard import ShardFailed, ShardRunner
     from spark_runtime.snapshot import RestoreError
@@ -57,11 +68,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             config.termination_message_path, {"event": "failed", "shard": config.shard, "error": str(exc)}
         )
         return 2
-
-    def on_sigterm(signum: int, frame: Any) -> None:
+    if early_sigterm:
         runner.request_drain("SIGTERM")
-
-    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         summary = runner.run()
     except RestoreError as exc:

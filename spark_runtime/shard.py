@@ -251,30 +251,34 @@ class ShardRunner:
 
     # ---------------------------------------------------------------- running
 
-    def poll(self) -> None:
+    def poll(self, *, check_failure: bool = True) -> None:
         """Log new batches, update ``progress.json`` and the dead-letter count; raise :class:`ShardFailed`
-        when the query failed."""
+        when the query failed (unless ``check_failure`` is false)."""
         if self.query is None:
             return
-        exc = self.query.exception()
-        if exc is not None:
-            raise ShardFailed(f"streaming query failed: {exc}")
+        if check_failure:
+            exc = self.query.exception()
+            if exc is not None:
+                raise ShardFailed(f"streaming query failed: {exc}")
         new_dead = self.dead_letters.refresh()
-        events = []
+        if new_dead:
+            log.warning(
+                "%d new dead letters (total %d) in %s", new_dead, self.dead_letters.total, self.dead_letters.directory
+            )
+        batches = []
         for p in self.query.recentProgress:
             data = json.loads(p.json if isinstance(p.json, str) else p.json())
             bid = int(data.get("batchId", -1))
-            if bid not in self._seen_progress and data.get("numInputRows", 0) is not None:
+            ran = bool(data.get("numInputRows")) or "addBatch" in (data.get("durationMs") or {})
+            if ran and bid not in self._seen_progress:  # idle triggers report the *next* batch id: skip them
                 self._seen_progress.add(bid)
-                events.append(data)
+                batches.append(data)
         committed = last_committed_batch(self.paths.checkpoint)
         if committed > self.last_committed or new_dead:
             self.last_committed = committed
             self._write_progress()
-        for data in events:
+        for data in batches:
             rows = int(data.get("numInputRows") or 0)
-            if rows == 0 and not data.get("durationMs", {}).get("addBatch"):
-                continue  # an idle trigger, not a batch
             self.rows_processed += rows
             log.info(
                 "batch %s: rows=%d rate=%.0f/s duration=%dms deadLetters=%d",
@@ -434,11 +438,7 @@ class ShardRunner:
 
     def poll_after_stop(self) -> None:
         try:
-            self.dead_letters.refresh()
-            committed = last_committed_batch(self.paths.checkpoint)
-            if committed != self.last_committed:
-                self.last_committed = committed
-                self._write_progress()
+            self.poll(check_failure=False)
         except Exception:  # progress is advisory; the drain goes on
             log.exception("could not update progress after stop")
 

@@ -8,8 +8,10 @@ always a line boundary: a partial trailing line (a writer mid-append) waits for 
    when Spark passes a byte limit); unchanged while the drain marker exists;
 2. ``partitions``: splits each partition's new byte range at line boundaries into pieces of at most
    ``partitionBytes`` (one Spark task each), so a few big partitions still use every core;
-3. ``read`` (in a Python worker): parses the piece with :func:`spark_runtime.records.parse_lines`, yields
-   Arrow record batches of the valid records, and writes the piece's owned dead letters to
+3. ``read`` (in a Python worker): parses the piece with Arrow's C++ JSON reader when every line of it is a
+   valid record (:func:`spark_runtime.records.parse_lines_arrow`), else line by line in Python
+   (:func:`spark_runtime.records.parse_lines`); yields Arrow record batches of the valid records, and writes
+   the piece's owned dead letters to
    ``<deadLetterDir>/p<N>-<start>-<end>.jsonl`` atomically (a retried or replayed piece rewrites the same file).
 
 The journal is append-only: a file that shrinks below a committed position is an error, never silently
@@ -25,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -33,7 +36,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from spark_runtime.records import RecordSpec, dead_letter_key_group, parse_lines
+from spark_runtime.records import RecordSpec, dead_letter_key_group, parse_lines, parse_lines_arrow
 from spark_runtime.sources.base import SourceContext
 
 __all__ = [
@@ -227,23 +230,36 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with open(self.path / partition_file(partition.index), "rb") as fh:
             fh.seek(partition.start)
             data = fh.read(partition.end - partition.start)
-        parsed = parse_lines(data, partition.start, self.spec)
-        self._write_dead_letters(partition, parsed.dead)
         columns = self.spec.columns()
         schema = pa.schema([(name, _arrow_type(t)) for name, t in columns])
+        fast = parse_lines_arrow(data, partition.start, self.spec)
+        if fast is not None:  # every line valid: Arrow parsed the chunk in C++
+            table, offsets = fast
+            n = table.num_rows
+            arrays = {
+                "key": table.column("key"),
+                "partition": pa.array(np.full(n, partition.index, dtype=np.int32)),
+                "offset": offsets,
+                **{f.name: table.column(f.name) for f in self.spec.fields},
+            }
+            out = pa.table([arrays[name] for name, _ in columns], schema=schema)
+            yield from out.to_batches(max_chunksize=ARROW_BATCH_ROWS)
+            return
+        parsed = parse_lines(data, partition.start, self.spec)
+        self._write_dead_letters(partition, parsed.dead)
         n = len(parsed)
-        arrays = {
+        py_arrays: dict[str, Any] = {
             "key": parsed.keys,
             "partition": [partition.index] * n,
             "offset": parsed.offsets,
             **parsed.columns,
         }
         if parsed.values is not None:
-            arrays["value"] = parsed.values
+            py_arrays["value"] = parsed.values
         for lo in range(0, n, ARROW_BATCH_ROWS):
             hi = min(n, lo + ARROW_BATCH_ROWS)
             yield pa.RecordBatch.from_arrays(
-                [pa.array(arrays[name][lo:hi], type=schema.field(name).type) for name, _ in columns], schema=schema
+                [pa.array(py_arrays[name][lo:hi], type=schema.field(name).type) for name, _ in columns], schema=schema
             )
 
     def _write_dead_letters(self, piece: JournalPiece, dead: list) -> None:
