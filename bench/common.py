@@ -82,7 +82,7 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
-        "memoryGiB": mem_gib,
+        "memory GiB": mem_gib,
         "kernel": platform.release(),
         "python": platform.python_version(),
         "java": _first_line(["java", "-version"]),
@@ -158,8 +158,13 @@ def fmt(value: Any, digits: int = 2) -> str:
 
 
 def md_table(columns: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table; columns whose values are all numbers (or empty) are right-aligned."""
+
+    def numeric(i: int) -> bool:
+        return all(r[i] is None or (isinstance(r[i], int | float) and not isinstance(r[i], bool)) for r in rows)
+
     head = "| " + " | ".join(columns) + " |\n"
-    sep = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|\n"
+    sep = "|" + "|".join("---:" if rows and numeric(i) else "---" for i in range(len(columns))) + "|\n"
     body = "".join("| " + " | ".join(fmt(v) for v in row) + " |\n" for row in rows)
     return head + sep + body
 

@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(title, columns, table, summary)
     targets = [
         {
-            "name": "restore half of 1M keys vs all (warm JVM: child start -> first batch committed)",
+            "name": f"restore half of {parent['stateRows']:,} keys vs all (warm JVM: start -> first batch committed)",
             "target": f"<= {TARGET}x",
             "value": f"{half['warmRatio']:.2f}x",
             "met": half["warmRatio"] <= TARGET,

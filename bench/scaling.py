@@ -273,7 +273,7 @@ def wait_caught_up(shards: list[Shard], ends: dict[str, int], timeout: float) ->
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt = pyplot()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(13, 4.2))
     ns = [r["shards"] for r in rows]
     a1.bar([str(n) for n in ns], [r["eventsPerSecond"] for r in rows], color="#1f77b4")
     for i, r in enumerate(rows):
@@ -291,6 +291,12 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     a2.set_ylabel("read amplification")
     a2.set_title("read amplification (measured)", fontsize=10)
     a2.legend(fontsize=8)
+    a3.bar([str(n) for n in ns], [r["cpuSecondsPerMillion"] for r in rows], color="#ff7f0e")
+    for i, r in enumerate(rows):
+        a3.text(i, r["cpuSecondsPerMillion"], f"{r['cpuSecondsPerMillion']:.0f}", ha="center", va="bottom", fontsize=8)
+    a3.set_xlabel("shards")
+    a3.set_ylabel("CPU seconds per 1M input events (all shards)")
+    a3.set_title("CPU cost (JVMs + Python workers)", fontsize=10)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -1,0 +1,301 @@
+"""Run every TaskShard benchmark and write ``docs/benchmarks.md`` (tables, plots, commands, machine, load).
+
+    .venv/bin/python bench/run_all.py            # full parameters (about 20-30 minutes on 2 cores)
+    .venv/bin/python bench/run_all.py --quick    # smaller inputs, fewer repeats (about 10-15 minutes)
+    .venv/bin/python bench/run_all.py --only split,restore      # re-run some; the others' last results are kept
+    .venv/bin/python bench/run_all.py --docs-only                # rebuild the page from the last results
+
+The benchmarks (issue 8), each a script that prints its table and writes JSON + PNG into ``--out``:
+
+1. ``throughput``: ``bench/shard_throughput.py`` (per-shard throughput vs Spark's ``groupBy(key).count()``);
+2. ``split``: ``bench/split_latency.py`` (split request -> both children's first batch, per phase);
+3. ``restore``: ``bench/restore_cost.py`` (restoring half of a 1M-key state vs all of it);
+4. ``scaling``: ``bench/scaling.py`` (1, 2, 4 shards: throughput and read amplification);
+5. ``operator``: ``bench/operator_scale.py`` (500 TaskShards: time, peak memory, slowest handler call).
+
+They run one after another (never two at once: they would measure each other), each in its own process, with
+the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
+exit code is non-zero if any failed. Results live in ``--out`` (default ``.run/bench``, not committed); the page
+and copies of the plots go to ``docs/benchmarks.md`` and ``docs/benchmarks/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import DEFAULT_OUT, REPO, LoadSampler, load_text, machine, md_table, say  # noqa: E402
+
+PY = ".venv/bin/python"
+
+BENCHMARKS: dict[str, dict[str, Any]] = {
+    "throughput": {
+        "number": 1,
+        "title": "Per-shard stateful throughput",
+        "script": "bench/shard_throughput.py",
+        "result": "shard_throughput",
+        "full": ["--repeat", "3"],
+        "quick": ["--events", "500000", "--repeat", "1"],
+    },
+    "split": {
+        "number": 2,
+        "title": "Split latency",
+        "script": "bench/split_latency.py",
+        "result": "split_latency",
+        "full": ["--splits", "3"],
+        "quick": ["--splits", "2"],
+    },
+    "restore": {
+        "number": 3,
+        "title": "Restore cost against slice size",
+        "script": "bench/restore_cost.py",
+        "result": "restore_cost",
+        "full": ["--keys", "1000000", "--repeat", "3"],
+        "quick": ["--keys", "1000000", "--repeat", "1", "--fractions", "0.5,1"],
+    },
+    "scaling": {
+        "number": 4,
+        "title": "Scaling with shards and read amplification",
+        "script": "bench/scaling.py",
+        "result": "scaling",
+        "full": ["--events", "1000000", "--shards", "1,2,4"],
+        "quick": ["--events", "300000", "--batches", "5", "--shards", "1,2,4"],
+    },
+    "operator": {
+        "number": 5,
+        "title": "Operator: reconciling 500 TaskShards",
+        "script": "bench/operator_scale.py",
+        "result": "operator_scale",
+        "full": ["--shards", "500", "--steady", "30"],
+        "quick": ["--shards", "500", "--steady", "10"],
+    },
+}
+
+
+def run_one(name: str, spec: dict[str, Any], out: Path, quick: bool) -> dict[str, Any]:
+    """Run one benchmark script, its output streamed to the console and ``<out>/logs/<name>.log``."""
+    cmd = [PY, spec["script"], *(spec["quick"] if quick else spec["full"]), "--out", str(out)]
+    log_path = out / "logs" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    say(f"{name}: {' '.join(cmd)}")
+    t0 = time.time()
+    with LoadSampler() as load, open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            if "WARN" not in line[:40] and not line.startswith(("\tat ", "java.", "Caused by")):
+                print(f"  {name} | {line}", end="", flush=True)
+        code = proc.wait()
+    status = {
+        "name": name,
+        "command": " ".join(cmd),
+        "exitCode": code,
+        "seconds": round(time.time() - t0, 1),
+        "load": load.summary(),
+        "log": str(log_path),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "quick": quick,
+    }
+    (out / f"run-{name}.json").write_text(json.dumps(status, indent=2) + "\n")
+    say(f"{name}: exit {code} after {status['seconds']:.0f}s")
+    return status
+
+
+# ---------------------------------------------------------------- the page
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def throughput_section(data: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """Item 1 from ``shard_throughput.json`` (the other script's own format, read defensively)."""
+    results = data.get("results") or []
+    base = next((r for r in results if "groupBy" in str(r.get("name"))), None)
+    columns = ["run", "wall s", "events/s", "ratio vs groupBy(key).count()", "batch-time ratio", "target"]
+    rows = []
+    targets = []
+    for r in results:
+        target = r.get("target")
+        met = r.get("meetsTarget")
+        rows.append(
+            [
+                r.get("name"),
+                r.get("seconds"),
+                r.get("eventsPerSecond"),
+                r.get("ratio"),
+                r.get("batchRatio"),
+                f">= {target}x: {'met' if met else 'MISSED'}"
+                if target is not None
+                else "baseline"
+                if r is base
+                else "-",
+            ]
+        )
+        if target is not None:
+            targets.append(
+                {
+                    "name": f"{r.get('name')} vs Spark's groupBy(key).count()",
+                    "target": f">= {target}x",
+                    "value": f"{r.get('ratio'):.2f}x"
+                    if isinstance(r.get("ratio"), int | float)
+                    else str(r.get("ratio")),
+                    "met": bool(met),
+                }
+            )
+    text = f"{data.get('environment', '')}\n\n" + md_table(columns, rows)
+    return text, targets
+
+
+def section(number: int, title: str, spec: dict[str, Any], out: Path, docs_dir: Path) -> tuple[str, list[dict]]:
+    """The markdown of one benchmark and its targets (copying its plots next to the page)."""
+    status = _read(out / f"run-{spec['key']}.json")
+    data = _read(out / f"{spec['result']}.json")
+    lines = [f"## {number}. {title}", ""]
+    if status is not None:
+        lines += [
+            "```sh",
+            status["command"],
+            "```",
+            "",
+            f"Run {status['finished']} ({'quick' if status['quick'] else 'full'} parameters, {status['seconds']:.0f} s"
+            f", exit code {status['exitCode']}); {load_text(status['load'])}.",
+            "",
+        ]
+    if status is not None and status["exitCode"] != 0:
+        lines += [f"**This benchmark failed** (exit code {status['exitCode']}); its log: `{status['log']}`.", ""]
+        if data is not None:
+            lines += ["The results below are from an earlier run.", ""]
+    if data is None:
+        lines += ["No results yet: run `make bench` (or the command above).", ""]
+        return "\n".join(lines), []
+    if spec["key"] == "throughput":
+        text, targets = throughput_section(data)
+        lines += [text, ""]
+        plots = ["shard_throughput.png"]
+        notes = [
+            "Measured by `bench/shard_throughput.py` (its docstring has the method): one SparkSession, each kind in "
+            "turn per round, the median of the rounds; ratio = baseline wall time / kind wall time."
+        ]
+    else:
+        targets = data.get("targets") or []
+        for t in data.get("tables") or []:
+            lines += [f"**{t['title']}**", "", md_table(t["columns"], t["rows"]), ""]
+        plots = data.get("plots") or []
+        notes = data.get("notes") or []
+        if status is None and data.get("load"):
+            lines.insert(2, f"{load_text(data['load'])}.\n")
+    for p in plots:
+        src = out / p
+        if src.exists():
+            docs_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, docs_dir / p)
+            lines += [f"![{title}](benchmarks/{p})", ""]
+    if notes:
+        lines += ["How it is measured:", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines), targets
+
+
+def write_docs(out: Path, page: Path, quick_default: bool) -> None:
+    docs_dir = page.parent / "benchmarks"
+    info = machine()
+    sections = []
+    summary_rows = []
+    for key, spec in BENCHMARKS.items():
+        text, targets = section(spec["number"], spec["title"], {**spec, "key": key}, out, docs_dir)
+        sections.append(text)
+        for t in targets:
+            summary_rows.append(
+                [spec["number"], t["name"], t["target"], t["value"], "met" if t.get("met") else "**missed**"]
+            )
+    commands = "\n".join(
+        f"{PY} {spec['script']} {' '.join(spec['full'])}   # {spec['number']}. {spec['title']}"
+        for spec in BENCHMARKS.values()
+    )
+    quick = "\n".join(f"{PY} {spec['script']} {' '.join(spec['quick'])}" for spec in BENCHMARKS.values())
+    machine_rows = [[k, v] for k, v in info.items() if k not in ("time",)]
+    body = f"""# Benchmarks
+
+Generated by `bench/run_all.py` ({info["time"]}, commit {info["commit"]}); do not edit by hand, re-run it.
+Every number comes from a script under `bench/` that prints its table and writes JSON and a plot; none of them is a
+timed assertion in the test suite. The machine is shared (other engineers' tests run at the same time), so each
+section reports the load average during its run, and the headline numbers are ratios measured inside one run.
+
+## Reproduce
+
+```sh
+make bench                       # = {PY} bench/run_all.py           (full parameters)
+make bench QUICK=1               # = {PY} bench/run_all.py --quick   (smaller inputs, fewer repeats)
+{PY} bench/run_all.py --only split,restore   # re-run some benchmarks; the page keeps the others' last results
+{PY} bench/run_all.py --docs-only            # rebuild this page from the last results in .run/bench
+```
+
+Each benchmark alone (full parameters; every script has `--help`, and writes into `--out`, default `.run/bench`):
+
+```sh
+{commands}
+```
+
+The `--quick` parameters:
+
+```sh
+{quick}
+```
+
+The split latency and operator benchmarks start their own local control plane (`hack/localkube`, binaries from
+`make binaries`); the others need only the venv (`make venv`) and Java 17.
+
+## Machine
+
+{md_table(["", "value"], machine_rows)}
+## Targets
+
+{md_table(["#", "measurement", "target", "measured", "result"], summary_rows) if summary_rows else "No results yet."}
+{chr(10).join(sections)}"""
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(body.rstrip() + "\n")
+    say(f"wrote {page} and the plots in {docs_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller inputs and fewer repeats")
+    ap.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    ap.add_argument("--docs-only", action="store_true", help="only rebuild the page from the results in --out")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results directory (default {DEFAULT_OUT})")
+    ap.add_argument("--docs", type=Path, default=REPO / "docs" / "benchmarks.md", help="the page to write")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        ap.error(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)}")
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    failed = []
+    if not args.docs_only:
+        for name in names:
+            status = run_one(name, BENCHMARKS[name], args.out, args.quick)
+            if status["exitCode"] != 0:
+                failed.append(name)
+    write_docs(args.out, args.docs, args.quick)
+    if failed:
+        say(f"FAILED: {', '.join(failed)} (logs in {args.out / 'logs'})")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
