@@ -225,6 +225,7 @@ class LocalCluster:
                 "127.0.0.1",
                 "--api-port",
                 str(self.api_port),
+                *(f"--keep-visible={path}" for path in self._keep_visible()),
             ],
             env=agent_env,
         )
@@ -286,6 +287,13 @@ class LocalCluster:
             tail = log.read_text(errors="replace").splitlines()[-lines:]
             print(f"----- {log.name} (last {len(tail)} lines) -----", file=sys.stderr)
             print("\n".join(tail), file=sys.stderr)
+
+    @staticmethod
+    def _keep_visible() -> list[str]:
+        """What pods must see whatever they mount over /tmp: this Python environment and the project's checkout
+        (an editable install imports from it). They stand in for the contents of a container image."""
+        project = Path(__file__).resolve().parents[2]
+        return sorted({sys.prefix, str(project)})
 
     def _component_flags(self) -> list[str]:
         """Flags shared by controller-manager and scheduler: admin kubeconfig, loopback, no leader election."""

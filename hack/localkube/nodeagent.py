@@ -194,6 +194,7 @@ class NodeAgent:
             ca_file="",
             backoff_base=self.args.backoff_base,
             backoff_max=self.args.backoff_max,
+            keep_visible=self.args.keep_visible,
         )
         if start:
             self.workers[pod["metadata"]["uid"]] = worker
@@ -267,6 +268,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--memory", default="128Gi", help="memory the node advertises")
     parser.add_argument("--backoff-base", type=float, default=1.0, help="first restart back-off, seconds")
     parser.add_argument("--backoff-max", type=float, default=60.0, help="longest restart back-off, seconds")
+    parser.add_argument(
+        "--keep-visible",
+        action="append",
+        default=[],
+        help="a host directory containers must always see, even under a volume mounted over one of its parents "
+        "(the Python environment and project the pods run: what an image would hold); repeatable",
+    )
     return parser.parse_args(argv)
 
 

@@ -100,6 +100,7 @@ class PodWorker(threading.Thread):
         ca_file: str,
         backoff_base: float,
         backoff_max: float,
+        keep_visible: list[str] = (),
     ) -> None:
         meta = pod["metadata"]
         super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
@@ -108,6 +109,7 @@ class PodWorker(threading.Thread):
         self.root = root
         self.api_host, self.api_port, self.ca_file = api_host, api_port, ca_file
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
+        self.keep_visible = [*keep_visible, str(root)]
         self.sandbox = root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
         self.log_dir = root / "logs"
         self.volumes = VolumeMaterializer(core, root, self.sandbox, pod)
@@ -337,7 +339,14 @@ class PodWorker(threading.Thread):
         plan = cdir / "plan.json"
         plan.write_text(
             json.dumps(
-                {"mounts": mounts, "cwd": spec.get("workingDir"), "sandboxCwd": str(cdir), "argv": argv, "env": env}
+                {
+                    "mounts": mounts,
+                    "cwd": spec.get("workingDir"),
+                    "sandboxCwd": str(cdir),
+                    "argv": argv,
+                    "env": env,
+                    "keepVisible": self.keep_visible,
+                }
             )
         )
         log = open(self._log_file(run), "ab")  # noqa: SIM115 - handed to the child
