@@ -27,16 +27,16 @@ from pathlib import Path
 
 def _mount(fd: int, target: str, read_only: bool) -> None:
     """Bind the file or directory open as ``fd`` at ``target`` (created when missing)."""
-    src, dst = Path(f"/proc/{os.getpid()}/fd/{fd}"), Path(target)
+    src, dst = Path(f"/proc/{os.getpid()}/fd/{fd}"), Path(target)  # a magic link: never canonicalized
     if src.is_dir():
         dst.mkdir(parents=True, exist_ok=True)
     else:
         dst.parent.mkdir(parents=True, exist_ok=True)
         if not dst.exists():
             dst.touch()
-    subprocess.run(["mount", "--bind", str(src), str(dst)], check=True)
+    subprocess.run(["mount", "--no-canonicalize", "--bind", str(src), str(dst)], check=True)
     if read_only:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(dst)], check=True)
+        subprocess.run(["mount", "--no-canonicalize", "-o", "remount,bind,ro", str(dst)], check=True)
 
 
 def _hidden(path: str, fd: int) -> bool:
