@@ -147,6 +147,7 @@ def make_group_function(plan: Plan) -> Any:
     def process_key_group(key: tuple, frames: Any, state: Any) -> Any:
         import warnings
 
+        import numpy as np
         import pandas as pd
 
         # pyspark's worker concatenates our output frames; pandas 2.x warns about all-NA columns there.
@@ -164,7 +165,8 @@ def make_group_function(plan: Plan) -> Any:
             parts = [current] + [P.state_frame(P.decode_state_table(b), columns) for b in pdf.loc[seeded, "seed"]]
             current = pd.concat(parts, ignore_index=True)
             pdf = pdf[~seeded]
-        events = pdf.sort_values(["partition", "offset"], kind="stable")[event_columns].reset_index(drop=True)
+        order = np.lexsort((pdf["offset"].to_numpy(), pdf["partition"].to_numpy()))  # source order per partition
+        events = pdf[event_columns].take(order).reset_index(drop=True)
         outputs = None
         if len(events):
             current, outputs = P.run_processor(proc, events, current, columns)

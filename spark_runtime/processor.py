@@ -248,19 +248,20 @@ def decode_state_table(blob: bytes) -> Any:
 
 
 def state_frame(table: Any | None, columns: list[tuple[str, str]]) -> pd.DataFrame:
-    """A state table as a pandas DataFrame with exactly ``key`` + the state columns."""
+    """A state table as a pandas DataFrame with exactly ``key`` + the state columns (single-threaded: one call
+    handles one small key group, where Arrow's thread pool costs more than it saves)."""
     names = ["key"] + [n for n, _ in columns]
     if table is None or table.num_rows == 0:
-        schema = state_arrow_schema(columns)
-        return schema.empty_table().to_pandas()[names]
-    return table.to_pandas()[names]
+        return state_arrow_schema(columns).empty_table().to_pandas(use_threads=False)[names]
+    return pd.DataFrame({n: table.column(n).to_numpy(zero_copy_only=False) for n in names})
 
 
 def frame_to_state_table(df: pd.DataFrame, columns: list[tuple[str, str]]) -> Any:
     import pyarrow as pa
 
     schema = state_arrow_schema(columns)
-    return pa.Table.from_pandas(df[schema.names], schema=schema, preserve_index=False)
+    arrays = [pa.array(df[f.name].to_numpy(), type=f.type, from_pandas=True) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def run_processor(

@@ -62,15 +62,21 @@ class ShardFailed(RuntimeError):
 def summary_message(summary: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
     """The termination message: compact JSON of ``summary``, dropping ``positions`` (they are in the
     manifest) and then truncating ``error`` when it would not fit in ``limit`` bytes."""
-    text = json.dumps(summary, separators=(",", ":"), sort_keys=True)
+
+    def dump(obj: dict[str, Any]) -> str:
+        return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+    text = dump(summary)
     if len(text.encode()) <= limit:
         return text
     slim = {k: v for k, v in summary.items() if k != "positions"}
-    slim["positionsOmitted"] = True
-    text = json.dumps(slim, separators=(",", ":"), sort_keys=True)
-    if len(text.encode()) > limit and "error" in slim:
-        slim["error"] = str(slim["error"])[: max(0, limit - len(text.encode()) + len(str(slim["error"])) - 64)]
-        text = json.dumps(slim, separators=(",", ":"), sort_keys=True)
+    if "positions" in summary:
+        slim["positionsOmitted"] = True
+    text = dump(slim)
+    while len(text.encode()) > limit and slim.get("error"):
+        error = str(slim["error"])
+        slim["error"] = error[: max(0, len(error) - max(64, len(text.encode()) - limit))]
+        text = dump(slim)
     return text
 
 
@@ -430,6 +436,7 @@ class ShardRunner:
             "snapshotFiles": manifest["snapshot"].get("files", 0),
             "deadLetters": manifest.get("deadLetters", 0),
             "drainSeconds": round(time.monotonic() - t0, 3),
+            "time": manifest.get("createdAt"),
         }
         write_json_atomic(self.paths.drained, summary)
         self.summary = summary

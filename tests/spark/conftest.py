@@ -88,6 +88,7 @@ class TaskEnv:
     processor: dict[str, Any] = field(default_factory=lambda: {"builtin": "count"})
     conf: dict[str, str] = field(default_factory=dict)
     trigger: str = "300 milliseconds"
+    sink_format: str = "jsonl"
 
     @property
     def journal(self) -> Path:
@@ -112,7 +113,7 @@ class TaskEnv:
             "keyGroups": {"start": start, "end": end},
             "processor": self.processor,
             "source": {"journal": {"path": str(self.journal), "partitions": self.partitions}},
-            "sink": {"directory": {"path": str(self.sink), "format": "jsonl"}},
+            "sink": {"directory": {"path": str(self.sink), "format": self.sink_format}},
             "storage": {"path": str(self.storage)},
             "restoreFrom": restore,
             "spark": {"master": "local[2]", "conf": {**SPARK_CONF, **self.conf}, "triggerInterval": self.trigger},

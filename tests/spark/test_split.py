@@ -19,11 +19,12 @@ from .conftest import Reference, TaskEnv, wait_caught_up
 
 pytestmark = pytest.mark.spark
 
-PROCESSORS = {
-    "builtin-count": ({"builtin": "count"}, Reference("count")),
+PROCESSORS = {  # kind -> (processor, reference, sink format)
+    "builtin-count": ({"builtin": "count"}, Reference("count"), "jsonl"),
     "python-sum": (
         {"python": "spark_runtime.processor:SumProcessor", "parameters": {"field": "amount"}},
         Reference("sum", "amount"),
+        "parquet",
     ),
 }
 
@@ -60,8 +61,8 @@ def check_child_read_only_its_slice(env: TaskEnv, parent_manifest: dict, shard: 
 def test_split_twice_equals_reference(kind, make_task, shard_spark):
     from spark_runtime.shard import ShardRunner
 
-    processor, ref_template = PROCESSORS[kind]
-    env = make_task(processor=processor, max_key_groups=16)
+    processor, ref_template, sink_format = PROCESSORS[kind]
+    env = make_task(processor=processor, max_key_groups=16, sink_format=sink_format)
     ref = Reference(ref_template.kind, ref_template.field)
     events = list(generate_events(1600, 64, seed=5))
 
@@ -103,6 +104,7 @@ def test_split_twice_equals_reference(kind, make_task, shard_spark):
         check_child_read_only_its_slice(env, left_manifest, g.config.shard, a, b)
     summaries = [r.drain() for r in [*grand, right]]
     assert env.results() == ref.results
+    assert list(env.sink.glob(f"shard=*/batch-*.{sink_format}")), f"the sink wrote {sink_format} files"
     # The active shards' final states partition the keys: every key in exactly one shard, rows add up.
     assert sum(s["stateRows"] for s in summaries) == len(ref.results)
 
