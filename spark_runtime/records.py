@@ -370,8 +370,9 @@ def parse_lines_arrow(data: bytes, base_offset: int, spec: RecordSpec) -> tuple[
     offsets) only when *every* line is a valid record under the same contract; otherwise ``None`` and the
     caller uses :func:`parse_lines` (which then also finds the dead letters). Arrow raises on any type
     mismatch (a number where a string is declared, a malformed line, a bad surrogate); the checks below catch
-    what it accepts but the contract does not: null or missing values of required fields, ``NaN``, and lines
-    that are not exactly one object (every line must start with ``{`` and rows must equal lines). Integer keys
+    what it accepts but the contract does not: null or missing values of required fields, ``NaN``/``Infinity``
+    literals, invalid UTF-8, and lines that are not exactly one object (every line must start with ``{`` and
+    rows must equal lines). Integer keys
     are retried as ``int64`` and turned into their decimal text. Fields of type ``json`` and ``raw_value``
     always take the slow path.
     """
@@ -382,6 +383,15 @@ def parse_lines_arrow(data: bytes, base_offset: int, spec: RecordSpec) -> tuple[
 
     if spec.raw_value or any(f.type == "json" for f in spec.fields) or not data:
         return None
+    # Arrow's parser is laxer than the contract in two ways: it takes NaN/Infinity literals and it does not
+    # validate UTF-8. Chunks that could hit either go to the exact parser.
+    if b"NaN" in data or b"Infinity" in data:
+        return None
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
     if not data.endswith(b"\n"):
         data += b"\n"
     raw = np.frombuffer(data, dtype=np.uint8)
