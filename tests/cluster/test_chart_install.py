@@ -143,9 +143,24 @@ def test_install_runs_the_operator_with_chart_rbac_upgrade_keeps_shards_uninstal
     after = {s["metadata"]["name"]: s["metadata"]["uid"] for s in get_json(kubectl, "taskshards")["items"]}
     assert after == uids_before
 
+    # The upgraded operator, still with nothing but the chart's RBAC, splits a shard.
+    kubectl("patch", "taskshard", "orders-0-8", "--type", "merge", "-p", '{"spec":{"split":{"requested":true}}}')
+    expected = {"orders-0-8": "Split", "orders-0-4": "Running", "orders-4-8": "Running", "orders-8-16": "Running"}
+
+    def phases():
+        return {
+            s["metadata"]["name"]: (s.get("status") or {}).get("phase")
+            for s in get_json(kubectl, "taskshards")["items"]
+        }
+
+    wait_for(lambda: phases() == expected, 420, f"the split to finish: {expected}", interval=2)
+    parent = get_json(kubectl, "taskshard", "orders-0-8")
+    assert sorted(parent["status"]["lineage"]["children"]) == ["orders-0-4", "orders-4-8"]
+    assert parent["status"]["finalCheckpoint"]["manifest"]
+
     # helm uninstall removes the operator; the Task, its shards and the storage directory stay.
     helm("uninstall", helm.release, "--wait", "--timeout", "120s")
     wait_for(lambda: operator_pod(kube_cluster, helm) is None, 60, "the operator pod gone")
     assert kubectl("get", "task", "orders").returncode == 0
-    assert {s["metadata"]["name"] for s in get_json(kubectl, "taskshards")["items"]} == set(uids_before)
+    assert {s["metadata"]["name"] for s in get_json(kubectl, "taskshards")["items"]} == set(expected)
     assert all(c.is_dir() and any(c.iterdir()) for c in checkpoints), "checkpoints are kept"
