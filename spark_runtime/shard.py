@@ -224,6 +224,7 @@ class ShardRunner:
         self.last_committed = last_committed_batch(self.paths.checkpoint)
         resumed = self.last_committed >= 0
         self.query = writer.start()
+        self._write_progress()  # the last committed batch (-1 for a new shard) right away, for status displays
         log.info(
             "shard %s started: task=%s keyGroups=[%d, %d) processor=%s source=%s %s",
             cfg.shard,
