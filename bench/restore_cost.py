@@ -44,6 +44,8 @@ from common import (  # noqa: E402
     REPO,
     LoadSampler,
     command_line,
+    cpu_seconds,
+    descendants,
     machine,
     mtime,
     print_table,
@@ -133,6 +135,11 @@ def cleanup_child(root: Path, shard: str) -> None:
     shutil.rmtree(root / "out" / f"shard={shard}", ignore_errors=True)
 
 
+def spark_cpu() -> float:
+    """CPU seconds so far of this process's children (the JVM and, below it, Spark's Python workers)."""
+    return cpu_seconds([p for p in descendants(os.getpid()) if p != os.getpid()])
+
+
 def restore_warm(spark: Any, root: Path, partitions: int, conf: dict, end: int, shard: str, manifest: str) -> dict:
     """One child in the running SparkSession: start() -> commits/0."""
     from spark_runtime.shard import ShardRunner
@@ -140,6 +147,7 @@ def restore_warm(spark: Any, root: Path, partitions: int, conf: dict, end: int, 
     cfg = config(root, shard, end, partitions, conf, {"parent": PARENT, "manifest": manifest})
     runner = ShardRunner(cfg, spark)
     commit0 = runner.paths.checkpoint / "commits" / "0"
+    cpu0 = spark_cpu()
     t0 = time.time()
     runner.start()
     while not commit0.exists():
@@ -147,6 +155,7 @@ def restore_warm(spark: Any, root: Path, partitions: int, conf: dict, end: int, 
         if exc is not None:
             raise RuntimeError(f"child {shard} failed: {exc}")
         time.sleep(0.02)
+    cpu = spark_cpu() - cpu0
     seconds = (mtime(commit0) or time.time()) - t0
     batch0: dict[str, Any] = {}
     deadline = time.monotonic() + 10
@@ -159,6 +168,7 @@ def restore_warm(spark: Any, root: Path, partitions: int, conf: dict, end: int, 
     runner.stop()
     return {
         "seconds": seconds,
+        "cpuSeconds": round(cpu, 2),
         "batch0Seconds": (batch0.get("durationMs") or {}).get("triggerExecution", 0) / 1000,
         "batch0DurationMs": batch0.get("durationMs"),
         "sinkRows": sink_rows(root, shard),
@@ -194,6 +204,7 @@ def restore_cold(root: Path, partitions: int, conf: dict, end: int, shard: str, 
                 raise RuntimeError(f"child process {shard} did not commit batch 0 in 600 s")
             time.sleep(0.05)
         t_commit = mtime(commit0) or time.time()
+        cpu = cpu_seconds(descendants(proc.pid))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the group this script started; no drain (nothing to export)
@@ -202,6 +213,7 @@ def restore_cold(root: Path, partitions: int, conf: dict, end: int, shard: str, 
     t_planned = mtime(shard_dir / "checkpoint" / "offsets" / "0")
     return {
         "seconds": t_commit - t0,
+        "cpuSeconds": round(cpu, 2),
         "pythonStartSeconds": (t_python - t0) if t_python else None,
         "sparkStartSeconds": (t_planned - t_python) if t_planned and t_python else None,
         "batch0Seconds": (t_commit - t_planned) if t_planned else None,
@@ -311,12 +323,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
     full = statistics.median(r["seconds"] for r in warm[1.0])
+    full_cpu = statistics.median(r["cpuSeconds"] for r in warm[1.0])
     full_b0 = statistics.median(r["batch0Seconds"] for r in warm[1.0])
     rows = []
     for f in fractions:
         rs = warm[f]
         med = statistics.median(r["seconds"] for r in rs)
         b0 = statistics.median(r["batch0Seconds"] for r in rs)
+        cpu = statistics.median(r["cpuSeconds"] for r in rs)
         rows.append(
             {
                 "fraction": f,
@@ -329,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                 "warmMin": round(min(r["seconds"] for r in rs), 3),
                 "warmMax": round(max(r["seconds"] for r in rs), 3),
                 "warmRatio": round(med / full, 3),
+                "cpuMedian": round(cpu, 2),
+                "cpuRatio": round(cpu / full_cpu, 3) if full_cpu else None,
                 "batch0Median": round(b0, 3),
                 "batch0Ratio": round(b0 / full_b0, 3) if full_b0 else None,
                 "coldSeconds": round(cold[f]["seconds"], 3) if f in cold else None,
@@ -343,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         "start -> batch 0 committed s (warm JVM, median)",
         "min-max s",
         "ratio vs all",
+        "CPU s (JVM + workers)",
+        "ratio",
         "batch 0 alone s",
         "ratio",
         "fresh process s",
@@ -357,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
             r["warmMedian"],
             f"{r['warmMin']:.2f}-{r['warmMax']:.2f}",
             r["warmRatio"],
+            r["cpuMedian"],
+            r["cpuRatio"],
             r["batch0Median"],
             r["batch0Ratio"],
             r["coldSeconds"],
@@ -376,6 +396,15 @@ def main(argv: list[str] | None = None) -> int:
             "met": half["warmRatio"] <= TARGET,
         }
     ]
+    if half.get("cpuRatio") is not None:
+        targets.append(
+            {
+                "name": "the same in CPU seconds (less sensitive to other load on the machine; informational)",
+                "target": f"<= {TARGET}x",
+                "value": f"{half['cpuRatio']:.2f}x",
+                "met": half["cpuRatio"] <= TARGET,
+            }
+        )
     if half.get("coldRatio") is not None:
         targets.append(
             {
@@ -394,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         "ShardRunner.start() to the mtime of the child's checkpoint/commits/0. 'batch 0 alone' is Spark's "
         "triggerExecution of that batch (the seed source's read, the aggregation into RocksDB, the sink write "
         "of every restored key, the state commit).",
+        "CPU s: user + system CPU of the JVM and Spark's Python workers (this script's child processes, /proc) "
+        "from start() to the commit; on a shared machine it varies less than wall time.",
         "Keys restored, files and bytes are what the seed reader reports it opened (restore/kg-<n>.json): a "
         "child opens only its key groups' files.",
         "Fresh process: python -m spark_runtime run, from spawn to commits/0 (Python start, JVM and "
