@@ -82,7 +82,8 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
 
 def run_one(name: str, spec: dict[str, Any], out: Path, quick: bool) -> dict[str, Any]:
     """Run one benchmark script, its output streamed to the console and ``<out>/logs/<name>.log``."""
-    cmd = [PY, spec["script"], *(spec["quick"] if quick else spec["full"]), "--out", str(out)]
+    shown = out.relative_to(REPO) if out.is_relative_to(REPO) else out  # the scripts run in the repository root
+    cmd = [PY, spec["script"], *(spec["quick"] if quick else spec["full"]), "--out", str(shown)]
     log_path = out / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     say(f"{name}: {' '.join(cmd)}")
