@@ -161,6 +161,113 @@ def throughput_section(data: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]
     return text, targets
 
 
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    n = len(v)
+    return (v[n // 2] + v[(n - 1) // 2]) / 2 if v else 0.0
+
+
+def findings(key: str, data: dict[str, Any]) -> list[str]:
+    """What the numbers of one benchmark say, computed from its JSON (so the page never drifts from the data).
+    Best effort: a result file of another shape yields no findings rather than an error."""
+    try:
+        return _findings(key, data)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, StopIteration):
+        return []
+
+
+def _findings(key: str, data: dict[str, Any]) -> list[str]:
+    raw = data.get("raw") or {}
+    out = []
+    if key == "split":
+        results = raw["results"]
+        total = _median([r["total"] for r in results])
+        groups = {g: _median([r["groups"][g] for r in results]) for g in results[0]["groups"]}
+        seg = {k: _median([r["segments"][k] or 0 for r in results]) for k in results[0]["segments"]}
+        top = max(groups, key=groups.get)
+        out.append(
+            f"Median {total:.1f} s from the request to both children's first batch, against a target of 20 s: "
+            f"{'met' if total <= 20 else 'missed'}. The largest group is {top} ({groups[top]:.1f} s, "
+            f"{groups[top] / total:.0%} of the total)."
+        )
+        out.append(
+            f"Inside restore: the child's JVM, SparkSession and query start take {seg['spark']:.1f} s and its batch 0 "
+            f"(the seed slice plus the events that arrived meanwhile, first-batch warm-up included) {seg['batch0']:.1f}"
+            " s; both children start their JVMs at the same moment on the same 2 cores."
+        )
+        out.append(
+            f"The parent side is short: drain {groups['drain']:.1f} s (of which the drain annotation reaching the "
+            f"runtime {seg['signal']:.1f} s and the last batch plus query stop {seg['stop']:.1f} s), snapshot export "
+            f"{groups['snapshot export']:.1f} s for about {_median([r['parentStateRows'] for r in results]):,.0f} keys;"
+            f" the operator's hand-off and the pod start together take {groups['hand-off'] + groups['pod start']:.1f} "
+            "s on the local node agent."
+        )
+    elif key == "restore":
+        rows = raw["rows"]
+        half = next(r for r in rows if r["fraction"] == 0.5)
+        out.append(
+            f"Restoring half of the state costs {half['warmRatio']:.2f}x restoring all of it in wall time "
+            f"({half['warmMedian']:.1f} s vs {next(r for r in rows if r['fraction'] == 1)['warmMedian']:.1f} s)"
+            + (f" and {half['cpuRatio']:.2f}x in CPU time" if half.get("cpuRatio") is not None else "")
+            + f"; target 0.6x: {'met' if half['warmRatio'] <= 0.6 else 'missed'}."
+        )
+        fits = raw.get("fits") or {}
+        for label, f in fits.items():
+            out.append(
+                f"Fit for {label}: a fixed {f['fixed']:.1f} s plus {f['perFullState']:.1f} s for the whole state, "
+                f"so half / all = {f['halfOverAll']:.2f} by the fit; the fixed part does not shrink with the slice."
+            )
+        out.append(
+            f"A child reads only its key groups: {half['rows']:,} keys and {half['bytes'] / 1e6:.1f} MB for half "
+            f"the range ({half['keyGroups']})."
+        )
+    elif key == "scaling":
+        res = raw["results"]
+        amps = ", ".join(f"{r['shards']}: {r['readAmplificationBytes']:.2f}" for r in res)
+        out.append(
+            f"Read amplification, measured from committed source positions (shards: bytes read / input): {amps}."
+        )
+        one = next(r for r in res if r["shards"] == 1)
+        for r in res:
+            if r["shards"] != 1:
+                out.append(
+                    f"{r['shards']} shards: {r['speedup']:.2f}x the throughput of one, at "
+                    f"{r['cpuSecondsPerMillion'] / one['cpuSecondsPerMillion']:.1f}x the CPU per input event (every "
+                    "shard parses every event and drops the key groups it does not own)."
+                )
+    elif key == "operator":
+        t = raw["timings"]
+        inflight = t.get("inflight") or []
+        out.append(
+            f"{raw['shardsWithPhase']} TaskShards reconciled in {raw['reconciledSeconds']:.1f} s: the Task's pass "
+            f"creates them one after another (all created after {raw['allShardsCreatedSeconds']:.1f} s), then each "
+            f"shard's pass creates its ConfigMap and pod (all pods after {raw['allPodsSeconds']:.1f} s). Peak RSS "
+            f"{raw['peakRssMiB']} MiB (idle {raw['rssIdleMiB']} MiB)."
+        )
+        task_calls = [c for c in inflight if c["handler"] == "task_event"]
+        if task_calls:
+            timer = "task_resync" in t["handlers"]
+            out.append(
+                f"The Task's event handler call had not returned after {task_calls[0]['seconds']:.0f} s: the "
+                "coalescer repeats the Task pass as long as shard events keep marking the Task dirty (the "
+                f"{t['handlers'].get('task_shard_event', {}).get('calls', 0):,} task_shard_event calls returned at "
+                "once, each marking it dirty), and each pass lists every TaskShard and pod of the Task. Kopf handles "
+                "the Task's later events after this call returns"
+                + (
+                    "."
+                    if timer
+                    else "; the Task's resync timer never ran (Kopf starts it once the first event is handled)."
+                )
+            )
+        steady = next((x for x in data["tables"][2]["rows"] if x[0] == "get_custom"), None)
+        if steady:
+            out.append(
+                f"Idle cost of 500 shards: {raw['cpuPercentSteady']}% of a core and {steady[3]} TaskShard GETs per "
+                "second (every shard's resync timer runs a full pass every 3 s)."
+            )
+    return out
+
+
 def section(number: int, title: str, spec: dict[str, Any], out: Path, docs_dir: Path) -> tuple[str, list[dict]]:
     """The markdown of one benchmark and its targets (copying its plots next to the page)."""
     status = _read(out / f"run-{spec['key']}.json")
@@ -208,6 +315,9 @@ def section(number: int, title: str, spec: dict[str, Any], out: Path, docs_dir: 
             docs_dir.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, docs_dir / p)
             lines += [f"![{title}](benchmarks/{p})", ""]
+    found = findings(spec["key"], data)
+    if found:
+        lines += ["What the numbers say:", ""] + [f"- {f}" for f in found] + [""]
     if notes:
         lines += ["How it is measured:", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines), targets
