@@ -195,6 +195,15 @@ def _findings(key: str, data: dict[str, Any]) -> list[str]:
             f"(the seed slice plus the events that arrived meanwhile, first-batch warm-up included) {seg['batch0']:.1f}"
             " s; both children start their JVMs at the same moment on the same 2 cores."
         )
+        if len(results) > 1:
+            by_split = ", ".join(
+                f"split {i + 1}: {r['total']:.1f} s ({i} other shard{'s' if i != 1 else ''} running)"
+                for i, r in enumerate(results)
+            )
+            out.append(
+                f"By split: {by_split}. Each split's children start next to the shards earlier splits left running, "
+                "all on the same 2 cores."
+            )
         out.append(
             f"The parent side is short: drain {groups['drain']:.1f} s (of which the drain annotation reaching the "
             f"runtime {seg['signal']:.1f} s and the last batch plus query stop {seg['stop']:.1f} s), snapshot export "
