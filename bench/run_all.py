@@ -129,7 +129,10 @@ def throughput_section(data: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]
     baselines = {r.get("baseline") for r in results if r.get("baseline")} or {
         r.get("name") for r in results if str(r.get("name", "")).startswith("spark ")
     }
-    columns = ["run", "compared with", "wall s", "median s", "events/s", "ratio", "batch-time ratio", "target"]
+    has_cpu = any("cpuRatio" in r for r in results)
+    columns = ["run", "compared with", "wall s", "median s", "events/s", "ratio", "batch-time ratio"]
+    columns += ["CPU s", "CPU ratio"] if has_cpu else []
+    columns += ["target (on the wall ratio)"]
     rows = []
     targets = []
     for r in results:
@@ -145,6 +148,7 @@ def throughput_section(data: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]
                 r.get("eventsPerSecond"),
                 ratio,
                 r.get("batchRatio"),
+                *([r.get("cpuSeconds"), r.get("cpuRatio")] if has_cpu else []),
                 "baseline" if is_base else (f">= {target}x: {'met' if met else 'MISSED'}" if target else "-"),
             ]
         )
