@@ -2,8 +2,9 @@
 
 Subcommands::
 
-    run --config shard.json      run one shard until drained (SIGTERM or the drain-request file); exit 0 after
-                                 a drain, 1 when the query fails, 2 for a bad config
+    run --config shard.json      run one shard until the drain-request file says true (a final drain) or a
+                                 SIGTERM (a resumable stop); exit 0 after either, 1 when the query fails,
+                                 2 for a bad config
     produce ...                  append events to a journal (same as taskshard-produce)
     results --sink DIR --storage DIR --task NAME
                                  print the final per-key results across the shard lineage as JSON lines
@@ -45,7 +46,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    # A SIGTERM from now on means "drain", even one that arrives while Spark is still starting.
+    # A SIGTERM from now on means "stop at a batch boundary" (final only if the drain-request file says so),
+    # even one that arrives while Spark is still starting.
     early_sigterm: list[bool] = []
     runner: Any = None
 
@@ -53,7 +55,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if runner is None:
             early_sigterm.append(True)
         else:
-            runner.request_drain("SIGTERM")
+            runner.request_drain("SIGTERM", final=False)
 
     signal.signal(signal.SIGTERM, on_sigterm)
     from spark_runtime.processor import ProcessorError
@@ -69,7 +71,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
         return 2
     if early_sigterm:
-        runner.request_drain("SIGTERM")
+        runner.request_drain("SIGTERM", final=False)
     try:
         summary = runner.run()
     except RestoreError as exc:
@@ -107,9 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser(
         "run",
-        help="run one shard until drained",
-        description="Run one shard until drained (SIGTERM or the drain-request file): exit 0 after a drain "
-        "(summary on stdout and in terminationMessagePath), 1 when the query fails, 2 for a bad config.",
+        help="run one shard until drained or stopped",
+        description="Run one shard until the drain-request file says true (a final drain) or a SIGTERM (a "
+        "resumable stop at a batch boundary): exit 0 after either (summary on stdout and in "
+        "terminationMessagePath), 1 when the query fails, 2 for a bad config.",
     )
     run.add_argument(
         "--config",

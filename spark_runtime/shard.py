@@ -3,10 +3,16 @@ process micro-batches, and drain.
 
 Lifecycle::
 
-    start ──> running ──(SIGTERM | drainRequestFile says true | drain())──> draining ──> drained (exit 0)
-      │          │                                                                       ▲
+    start ──> running ──(drainRequestFile says true | drain())──> draining ──> drained (exit 0, final)
+      │          │  └──(SIGTERM alone)──> stopping ──> stopped (exit 0; a restart resumes)  ▲
       │          └──(query fails)──> failed (exit 1; the pod restarts it from the recovery log)
       └──(drained.json exists: this shard drained before)────────────────────────────────┘ (re-report)
+
+A *final* drain (the operator's split: the drain-request file says ``true``) is sticky: the shard never processes
+again, because its children own its key groups from then on. A SIGTERM on its own (pod deletion for a template
+roll, a node drain, an eviction) runs the same steps 1-6 (a savepoint snapshot and manifest) but is not final:
+step 7 writes no ``drained.json`` and removes the drain marker, so the next pod resumes from the recovery log.
+A SIGTERM that arrives while the drain-request file says ``true`` is final.
 
 Recovery: the Spark checkpoint is the recovery log. A restart with the same config (after SIGKILL, OOM, node
 loss) resumes from the last committed batch: an uncommitted batch is replayed with the offsets Spark logged for
@@ -24,7 +30,8 @@ present repeats the drain from the step it reached):
    ``snapshots/batch-N/state`` (a temporary directory renamed into place). Before any commit (N = -1) the
    state is the seed, so a restored shard copies its slice of the parent's snapshot.
 6. Write ``manifest.json`` atomically: its presence marks the snapshot complete.
-7. Write ``drained.json`` (the summary) and the termination message; the caller exits 0.
+7. Final drain: write ``drained.json`` (the summary, event ``drained``). Stop (SIGTERM only): remove the drain
+   marker instead (event ``stopped``). The caller writes the termination message and exits 0.
 """
 
 from __future__ import annotations
@@ -114,27 +121,34 @@ class ShardRunner:
         self.rows_processed = 0
         self._drain = threading.Event()
         self._drain_reason = ""
+        self._final = False
         self._seen_progress: set[int] = set()
 
     # ---------------------------------------------------------------- requests
 
-    def request_drain(self, reason: str = "request") -> None:
-        """Ask for a drain (thread- and signal-safe); ``run()`` performs it at the next poll."""
+    def request_drain(self, reason: str = "request", *, final: bool = True) -> None:
+        """Ask for a drain (thread- and signal-safe); ``run()`` performs it at the next poll. ``final=False`` (a
+        SIGTERM alone) stops at a batch boundary with a savepoint and leaves the shard resumable."""
         self._drain_reason = self._drain_reason or reason
+        self._final = self._final or final
         self._drain.set()
 
+    def _file_requests_drain(self) -> bool:
+        path = self.config.drain_request_file
+        if not path:
+            return False
+        try:
+            return Path(path).read_text(encoding="utf-8").strip().lower() == "true"
+        except OSError:
+            return False
+
     def drain_requested(self) -> bool:
+        if self._file_requests_drain():
+            self.request_drain(f"file {self.config.drain_request_file}")
+            return True
         if self._drain.is_set():
             return True
-        path = self.config.drain_request_file
-        if path:
-            try:
-                if Path(path).read_text(encoding="utf-8").strip().lower() == "true":
-                    self.request_drain(f"file {path}")
-                    return True
-            except OSError:
-                pass
-        if self.paths.drain_marker.exists():  # an earlier run of this shard began draining
+        if self.paths.drain_marker.exists():  # an earlier run of this shard began a final drain
             self.request_drain("drain marker from an earlier run")
             return True
         return False
@@ -158,6 +172,10 @@ class ShardRunner:
             return False
         cfg = self.config
         self.paths.shard_dir.mkdir(parents=True, exist_ok=True)
+        marker = self.paths.drain_marker
+        if marker.exists() and marker.read_text(encoding="utf-8").startswith("stop"):
+            log.info("shard %s: an earlier SIGTERM stop was interrupted; resuming", cfg.shard)
+            marker.unlink()
         self.seed_options = None
         # A split child checks the parent's manifest and takes its slice and positions.
         if cfg.restore_from is not None:
@@ -363,10 +381,14 @@ class ShardRunner:
             self.summary = read_json(self.paths.drained)
             return self.summary
         t0 = time.monotonic()
-        log.info("shard %s draining (%s)", self.config.shard, self._drain_reason or "request")
+        if self._file_requests_drain():
+            self._final = True
+        final = self._final or not self._drain.is_set()  # drain() called directly is final
+        kind = "final" if final else "stop"
+        log.info("shard %s draining (%s, %s)", self.config.shard, self._drain_reason or "request", kind)
         # Step 1: persist the request; the source stops admitting data.
         self.paths.drain_marker.parent.mkdir(parents=True, exist_ok=True)
-        self.paths.drain_marker.write_text(utc_now() + "\n", encoding="utf-8")
+        self.paths.drain_marker.write_text(f"{kind} {utc_now()}\n", encoding="utf-8")
         # Step 2: wait for the micro-batch boundary.
         if self.query is not None:
             if not self.wait_until(self._at_boundary, self.drain_timeout):
@@ -426,7 +448,7 @@ class ShardRunner:
             manifest = read_json(manifest_path)
         # Step 7: the summary.
         summary = {
-            "event": "drained",
+            "event": "drained" if final else "stopped",
             "task": cfg.task,
             "shard": cfg.shard,
             "keyGroups": manifest["keyGroups"],
@@ -439,9 +461,12 @@ class ShardRunner:
             "drainSeconds": round(time.monotonic() - t0, 3),
             "time": manifest.get("createdAt"),
         }
-        write_json_atomic(self.paths.drained, summary)
+        if final:
+            write_json_atomic(self.paths.drained, summary)
+        else:
+            self.paths.drain_marker.unlink(missing_ok=True)
         self.summary = summary
-        log.info("shard %s drained at batch %d: %s", cfg.shard, batch_id, manifest_path)
+        log.info("shard %s %s at batch %d: %s", cfg.shard, summary["event"], batch_id, manifest_path)
         return summary
 
     def poll_after_stop(self) -> None:

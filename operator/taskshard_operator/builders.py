@@ -25,7 +25,7 @@ from taskshard_operator.models.task import TaskSpec
 
 SHARD_COMMAND = ["python", "-m", "spark_runtime", "run", "--config", naming.CONFIG_PATH]
 DRAIN_GRACE_SECONDS = 120
-"""Termination grace period of a driver pod: a SIGTERM drains (finish the batch, export the snapshot)."""
+"""Termination grace period of a driver pod: a SIGTERM stops at a batch boundary and writes a savepoint."""
 DEFAULT_MOUNT_PATH = "/data"
 DEFAULT_SERVICE_ACCOUNT = "default"
 DRIVER_PORT = 7078

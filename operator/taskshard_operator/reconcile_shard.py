@@ -387,10 +387,9 @@ def _reconcile_active(ctx: ShardContext) -> None:
     if pod.phase in ("Failed", "Succeeded"):
         why = "failed" if pod.phase == "Failed" else "exited without a split drain request"
         if term is not None and term.drained:
-            why += (
-                f" after draining at batch {term.batch_id} (the runtime treats SIGTERM as a final drain and does "
-                "not process again after one; was the pod deleted?)"
-            )
+            why += f" after a final drain at batch {term.batch_id} (the drain-request annotation was set)"
+        elif term is not None and (term.message or {}).get("event") == "stopped":
+            why += f" after a SIGTERM stop at batch {term.batch_id} (the new pod resumes from the recovery log)"
         ctx.write(
             {
                 **base_patch,
@@ -641,7 +640,7 @@ def _stop(ctx: ShardContext) -> None:
         _remove_own_pod(ctx) if ctx.phase == P.SPLIT else None
         return
     if ctx.pod.exists and not ctx.pod.deleting:
-        ctx.kube.delete_pod(ctx.namespace, ctx.pod.name)  # graceful: SIGTERM drains at a batch boundary
+        ctx.kube.delete_pod(ctx.namespace, ctx.pod.name)  # graceful: SIGTERM stops at a batch boundary
     if ctx.phase in (P.PENDING, P.RUNNING, P.FAILED):
         ctx.write(
             {"conditions": [ctx.cond(st.READY, False, "Stopped", f"Task {ctx.task_name} is being deleted")]},

@@ -103,8 +103,10 @@ class Termination:
 
     @property
     def drained(self) -> bool:
-        """Exited 0 after a drain with a snapshot manifest the children can restore from."""
-        return self.exit_code == 0 and self.manifest is not None
+        """Exited 0 after a final drain with a snapshot manifest the children can restore from. A ``stopped``
+        summary (a SIGTERM alone: a resumable stop with a savepoint) is not a drain."""
+        event = (self.message or {}).get("event")
+        return self.exit_code == 0 and self.manifest is not None and event != "stopped"
 
     def checkpoint(self, *, with_manifest: bool) -> dict[str, Any] | None:
         """A ``CheckpointRef`` dict (``status.lastCheckpoint`` / ``finalCheckpoint``), None without a batch id.

@@ -98,8 +98,7 @@ def test_demo_two_splits_pod_kill_and_bad_requests(kubectl, operator_process, tm
         wait_results(data, "demo", START)
 
         # A killed shard process restarts in place and resumes from its recovery log (restartPolicy OnFailure);
-        # a force-deleted pod is replaced by the operator and resumes too. (A graceful delete would SIGTERM the
-        # runtime, which currently treats SIGTERM as a final drain: see the operator's report.)
+        # a force-deleted pod is replaced by the operator and resumes too.
         pod = get_json(kubectl, "pod", "demo-0-16-driver")
         pid = int(pod["status"]["containerStatuses"][0]["containerID"].split("://")[1])
         os.killpg(pid, signal.SIGKILL)

@@ -1,8 +1,9 @@
 """Recovery: the shard runs as a subprocess (``python -m spark_runtime run --config``) and is SIGKILLed twice,
 once at the worst moment (its batch output written, the batch not yet committed) and once at an arbitrary
-moment while input streams in. Each restart with the same config resumes from the recovery log; a final
-SIGTERM drains it (exit 0, summary in the termination-message file). The results equal the reference: no
-loss, no double count, and the replayed batch rewrote the same output.
+moment while input streams in. Each restart with the same config resumes from the recovery log. A SIGTERM (a
+pod deletion) stops it at a batch boundary with a savepoint but leaves it resumable; the drain-request file
+(the operator's split) drains it for good (exit 0, summary in the termination-message file). The results equal
+the reference: no loss, no double count, and the replayed batch rewrote the same output.
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ def test_sigkill_and_restart_resume_exactly(make_task):
     shard = "orders-0-16"
     config_path = env.root / "shard.json"
     termination = env.root / "termination.log"
-    config_path.write_text(json.dumps(env.config_dict(0, 16, terminationMessagePath=str(termination))))
+    drain_file = env.root / "drain-requested"
+    config_path.write_text(
+        json.dumps(env.config_dict(0, 16, terminationMessagePath=str(termination), drainRequestFile=str(drain_file)))
+    )
     ref = Reference("sum", "amount")
     events = list(generate_events(1500, 50, seed=9))
 
@@ -112,13 +116,24 @@ def test_sigkill_and_restart_resume_exactly(make_task):
     assert run2.wait(timeout=60) == -signal.SIGKILL
     assert set((out_dir / "batch-1.jsonl").read_text().splitlines()) == batch1_before, "replay rewrote batch 1 alike"
 
-    # Run 3: resumes again, catches up, and drains on SIGTERM (sent to the Python process only, like PID 1).
-    produce(events[1000:])
+    # Run 3: resumes again and stops on SIGTERM (sent to the Python process only, like PID 1): a savepoint,
+    # not a final drain.
+    produce(events[1000:1200])
     run3 = ShardProcess(env, config_path, "run3")
-    target = env.journal_ends()
-    wait_progress(env, shard, lambda p: p["positions"] == target, timeout=300)
+    wait_progress(env, shard, lambda p: p["positions"] == env.journal_ends(), timeout=300)
     run3.proc.send_signal(signal.SIGTERM)
     assert run3.wait(timeout=180) == 0, run3.tail()
+    stopped = json.loads(termination.read_text())
+    assert stopped["event"] == "stopped" and Path(stopped["manifest"]).is_file()
+    assert not (env.storage / env.task / "shards" / shard / "drained.json").exists()
+
+    # Run 4: resumes after the stop, catches up, and drains for good through the drain-request file.
+    produce(events[1200:])
+    run4 = ShardProcess(env, config_path, "run4")
+    target = env.journal_ends()
+    wait_progress(env, shard, lambda p: p["positions"] == target, timeout=300)
+    drain_file.write_text("true")
+    assert run4.wait(timeout=180) == 0, run4.tail()
 
     summary = json.loads(termination.read_text())
     assert summary["event"] == "drained" and summary["shard"] == shard
