@@ -5,6 +5,7 @@
 #   make test-image    build both images from a debootstrap'ed bookworm base and check them (root; ~10 min cold)
 #   make images        docker build both targets (IMAGE_TAG, default the project version)
 #   make binaries      build or reuse the control-plane binaries (cache: $TASKSHARD_BIN_CACHE)
+#   make bench         benchmarks -> docs/benchmarks.md with tables and plots (QUICK=1 for smaller inputs)
 #   make lint          ruff
 
 PYTHON ?= python3
@@ -14,7 +15,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST := bash hack/run-pytest.sh
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind test-image images lint clean
+.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind test-image images bench lint clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -57,6 +58,9 @@ test-image: venv
 images:
 	docker build --target operator -t taskshard/operator:$(IMAGE_TAG) .
 	docker build --target shard -t taskshard/shard:$(IMAGE_TAG) .
+
+bench: venv binaries
+	$(PY) bench/run_all.py $(if $(QUICK),--quick,)
 
 lint: venv
 	$(VENV)/bin/ruff check .
