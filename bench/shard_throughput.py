@@ -345,7 +345,19 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(header + rows_md)
     (out / "shard_throughput.md").write_text(md)
-    (out / "shard_throughput.json").write_text(json.dumps({"environment": env, "results": results}, indent=2))
+
+    def no_nan(obj: Any) -> Any:  # strict JSON: a dropped CPU sample is null, not NaN
+        if isinstance(obj, float) and obj != obj:
+            return None
+        if isinstance(obj, dict):
+            return {k: no_nan(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [no_nan(v) for v in obj]
+        return obj
+
+    (out / "shard_throughput.json").write_text(
+        json.dumps(no_nan({"environment": env, "results": results}), indent=2, allow_nan=False)
+    )
     plot(results, out / "shard_throughput.png", env)
     print(f"wrote {out}/shard_throughput.md, .json, .png")
     spark.stop()
