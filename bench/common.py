@@ -204,6 +204,28 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+# ---------------------------------------------------------------- the local control plane
+
+
+def kubectl_retry(cluster: Any, *args: str, input: str | None = None, namespace: str | None = None) -> str:
+    """``cluster.kubectl(...)``, retried for up to a minute: right after the CRDs are Established the API server
+    may still answer 429 "storage is (re)initializing" for them. Raises with kubectl's stderr."""
+    deadline = time.monotonic() + 60
+    while True:
+        result = cluster.kubectl(*args, input=input, namespace=namespace, check=False)
+        if result.returncode == 0:
+            return result.stdout
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        time.sleep(1.0)
+
+
+def wait_served(cluster: Any, namespace: str, *plurals: str) -> None:
+    """Wait until the API server lists each resource in ``namespace`` (the CRDs are served, not just Established)."""
+    for plural in plurals:
+        kubectl_retry(cluster, "get", plural, namespace=namespace)
+
+
 # ---------------------------------------------------------------- files and processes
 
 

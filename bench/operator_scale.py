@@ -40,11 +40,13 @@ from common import (  # noqa: E402
     LoadSampler,
     command_line,
     cpu_seconds,
+    kubectl_retry,
     machine,
     print_table,
     pyplot,
     say,
     status_kib,
+    wait_served,
     write_result,
 )
 
@@ -251,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 "wait", "--for=condition=Established", "crd/tasks.taskshard.io", "crd/taskshards.taskshard.io"
             )
             cluster.kubectl("create", "namespace", NAMESPACE)
+            wait_served(cluster, NAMESPACE, "tasks.taskshard.io", "taskshards.taskshard.io")
             env = cluster.env()
             env["TASKSHARD_BENCH_TIMINGS"] = str(timings_path)
             log = open(op_log, "wb")  # noqa: SIM115 - owned by the child
@@ -282,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             manifest = yaml.safe_dump(task_manifest(args.shards, args.max_key_groups, run_dir / "data"))
             say(f"applying Task {TASK}: initialShards {args.shards}, maxKeyGroups {args.max_key_groups}")
             t0 = time.time()
-            cluster.kubectl("apply", "-f", "-", input=manifest)
+            kubectl_retry(cluster, "apply", "-f", "-", input=manifest)
             t_done = None
             last = None
             while time.time() - t0 < args.timeout:

@@ -54,11 +54,13 @@ from common import (  # noqa: E402
     LoadSampler,
     birth_time,
     command_line,
+    kubectl_retry,
     machine,
     mtime,
     print_table,
     pyplot,
     say,
+    wait_served,
     write_result,
 )
 
@@ -251,6 +253,7 @@ class Bench:
             "wait", "--for=condition=Established", "crd/tasks.taskshard.io", "crd/taskshards.taskshard.io"
         )
         self.cluster.kubectl("create", "namespace", NAMESPACE)
+        wait_served(self.cluster, NAMESPACE, "tasks.taskshard.io", "taskshards.taskshard.io")
         log = open(self.run_dir / "operator.log", "wb")  # noqa: SIM115 - owned by the child
         cmd = [sys.executable, "-m", "taskshard_operator", "--namespace", NAMESPACE, "--standalone", "--liveness", ""]
         self.operator = subprocess.Popen(cmd, env=self.cluster.env(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -293,7 +296,7 @@ class Bench:
                 },
             },
         }
-        self.kubectl("apply", "-f", "-", input=yaml.safe_dump(task))
+        kubectl_retry(self.cluster, "apply", "-f", "-", input=yaml.safe_dump(task), namespace=NAMESPACE)
 
     def wait_steady(self, shard: str, min_batches: int) -> None:
         """Running, and ``min_batches`` batches committed after the first one it committed."""
