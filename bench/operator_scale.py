@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (default 900)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     args = ap.parse_args(argv)
+    args.out = args.out.resolve()  # paths go into configs and hostPath volumes
     if args.shards > args.max_key_groups:
         ap.error("--shards must be <= --max-key-groups")
 

@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     ap.add_argument("--seed", type=int, default=11)
     args = ap.parse_args(argv)
+    args.out = args.out.resolve()  # paths go into configs and hostPath volumes
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     fractions = sorted({float(f) for f in args.fractions.split(",") if f.strip()})

@@ -507,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     ap.add_argument("--seed", type=int, default=3)
     args = ap.parse_args(argv)
+    args.out = args.out.resolve()  # paths go into configs and hostPath volumes
 
     bench = Bench(args)
     bench.run_dir.mkdir(parents=True)
