@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spark_runtime.produce import append_events
+from spark_runtime.results import final_results
 from tests.waiting import get_json, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,22 +148,10 @@ def apply(kubectl, manifest: dict) -> None:
 
 
 def write_events(data_dir: Path, task: str, *, start: int, count: int, keys: int = 50, partitions: int = 2) -> None:
-    """Append ``count`` events (event i has key ``k<i % keys>``) to the journal with the runtime's producer
-    (whole lines, O_APPEND), or plainly when the producer is not available."""
+    """Append ``count`` events (event i has key ``k<i % keys>``) to the journal with the runtime's producer."""
     journal = data_dir / "journal" / task
     journal.mkdir(parents=True, exist_ok=True)
-    events = [{"key": f"k{i % keys}", "seq": i} for i in range(start, start + count)]
-    try:
-        from spark_runtime.produce import append_events  # noqa: PLC0415
-    except ImportError:
-        append_events = None
-    if append_events is not None:
-        append_events(journal, partitions, events)
-        return
-    for p in range(partitions):
-        chunk = "".join(json.dumps(e) + "\n" for i, e in enumerate(events) if i % partitions == p)
-        with open(journal / f"p{p}.jsonl", "a") as f:
-            f.write(chunk)
+    append_events(journal, partitions, [{"key": f"k{i % keys}", "seq": i} for i in range(start, start + count)])
 
 
 def expected_counts(data_dir: Path, task: str) -> dict[str, int]:
@@ -175,26 +165,9 @@ def expected_counts(data_dir: Path, task: str) -> dict[str, int]:
 
 
 def actual_counts(data_dir: Path, task: str) -> dict[str, int]:
-    """Per-key results the shards wrote: ``spark_runtime.results.final_results`` (latest result per key across
-    the lineage). Without it (runtime not installed), read the sink directly: counts only grow, so a key's
-    result is the largest value any shard emitted for it."""
-    sink = data_dir / "output" / task
-    try:
-        from spark_runtime.results import final_results  # noqa: PLC0415
-    except ImportError:
-        final_results = None
-    if final_results is not None and (data_dir / "state" / task).is_dir():
-        return {str(k): int(v) for k, v in final_results(sink, data_dir / "state", task).items()}
-    best: dict[str, int] = {}
-    for f in sorted(sink.glob("shard=*/batch-*.jsonl")):
-        for line in f.read_text().splitlines():
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            value = next((row[k] for k in ("result", "value", "count") if k in row), None)
-            if value is not None:
-                best[str(row["key"])] = max(best.get(str(row["key"]), 0), int(value))
-    return best
+    """Per-key results the shards wrote: the latest result per key across the shard lineage."""
+    found = final_results(data_dir / "output" / task, data_dir / "state", task)
+    return {str(k): int(v) for k, v in found.items()}
 
 
 def shard_phases(kubectl) -> dict[str, str]:
