@@ -58,6 +58,9 @@ __all__ = ["ShardFailed", "ShardRunner", "summary_message"]
 
 log = logging.getLogger("taskshard.shard")
 
+RESTART_BACKOFF_SECONDS = 2.0
+IN_PROCESS_RESTARTS = 3
+"""How often a failed query is restarted in-process (from its checkpoint) before the shard gives up (exit 1)."""
 TERMINATION_MESSAGE_LIMIT = 4096
 """Kubernetes keeps at most 4096 bytes of a termination message."""
 
@@ -123,6 +126,7 @@ class ShardRunner:
         self._drain_reason = ""
         self._final = False
         self._seen_progress: set[int] = set()
+        self.restarts_left = IN_PROCESS_RESTARTS
 
     # ---------------------------------------------------------------- requests
 
@@ -206,6 +210,22 @@ class ShardRunner:
         """Start the streaming query (fresh, restored or resumed). No-op for an already drained shard."""
         if not self.prepare():
             return
+        while True:
+            try:
+                self._start_query()
+                return
+            except Exception as exc:  # planning runs Python workers too (the source's schema and offsets)
+                if self.restarts_left <= 0:
+                    raise
+                self.restarts_left -= 1
+                log.warning(
+                    "starting the streaming query failed (%s); retrying (%d retries left)",
+                    str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__,
+                    self.restarts_left,
+                )
+                time.sleep(RESTART_BACKOFF_SECONDS)
+
+    def _start_query(self) -> None:
         cfg = self.config
         if self.spark is None:
             from spark_runtime.session import spark_session
@@ -284,7 +304,20 @@ class ShardRunner:
         if check_failure:
             exc = self.query.exception()
             if exc is not None:
-                raise ShardFailed(f"streaming query failed: {exc}")
+                if self.restarts_left <= 0:
+                    raise ShardFailed(f"streaming query failed: {exc}")
+                # Same as a pod restart, without a new JVM: resume from the recovery log (exact). Covers
+                # transient failures such as a Python worker that did not connect back in time on a
+                # saturated host; a deterministic failure repeats and is raised once the budget is spent.
+                self.restarts_left -= 1
+                log.warning(
+                    "streaming query failed (%s); restarting it from the recovery log (%d restarts left)",
+                    str(exc).splitlines()[0][:300],
+                    self.restarts_left,
+                )
+                time.sleep(RESTART_BACKOFF_SECONDS)
+                self._start_query()
+                return
         new_dead = self.dead_letters.refresh()
         if new_dead:
             log.warning(
