@@ -272,11 +272,15 @@ def _findings(key: str, data: dict[str, Any]) -> list[str]:
                     else "; the Task's resync timer never ran (Kopf starts it once the first event is handled)."
                 )
             )
-        steady = next((x for x in data["tables"][2]["rows"] if x[0] == "get_custom"), None)
-        if steady:
+        api = {x[0]: x for x in data["tables"][2]["rows"]}
+        if "get_pod" in api and api["get_pod"][3]:
+            passes = api["get_pod"][3]  # one pod GET per shard pass
+            load = (data.get("load") or {}).get("during", {}).get("mean")
             out.append(
-                f"Idle cost of 500 shards: {raw['cpuPercentSteady']}% of a core and {steady[3]} TaskShard GETs per "
-                "second (every shard's resync timer runs a full pass every 3 s)."
+                f"Steady state with {raw['shardsWithPhase']} idle shards: {raw['cpuPercentSteady']}% of a core, "
+                f"{passes} shard passes per second (each a GET of the shard, its Task, its pod and its ConfigMap), "
+                f"so each shard's 3 s resync timer actually ran about every {raw['shardsWithPhase'] / passes:.0f} s"
+                + (f" (load average {load:.1f} on 2 cores during the run)." if load else ".")
             )
     return out
 

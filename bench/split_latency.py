@@ -477,7 +477,7 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
                 edgecolor="white",
                 label=f"{group}: {label}" if i == 0 else None,
             )
-            if width >= 1.2:
+            if width >= 2.5:
                 ax.text(left + width / 2, i, f"{width:.1f}", ha="center", va="center", fontsize=7, color="white")
             left += width
         ax.text(left + 0.2, i, f"{r['total']:.1f}s", va="center", fontsize=9)
