@@ -23,7 +23,6 @@ Spark's ``pmod(hash(NULL), n)`` gives). See :func:`dead_letter_key_group`.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -437,8 +436,3 @@ def parse_lines_arrow(data: bytes, base_offset: int, spec: RecordSpec) -> tuple[
 def dead_letter_key_group(dead: DeadLetter, max_key_groups: int) -> int:
     """The key group whose owner records ``dead``: its key's group, or ``key_group(None, n)`` without a key."""
     return key_group(dead.key, max_key_groups)
-
-
-def is_finite_number(value: Any) -> bool:
-    """True for an int or a finite float (not a bool)."""
-    return type(value) is int or (type(value) is float and math.isfinite(value))

@@ -25,6 +25,7 @@ __all__ = ["DeadLetterCounter", "DirectorySinkWriter", "OUTPUT_COLUMNS"]
 log = logging.getLogger("taskshard.shard")
 
 OUTPUT_COLUMNS = ["key", "key_group", "shard", "result", "batch"]
+"""The columns of every output record, in order."""
 FAULT_ENV = "TASKSHARD_FAULT_KILL_AFTER_SINK_BATCH"
 """Fault injection for crash tests: SIGKILL this process right after writing the named batch's output
 (before Spark commits the batch), the worst moment for exactly-once."""
@@ -56,7 +57,8 @@ class DirectorySinkWriter:
         from pyspark.sql import functions as F
 
         shard = F.lit(self.shard).alias("shard")
-        return df.select("key", "key_group", shard, "result", F.lit(batch_id).cast("bigint").alias("batch"))
+        batch = F.lit(batch_id).cast("bigint").alias("batch")
+        return df.select("key", "key_group", shard, "result", batch)
 
     def write_jsonl(self, df: Any, batch_id: int) -> int:
         """Spark's JSON writer (parallel, native) into a temporary directory, then its part files concatenated
