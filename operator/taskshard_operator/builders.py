@@ -34,6 +34,8 @@ EXECUTOR_TEMPLATE_KEY = "executor-pod-template.json"
 KUBERNETES_MASTER = "k8s://https://kubernetes.default.svc:443"
 LOCAL_MASTER = "local[2]"
 """Spark local mode inside the driver pod (two task threads) when the Task asks for no executors."""
+S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+"""Keys of ``spec.storage.s3.credentialsSecret``, each exposed to the shard containers as the env var of that name."""
 
 
 # ---------------------------------------------------------------- template identity
@@ -177,6 +179,22 @@ def _storage_volume(spec: TaskSpec) -> tuple[dict[str, Any], dict[str, Any]] | N
     return {"name": "storage", **source}, {"name": "storage", "mountPath": mount_path}
 
 
+def s3_credentials_env(spec: TaskSpec) -> list[dict[str, Any]]:
+    """Env vars ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` from ``spec.storage.s3.credentialsSecret``.
+
+    Only references (``valueFrom.secretKeyRef``, not optional: a missing Secret or key keeps the container from
+    starting with ``CreateContainerConfigError``); the operator never reads the values. Empty without a Secret.
+    """
+    s3 = spec.storage.s3
+    secret = s3.credentials_secret if s3 is not None else None
+    if not secret:
+        return []
+    return [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": False}}}
+        for key in S3_CREDENTIAL_KEYS
+    ]
+
+
 def _resources(resources: Any) -> dict[str, Any]:
     return resources.to_k8s() if resources is not None else {}
 
@@ -252,6 +270,7 @@ def build_pod(
             {"name": "TASKSHARD_SHARD", "value": shard},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            *s3_credentials_env(spec),
         ],
         "resources": _resources(spec.spark.resources),
         "volumeMounts": mounts,
@@ -341,9 +360,13 @@ def _spark_memory(quantity: int | str) -> str:
 
 
 def build_executor_pod_template(*, task: str, shard: str, key_groups: KeyGroupRange, spec: TaskSpec) -> dict[str, Any]:
-    """Executor pod template (``spark.kubernetes.executor.podTemplateFile``): the storage volume and labels."""
+    """Executor pod template (``spark.kubernetes.executor.podTemplateFile``): the storage volume, the S3
+    credentials env (Spark adds its own env vars to the template container's) and labels."""
     storage = _storage_volume(spec)
     container: dict[str, Any] = {"name": "executor"}
+    env = s3_credentials_env(spec)
+    if env:
+        container["env"] = env
     pod_spec: dict[str, Any] = {"containers": [container], "serviceAccountName": service_account_of(spec)}
     if storage is not None:
         pod_spec["volumes"] = [storage[0]]

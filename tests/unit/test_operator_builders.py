@@ -292,3 +292,42 @@ def test_cleanup_pod():
         builders.build_cleanup_pod(task="o", spec=TaskSpec.from_k8s({**SPEC, "storage": {"s3": {"bucket": "bkt"}}}))
         is None
     )
+
+
+S3_STORAGE = {"s3": {"bucket": "bkt", "endpoint": "http://minio:9000", "credentialsSecret": "taskshard-s3"}}
+CREDENTIALS_ENV = [
+    {
+        "name": "AWS_ACCESS_KEY_ID",
+        "valueFrom": {"secretKeyRef": {"name": "taskshard-s3", "key": "AWS_ACCESS_KEY_ID", "optional": False}},
+    },
+    {
+        "name": "AWS_SECRET_ACCESS_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "taskshard-s3", "key": "AWS_SECRET_ACCESS_KEY", "optional": False}},
+    },
+]
+
+
+def test_s3_credentials_secret_becomes_secret_key_refs():
+    s = TaskSpec.from_k8s({**SPEC, "storage": S3_STORAGE, "spark": {**SPEC["spark"], "executors": EXECUTORS}})
+    pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s, template_hash="h")
+    env = pod["spec"]["containers"][0]["env"]
+    assert env[-2:] == CREDENTIALS_ENV
+    assert [e["name"] for e in env[:4]] == ["TASKSHARD_TASK", "TASKSHARD_SHARD", "POD_NAME", "POD_NAMESPACE"]
+    template = builders.build_executor_pod_template(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s)
+    assert template["spec"]["containers"][0]["env"] == CREDENTIALS_ENV
+    # The ConfigMap names the Secret (the config's storage) and holds the template's references, never a value.
+    config = builders.build_shard_config(task="o", namespace="ns1", shard="o-0-8", key_groups=R(0, 8), spec=s)
+    assert config["storage"] == {"s3": S3_STORAGE["s3"]}
+    validate_shard_config(config)
+    cm = builders.build_configmap(task="o", shard="o-0-8", key_groups=R(0, 8), config=config, spec=s)
+    assert "AWS_" not in cm["data"]["shard.json"]
+    assert json.loads(cm["data"]["executor-pod-template.json"]) == template
+
+
+def test_no_credentials_env_without_a_secret():
+    for storage in ({"s3": {"bucket": "bkt"}}, SPEC["storage"]):
+        s = TaskSpec.from_k8s({**SPEC, "storage": storage, "spark": {**SPEC["spark"], "executors": EXECUTORS}})
+        pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s, template_hash="h")
+        assert not any(e["name"].startswith("AWS_") for e in pod["spec"]["containers"][0]["env"])
+        template = builders.build_executor_pod_template(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s)
+        assert "env" not in template["spec"]["containers"][0]
