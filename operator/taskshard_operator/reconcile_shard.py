@@ -386,23 +386,29 @@ def _reconcile_active(ctx: ShardContext) -> None:
     # A pod that ended (Failed, or exited 0 without being asked to drain) is replaced: last-state restart.
     if pod.phase in ("Failed", "Succeeded"):
         why = "failed" if pod.phase == "Failed" else "exited without a split drain request"
-        if term is not None and term.drained:
+        failure = term.failure if term is not None else None
+        if failure is not None:
+            why += f", last exit code {term.exit_code}: {failure.text}"
+        elif term is not None and term.drained:
             why += f" after a final drain at batch {term.batch_id} (the drain-request annotation was set)"
         elif term is not None and (term.message or {}).get("event") == "stopped":
             why += f" after a SIGTERM stop at batch {term.batch_id} (the new pod resumes from the recovery log)"
+        reason = failure.condition_reason("PodEnded") if failure is not None else "PodEnded"
+        announce = failure is None or not _degraded_shows(ctx, reason, failure.text)
         ctx.write(
             {
                 **base_patch,
                 **checkpoint_patch,
                 "restarts": pod.restarts,
                 "conditions": [
-                    ctx.cond(st.READY, False, "PodEnded", f"pod {pod.name} {why}; replacing it"),
-                    ctx.cond(st.DEGRADED, True, "PodEnded", f"pod {pod.name} {why}; replacing it (last-state restart)"),
+                    ctx.cond(st.READY, False, reason, f"pod {pod.name} {why}; replacing it"),
+                    ctx.cond(st.DEGRADED, True, reason, f"pod {pod.name} {why}; replacing it (last-state restart)"),
                 ],
             },
             phase=P.FAILED,
         )
-        ctx.emit(ctx.shard, "Warning", "PodEnded", f"pod {pod.name} {why}; replacing it")
+        if announce:
+            ctx.emit(ctx.shard, "Warning", reason, f"pod {pod.name} {why}; replacing it")
         ctx.kube.delete_pod(ctx.namespace, pod.name, uid=(ctx.pod_raw or {}).get("metadata", {}).get("uid"), grace=0)
         return
 
@@ -438,10 +444,24 @@ def _reconcile_active(ctx: ShardContext) -> None:
             phase=P.RUNNING,
         )
     elif pod.failed:
-        reason = pod.waiting_reason or pod.phase or "Failed"
-        message = f"driver pod {pod.name} is {reason} (restarts {pod.restarts}); the kubelet restarts it with back-off"
-        if term is not None:
-            message += f", last exit code {term.exit_code}"
+        state = pod.waiting_reason or pod.phase or "Failed"
+        failure = term.failure if term is not None else None
+        if failure is not None:
+            reason = failure.condition_reason(state)
+            message = (
+                f"driver pod {pod.name} is {state} (restarts {pod.restarts}), last exit code {term.exit_code}: "
+                f"{failure.text}"
+            )
+            event = reason if reason != state else "PodFailed"
+            announce = not _degraded_shows(ctx, reason, failure.text)
+        else:
+            reason = state
+            message = (
+                f"driver pod {pod.name} is {state} (restarts {pod.restarts}); the kubelet restarts it with back-off"
+            )
+            if term is not None:
+                message += f", last exit code {term.exit_code}"
+            event, announce = "PodFailed", phase != P.FAILED
         ctx.write(
             {
                 **base_patch,
@@ -454,16 +474,59 @@ def _reconcile_active(ctx: ShardContext) -> None:
             },
             phase=P.FAILED,
         )
-        if phase != P.FAILED:
-            ctx.emit(ctx.shard, "Warning", "PodFailed", message)
+        if announce:
+            ctx.emit(ctx.shard, "Warning", event, message)
     else:
+        keep_phase = P.FAILED if phase == P.FAILED else (P.PENDING if phase == P.PENDING else P.RUNNING)
+        secret = _credentials_secret(ctx.spec)
+        if secret is not None and pod.missing_secret(secret):
+            message = (
+                f"driver pod {pod.name} cannot start: Secret {secret!r} (spec.storage.s3.credentialsSecret) does not "
+                f"exist in namespace {ctx.namespace} or lacks key {' or '.join(builders.S3_CREDENTIAL_KEYS)}; "
+                f"the pod starts once it does (kubelet: {st.truncate(pod.waiting_message or '')})"
+            )
+            announce = not _degraded_shows(ctx, "SecretMissing", message)
+            ctx.write(
+                {
+                    **base_patch,
+                    "conditions": [
+                        ctx.cond(st.READY, False, "SecretMissing", message),
+                        ctx.cond(st.DEGRADED, True, "SecretMissing", message),
+                    ],
+                },
+                phase=keep_phase,
+            )
+            if announce:
+                ctx.emit(ctx.shard, "Warning", "SecretMissing", message)
+            return
+        message = f"driver pod {pod.name} is {pod.phase}"
+        if pod.waiting_reason:
+            detail = f": {st.truncate(pod.waiting_message)}" if pod.waiting_message else ""
+            message += f" ({pod.waiting_reason}{detail})"
         ctx.write(
-            {
-                **base_patch,
-                "conditions": [ctx.cond(st.READY, False, "PodStarting", f"driver pod {pod.name} is {pod.phase}")],
-            },
-            phase=P.FAILED if phase == P.FAILED else (P.PENDING if phase == P.PENDING else P.RUNNING),
+            {**base_patch, "conditions": [ctx.cond(st.READY, False, "PodStarting", message)]},
+            phase=keep_phase,
         )
+
+
+def _credentials_secret(spec: TaskSpec) -> str | None:
+    """``spec.storage.s3.credentialsSecret``, or None."""
+    s3 = spec.storage.s3
+    return s3.credentials_secret if s3 is not None else None
+
+
+def _degraded_shows(ctx: ShardContext, reason: str, text: str) -> bool:
+    """Status already shows this problem: Degraded is True with ``reason`` and its message contains ``text``.
+
+    Decides whether a Warning event is posted: once per distinct error, not on every resync or crash-loop restart.
+    """
+    degraded = st.get_condition(ctx.status.get("conditions"), st.DEGRADED)
+    return (
+        degraded is not None
+        and degraded.get("status") == "True"
+        and degraded.get("reason") == reason
+        and text in (degraded.get("message") or "")
+    )
 
 
 # ---------------------------------------------------------------- split steps

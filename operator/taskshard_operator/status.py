@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,41 @@ def conditions_equal(a: list[dict[str, Any]] | None, b: list[dict[str, Any]] | N
 
 # ---------------------------------------------------------------- the runtime's termination message
 
+ERROR_TEXT_LIMIT = 1000
+"""At most this many characters of a runtime error go into a condition message (and an event)."""
+_CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+
+
+def truncate(text: str, limit: int = ERROR_TEXT_LIMIT) -> str:
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+@dataclass(frozen=True)
+class RuntimeFailure:
+    """What a failed shard runtime reported: ``{"event": "failed", "error": ..., "reason"?: ..., "field"?: ...}``.
+
+    ``reason`` (CamelCase, e.g. ``SourceTopicMissing``) and ``field`` (e.g. ``source.kafka.topic``) are optional;
+    older runtimes write only ``event``, ``shard`` and ``error``.
+    """
+
+    error: str
+    reason: str | None = None
+    field: str | None = None
+
+    def condition_reason(self, fallback: str) -> str:
+        """The runtime's reason when it is a valid condition reason, else ``fallback``."""
+        if self.reason and len(self.reason) <= 1024 and _CONDITION_REASON.match(self.reason):
+            return self.reason
+        return fallback
+
+    @property
+    def text(self) -> str:
+        """The error (prefixed with the field when the error does not name it), truncated for a condition."""
+        error = self.error.strip()
+        if self.field and self.field not in error:
+            error = f"{self.field}: {error}"
+        return truncate(error)
+
 
 @dataclass(frozen=True)
 class Termination:
@@ -100,6 +136,20 @@ class Termination:
             if isinstance(m.get(key), str) and m[key]:
                 return m[key]
         return None
+
+    @property
+    def failure(self) -> RuntimeFailure | None:
+        """The runtime's failure report (event ``failed`` with a non-empty ``error``), else None."""
+        m = self.message or {}
+        error = m.get("error")
+        if m.get("event") != "failed" or not isinstance(error, str) or not error.strip():
+            return None
+        reason, field = m.get("reason"), m.get("field")
+        return RuntimeFailure(
+            error=error,
+            reason=reason if isinstance(reason, str) else None,
+            field=field if isinstance(field, str) and field else None,
+        )
 
     @property
     def drained(self) -> bool:
@@ -150,6 +200,8 @@ class PodView:
     running_since: str | None = None
     """``state.running.startedAt`` of the driver container (RFC 3339), when it runs."""
     waiting_reason: str | None = None
+    waiting_message: str | None = None
+    """``state.waiting.message`` (e.g. the kubelet's ``secret "x" not found`` of a CreateContainerConfigError)."""
     restart_count: int = 0
     restarts_base: int = 0
     template_hash: str | None = None
@@ -177,6 +229,17 @@ class PodView:
         except ValueError:
             return 0.0
         return max(0.0, ((now or dt.datetime.now(dt.UTC)) - started).total_seconds())
+
+    def missing_secret(self, secret: str) -> bool:
+        """The container cannot start because ``secret`` (or one of its keys) is missing.
+
+        Matches the kubelet's ``CreateContainerConfigError`` messages ``secret "<name>" not found`` and
+        ``couldn't find key <key> in Secret <namespace>/<name>`` (and localkube's ``secret '<name>'``).
+        """
+        if self.waiting_reason != "CreateContainerConfigError" or not self.waiting_message:
+            return False
+        pattern = rf"""secrets?\s+["']?(?:[a-z0-9.-]+/)?{re.escape(secret)}(?![a-z0-9.-])"""
+        return re.search(pattern, self.waiting_message, re.IGNORECASE) is not None
 
     @property
     def finished_ok(self) -> bool:
@@ -222,6 +285,7 @@ def pod_view(pod: dict[str, Any] | None) -> PodView:
         running="running" in state,
         running_since=(state.get("running") or {}).get("startedAt"),
         waiting_reason=(state.get("waiting") or {}).get("reason"),
+        waiting_message=(state.get("waiting") or {}).get("message"),
         restart_count=int(cs.get("restartCount") or 0),
         restarts_base=base,
         template_hash=annotations.get(naming.ANNOTATION_TEMPLATE_HASH),

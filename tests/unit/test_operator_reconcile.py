@@ -458,3 +458,210 @@ def test_task_deletion_stops_pods_then_applies_retention():
         delete_task(kube, NS, "t", kube.objects[("tasks", "t")], emit=lambda *a: None)
     delete_task(kube, NS, "t", kube.objects[("tasks", "t")], emit=lambda *a: events.append(a))
     assert events[-1][2] == "CheckpointsRetained" and not kube.pods()
+
+
+# ---------------------------------------------------------------- runtime errors and missing Secrets on the status
+
+
+TOPIC_MISSING = {
+    "event": "failed",
+    "shard": "t-0-16",
+    "reason": "SourceTopicMissing",
+    "field": "source.kafka.topic",
+    "error": "source.kafka.topic: topic 'orders' does not exist on 127.0.0.1:9092 (create it or fix the name)",
+}
+
+
+def crash_loop(kube: FakeKube, message: dict | str | None, *, restarts: int = 3, exit_code: int = 3) -> None:
+    """The driver container crash-loops in place (restartPolicy OnFailure): waiting, last state terminated."""
+    terminated = {"exitCode": exit_code, "reason": "Error"}
+    if message is not None:
+        terminated["message"] = message if isinstance(message, str) else json.dumps(message)
+    kube.objects[("pods", "t-0-16-driver")]["status"] = {
+        "phase": "Running",
+        "containerStatuses": [
+            {
+                "name": "driver",
+                "restartCount": restarts,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting"}},
+                "lastState": {"terminated": terminated},
+            }
+        ],
+    }
+
+
+def waiting(kube: FakeKube, reason: str, message: str) -> None:
+    kube.objects[("pods", "t-0-16-driver")]["status"] = {
+        "phase": "Pending",
+        "containerStatuses": [
+            {"name": "driver", "restartCount": 0, "state": {"waiting": {"reason": reason, "message": message}}}
+        ],
+    }
+
+
+def shard_conditions(kube: FakeKube) -> dict[str, dict]:
+    from taskshard_operator.models.shard import TaskShardStatus  # noqa: PLC0415
+
+    status = kube.shards()["t-0-16"]["status"]
+    TaskShardStatus.from_k8s(status)  # what the CRD schema accepts (condition reason pattern, lengths)
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def one_pass(kube: FakeKube, events: list) -> None:
+    reconcile_shard(kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+
+
+def warnings(events: list) -> list[tuple[str, str]]:
+    return [(e[2], e[3]) for e in events if e[1] == "Warning"]
+
+
+def test_crash_loop_shows_the_runtime_error_once_per_error():
+    kube = new_world()
+    converge(kube, [])
+    crash_loop(kube, TOPIC_MISSING)
+    events: list = []
+    one_pass(kube, events)
+    conds = shard_conditions(kube)
+    expected = (
+        "driver pod t-0-16-driver is CrashLoopBackOff (restarts 3), last exit code 3: source.kafka.topic: topic "
+        "'orders' does not exist on 127.0.0.1:9092 (create it or fix the name)"
+    )
+    assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "SourceTopicMissing"
+    assert conds["Degraded"]["message"] == expected
+    assert conds["Ready"]["status"] == "False" and conds["Ready"]["reason"] == "SourceTopicMissing"
+    assert kube.shards()["t-0-16"]["status"]["phase"] == "Failed"
+    assert warnings(events) == [("SourceTopicMissing", expected)]
+    # Resyncs and further restarts with the same error: status follows, no new event.
+    one_pass(kube, events)
+    crash_loop(kube, TOPIC_MISSING, restarts=4)
+    one_pass(kube, events)
+    assert "(restarts 4)" in shard_conditions(kube)["Degraded"]["message"]
+    assert len(warnings(events)) == 1
+    # Another error: a new event with its reason.
+    crash_loop(kube, {**TOPIC_MISSING, "reason": "StorageAccessDenied", "field": "storage.s3", "error": "403"})
+    one_pass(kube, events)
+    assert shard_conditions(kube)["Degraded"]["message"].endswith("last exit code 3: storage.s3: 403")
+    assert [w[0] for w in warnings(events)] == ["SourceTopicMissing", "StorageAccessDenied"]
+    # Recovered: Healthy again; the same error later is announced again.
+    kube.objects[("pods", "t-0-16-driver")]["status"] = {
+        "phase": "Running",
+        "containerStatuses": [{"name": "driver", "restartCount": 5, "state": {"running": {}}}],
+    }
+    one_pass(kube, events)
+    assert shard_conditions(kube)["Degraded"]["status"] == "False"
+    crash_loop(kube, TOPIC_MISSING, restarts=6)
+    one_pass(kube, events)
+    assert [w[0] for w in warnings(events)] == ["SourceTopicMissing", "StorageAccessDenied", "SourceTopicMissing"]
+
+
+def test_crash_loop_with_an_older_message_or_none():
+    kube = new_world()
+    converge(kube, [])
+    long_error = "query failed: " + "x" * 5000
+    crash_loop(kube, {"event": "failed", "shard": "t-0-16", "error": long_error}, exit_code=1)
+    events: list = []
+    one_pass(kube, events)
+    degraded = shard_conditions(kube)["Degraded"]
+    assert degraded["reason"] == "CrashLoopBackOff"  # no reason in the message: the pod's
+    assert "last exit code 1: query failed: xxx" in degraded["message"] and degraded["message"].endswith("...")
+    assert 1000 <= len(degraded["message"]) < 1100
+    one_pass(kube, events)
+    assert [w[0] for w in warnings(events)] == ["PodFailed"]
+    # A reason that is no valid condition reason falls back; a message without an error (or no JSON) as before.
+    crash_loop(kube, {**TOPIC_MISSING, "reason": "not a reason!"})
+    one_pass(kube, events)
+    assert shard_conditions(kube)["Degraded"]["reason"] == "CrashLoopBackOff"
+    for message in ({"event": "failed", "shard": "t-0-16"}, "Traceback (most recent call last): ...", None):
+        crash_loop(kube, message)
+        one_pass(kube, events)
+        degraded = shard_conditions(kube)["Degraded"]
+        assert degraded["reason"] == "CrashLoopBackOff"
+        assert degraded["message"].endswith("the kubelet restarts it with back-off, last exit code 3")
+
+
+def test_failed_pod_shows_the_runtime_error_and_is_replaced():
+    kube = new_world()
+    converge(kube, [])
+    failed = {
+        "phase": "Failed",
+        "containerStatuses": [
+            {
+                "name": "driver",
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 3, "reason": "Error", "message": json.dumps(TOPIC_MISSING)}},
+            }
+        ],
+    }
+    kube.objects[("pods", "t-0-16-driver")]["status"] = copy.deepcopy(failed)
+    events: list = []
+    one_pass(kube, events)
+    conds = shard_conditions(kube)
+    assert conds["Degraded"]["reason"] == "SourceTopicMissing" and conds["Ready"]["reason"] == "SourceTopicMissing"
+    assert conds["Degraded"]["message"].startswith(
+        "pod t-0-16-driver failed, last exit code 3: source.kafka.topic: topic 'orders' does not exist"
+    )
+    assert conds["Degraded"]["message"].endswith("; replacing it (last-state restart)")
+    assert "t-0-16-driver" not in kube.pods()
+    assert [w[0] for w in warnings(events)] == ["SourceTopicMissing"]
+    one_pass(kube, events)  # the replacement
+    kube.objects[("pods", "t-0-16-driver")]["status"] = copy.deepcopy(failed)
+    one_pass(kube, events)  # ends the same way: replaced again, no second event
+    assert "t-0-16-driver" not in kube.pods()
+    assert [w[0] for w in warnings(events)] == ["SourceTopicMissing"]
+
+
+S3_SPEC = {**SPEC, "storage": {"s3": {"bucket": "bkt", "credentialsSecret": "taskshard-s3"}}}
+
+
+@pytest.mark.parametrize(
+    "kubelet",
+    [
+        'secret "taskshard-s3" not found',
+        "couldn't find key AWS_SECRET_ACCESS_KEY in Secret ns/taskshard-s3",
+        "env AWS_ACCESS_KEY_ID: secret 'taskshard-s3' not found",  # localkube
+    ],
+)
+def test_missing_credentials_secret_is_named(kubelet):
+    kube = new_world(S3_SPEC)
+    converge(kube, [])
+    env = {e["name"]: e for e in kube.pods()["t-0-16-driver"]["spec"]["containers"][0]["env"]}
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == "taskshard-s3"
+    waiting(kube, "CreateContainerConfigError", kubelet)
+    events: list = []
+    one_pass(kube, events)
+    one_pass(kube, events)
+    conds = shard_conditions(kube)
+    for cond in (conds["Ready"], conds["Degraded"]):
+        assert cond["reason"] == "SecretMissing"
+        assert "Secret 'taskshard-s3' (spec.storage.s3.credentialsSecret)" in cond["message"]
+        assert kubelet in cond["message"]
+    assert conds["Degraded"]["status"] == "True"
+    assert [w[0] for w in warnings(events)] == ["SecretMissing"]
+    # The Secret appears: the pod runs, the shard is healthy.
+    kube.objects[("pods", "t-0-16-driver")]["status"] = {
+        "phase": "Running",
+        "containerStatuses": [{"name": "driver", "restartCount": 0, "state": {"running": {}}}],
+    }
+    one_pass(kube, events)
+    conds = shard_conditions(kube)
+    assert conds["Ready"]["status"] == "True" and conds["Degraded"]["reason"] == "Healthy"
+
+
+def test_other_config_errors_are_not_blamed_on_the_secret():
+    kube = new_world(S3_SPEC)
+    converge(kube, [])
+    waiting(kube, "CreateContainerConfigError", 'secret "taskshard-s3-other" not found')
+    events: list = []
+    one_pass(kube, events)
+    ready = shard_conditions(kube)["Ready"]
+    assert ready["reason"] == "PodStarting"
+    assert ready["message"] == (
+        'driver pod t-0-16-driver is Pending (CreateContainerConfigError: secret "taskshard-s3-other" not found)'
+    )
+    assert not warnings(events)
+    # Without a credentials Secret in the spec nothing is called SecretMissing either.
+    kube = new_world()
+    converge(kube, [])
+    waiting(kube, "CreateContainerConfigError", 'secret "taskshard-s3" not found')
+    one_pass(kube, events)
+    assert shard_conditions(kube)["Ready"]["reason"] == "PodStarting"
