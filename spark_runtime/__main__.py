@@ -4,7 +4,8 @@ Subcommands::
 
     run --config shard.json      run one shard until the drain-request file says true (a final drain) or a
                                  SIGTERM (a resumable stop); exit 0 after either, 1 when the query fails,
-                                 2 for a bad config
+                                 2 for a bad config, 3 when the source, sink or storage cannot be used
+                                 (missing topic, wrong credentials, unreachable bucket or broker)
     produce ...                  append events to a journal (same as taskshard-produce)
     results --sink DIR --storage DIR --task NAME
                                  print the final per-key results across the shard lineage as JSON lines
@@ -58,13 +59,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             runner.request_drain("SIGTERM", final=False)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    from spark_runtime.problems import EXIT_ENVIRONMENT, EnvironmentProblem
     from spark_runtime.processor import ProcessorError
     from spark_runtime.shard import ShardFailed, ShardRunner
     from spark_runtime.snapshot import RestoreError
 
     try:
         runner = ShardRunner(config)
-    except (ProcessorError, NotImplementedError) as exc:
+    except (ProcessorError, NotImplementedError, ConfigError) as exc:
         print(f"invalid shard config: {exc}", file=sys.stderr)
         _write_termination_message(
             config.termination_message_path, {"event": "failed", "shard": config.shard, "error": str(exc)}
@@ -74,6 +76,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         runner.request_drain("SIGTERM", final=False)
     try:
         summary = runner.run()
+    except EnvironmentProblem as exc:
+        log.error("cannot run: %s", exc)
+        _write_termination_message(config.termination_message_path, exc.termination(config.shard))
+        return EXIT_ENVIRONMENT
     except RestoreError as exc:
         log.error("cannot restore: %s", exc)
         _write_termination_message(
@@ -112,7 +118,8 @@ def _parser() -> argparse.ArgumentParser:
         help="run one shard until drained or stopped",
         description="Run one shard until the drain-request file says true (a final drain) or a SIGTERM (a "
         "resumable stop at a batch boundary): exit 0 after either (summary on stdout and in "
-        "terminationMessagePath), 1 when the query fails, 2 for a bad config.",
+        "terminationMessagePath), 1 when the query fails, 2 for a bad config, 3 when the source, sink or "
+        "storage cannot be used (the termination message says which field and why).",
     )
     run.add_argument(
         "--config",

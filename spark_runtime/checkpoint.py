@@ -9,33 +9,36 @@ Spark's checkpoint layout (``HDFSMetadataLog``): ``offsets/<N>`` is written when
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 from typing import Any
+
+from spark_runtime.storage import Loc, location
 
 __all__ = ["last_batch", "last_committed_batch", "last_planned_batch", "read_offsets"]
 
 
-def last_batch(directory: Path) -> int:
+def _loc(where: Loc | str | os.PathLike[str]) -> Loc:
+    return where if isinstance(where, Loc) else location(where)
+
+
+def last_batch(directory: Loc | str | os.PathLike[str]) -> int:
     """The largest ``<N>`` file name in ``directory``; -1 when there is none (or no directory)."""
-    try:
-        names = [p.name for p in directory.iterdir()]
-    except FileNotFoundError:
-        return -1
+    names = [p.name for p in _loc(directory).iterdir()]
     ids = [int(n) for n in names if n.isdigit()]
     return max(ids) if ids else -1
 
 
-def last_committed_batch(checkpoint: Path) -> int:
-    return last_batch(Path(checkpoint) / "commits")
+def last_committed_batch(checkpoint: Loc | str | os.PathLike[str]) -> int:
+    return last_batch(_loc(checkpoint) / "commits")
 
 
-def last_planned_batch(checkpoint: Path) -> int:
-    return last_batch(Path(checkpoint) / "offsets")
+def last_planned_batch(checkpoint: Loc | str | os.PathLike[str]) -> int:
+    return last_batch(_loc(checkpoint) / "offsets")
 
 
-def read_offsets(checkpoint: Path, batch_id: int) -> list[Any]:
+def read_offsets(checkpoint: Loc | str | os.PathLike[str], batch_id: int) -> list[Any]:
     """The per-source end offsets of ``batch_id`` (JSON-decoded, in Spark's source order)."""
-    lines = (Path(checkpoint) / "offsets" / str(batch_id)).read_text(encoding="utf-8").splitlines()
+    lines = (_loc(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()
     if not lines or not lines[0].startswith("v"):
         raise ValueError(f"{checkpoint}/offsets/{batch_id}: not a Spark offset log file")
     return [json.loads(line) if line.strip() not in ("", "-") else None for line in lines[2:]]

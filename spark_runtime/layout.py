@@ -1,6 +1,7 @@
 """Where a shard keeps things: one module for every path, so nothing else builds paths by hand.
 
-Storage root (``storage.path``), per docs/design-contracts.md::
+Storage root (``storage.path``, or ``s3a://<bucket>/<prefix>`` for ``storage.s3``), per
+docs/design-contracts.md::
 
     <root>/<task>/shards/<shard>/
         checkpoint/                     Spark checkpoint = the shard's recovery log (offsets, commits, state)
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spark_runtime.storage import Loc, location
+
 __all__ = ["ShardPaths", "SinkPaths", "read_json", "write_atomic", "write_json_atomic"]
 
 
@@ -40,59 +43,59 @@ def snapshot_name(batch_id: int) -> str:
 
 @dataclass(frozen=True)
 class ShardPaths:
-    """Paths of one shard under the storage root."""
+    """Locations of one shard under the storage root (local directory or S3, see :mod:`spark_runtime.storage`)."""
 
-    root: Path
+    root: Loc
     task: str
     shard: str
 
     @classmethod
-    def of(cls, root: str | os.PathLike[str], task: str, shard: str) -> ShardPaths:
-        return cls(Path(root).absolute(), task, shard)
+    def of(cls, root: Loc | str | os.PathLike[str], task: str, shard: str) -> ShardPaths:
+        return cls(root if isinstance(root, Loc) else location(root), task, shard)
 
     @property
-    def task_dir(self) -> Path:
+    def task_dir(self) -> Loc:
         return self.root / self.task
 
     @property
-    def shard_dir(self) -> Path:
+    def shard_dir(self) -> Loc:
         return self.root / self.task / "shards" / self.shard
 
     @property
-    def checkpoint(self) -> Path:
+    def checkpoint(self) -> Loc:
         return self.shard_dir / "checkpoint"
 
     @property
-    def progress(self) -> Path:
+    def progress(self) -> Loc:
         return self.shard_dir / "progress.json"
 
     @property
-    def lineage(self) -> Path:
+    def lineage(self) -> Loc:
         return self.shard_dir / "lineage.json"
 
     @property
-    def drain_marker(self) -> Path:
+    def drain_marker(self) -> Loc:
         return self.shard_dir / "drain-requested"
 
     @property
-    def drained(self) -> Path:
+    def drained(self) -> Loc:
         return self.shard_dir / "drained.json"
 
     @property
-    def restore_report_dir(self) -> Path:
+    def restore_report_dir(self) -> Loc:
         return self.shard_dir / "restore"
 
     @property
-    def snapshots(self) -> Path:
+    def snapshots(self) -> Loc:
         return self.shard_dir / "snapshots"
 
-    def snapshot_dir(self, batch_id: int) -> Path:
+    def snapshot_dir(self, batch_id: int) -> Loc:
         return self.snapshots / snapshot_name(batch_id)
 
-    def state_dir(self, batch_id: int) -> Path:
+    def state_dir(self, batch_id: int) -> Loc:
         return self.snapshot_dir(batch_id) / "state"
 
-    def manifest(self, batch_id: int) -> Path:
+    def manifest(self, batch_id: int) -> Loc:
         return self.snapshot_dir(batch_id) / "manifest.json"
 
     def shard_path(self, name: str) -> ShardPaths:

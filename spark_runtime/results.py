@@ -14,28 +14,28 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from spark_runtime.layout import read_json
+from spark_runtime.storage import Loc, location
 
-__all__ = ["final_results", "read_lineage", "read_sink"]
+__all__ = ["final_results", "final_results_from_records", "read_lineage", "read_sink"]
 
 
-def read_lineage(storage: str | os.PathLike[str], task: str) -> dict[str, dict[str, Any]]:
-    """``{shard: {"parent": name|None, "drainedBatch": id|None, "keyGroups": {...}}}`` from the storage root."""
-    shards_dir = Path(storage) / task / "shards"
+def read_lineage(storage: Loc | str | os.PathLike[str], task: str) -> dict[str, dict[str, Any]]:
+    """``{shard: {"parent": name|None, "drainedBatch": id|None, "keyGroups": {...}}}`` from the storage root
+    (a local path, or a :class:`~spark_runtime.storage.Loc` for S3)."""
+    root = storage if isinstance(storage, Loc) else location(storage)
     out: dict[str, dict[str, Any]] = {}
-    if not shards_dir.is_dir():
-        return out
-    for d in sorted(shards_dir.iterdir()):
+    for d in (root / task / "shards").child_dirs():
         lineage_file = d / "lineage.json"
         if not lineage_file.is_file():
             continue
-        info = read_json(lineage_file)
+        info = lineage_file.read_json()
         drained = None
         if (d / "drained.json").is_file():
-            drained = read_json(d / "drained.json").get("batchId")
+            drained = (d / "drained.json").read_json().get("batchId")
         out[d.name] = {"parent": info.get("parent"), "drainedBatch": drained, "keyGroups": info.get("keyGroups")}
     return out
 
@@ -72,18 +72,27 @@ def read_sink(sink: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def final_results(
     sink: str | os.PathLike[str],
-    storage: str | os.PathLike[str] | None = None,
+    storage: Loc | str | os.PathLike[str] | None = None,
     task: str | None = None,
     *,
     lineage: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """``{key: result}``: the latest result per key across the lineage (see the module docstring)."""
+    """``{key: result}`` of a sink directory: the latest result per key across the lineage (see the module
+    docstring)."""
     if lineage is None:
         if storage is None or task is None:
             raise ValueError("final_results needs storage and task, or an explicit lineage")
         lineage = read_lineage(storage, task)
+    return final_results_from_records(read_sink(sink), lineage)
+
+
+def final_results_from_records(records: Iterable[dict[str, Any]], lineage: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``{key: result}`` from output records ``{"key", "shard", "batch", "result", ...}`` of any sink (the
+    directory's files, the Kafka topic's values): per key, the record of the deepest shard of its lineage and,
+    within it, the highest batch; batches after a shard's drained batch are dropped. Duplicates (a replayed
+    batch written twice to Kafka) carry the same result, so their order does not matter."""
     best: dict[str, tuple[int, int, Any]] = {}
-    for rec in read_sink(sink):
+    for rec in records:
         shard = rec["shard"]
         batch = int(rec["batch"])
         info = lineage.get(shard, {})

@@ -10,7 +10,12 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["DEFAULT_CONF", "spark_session", "prepare_python_env"]
+__all__ = ["DEFAULT_CONF", "EXTRA_JARS_ENV", "extra_jars_conf", "spark_session", "prepare_python_env"]
+
+EXTRA_JARS_ENV = "TASKSHARD_EXTRA_JARS"
+"""Jars (files, or directories of ``*.jar``) put on the JVM's classpath from its start, separated by ``:``:
+Spark's Kafka connector and ``hadoop-aws`` with the AWS SDK for ``source.kafka``/``sink.kafka``/``storage.s3``.
+The shard image sets it to ``/opt/taskshard/jars``."""
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -40,12 +45,31 @@ def prepare_python_env() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([*paths, cwd])
 
 
+def extra_jars_conf(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Spark conf for :data:`EXTRA_JARS_ENV`: the jars on the driver's and executors' class path (a class path,
+    not ``spark.jars``, which would copy a 650 MB AWS SDK into every session's work directory)."""
+    env = dict(os.environ) if env is None else env
+    jars: list[str] = []
+    for entry in (env.get(EXTRA_JARS_ENV) or "").split(os.pathsep):
+        entry = entry.strip()
+        if not entry:
+            continue
+        if os.path.isdir(entry):
+            jars += sorted(os.path.join(entry, n) for n in os.listdir(entry) if n.endswith(".jar"))
+        else:
+            jars.append(entry)
+    if not jars:
+        return {}
+    classpath = os.pathsep.join(jars)
+    return {"spark.driver.extraClassPath": classpath, "spark.executor.extraClassPath": classpath}
+
+
 def spark_session(master: str, conf: dict[str, str] | None = None, app_name: str = "taskshard-shard") -> Any:
     """Get or create the SparkSession (defaults above, then ``conf``)."""
     prepare_python_env()
     from pyspark.sql import SparkSession
 
-    merged = {**DEFAULT_CONF, **(conf or {})}
+    merged = {**DEFAULT_CONF, **extra_jars_conf(), **(conf or {})}
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in merged.items():
         builder = builder.config(key, value)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import threading
 import time
 import uuid
@@ -46,13 +45,15 @@ from pathlib import Path
 from typing import Any
 
 from spark_runtime.checkpoint import last_committed_batch, last_planned_batch, read_offsets
-from spark_runtime.config import ShardConfig
-from spark_runtime.layout import ShardPaths, SinkPaths, read_json, write_json_atomic
+from spark_runtime.config import ConfigError, ShardConfig
+from spark_runtime.layout import ShardPaths, SinkPaths
 from spark_runtime.pipeline import Plan, build_output_frame, export_state, make_plan
-from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter
+from spark_runtime.problems import EnvironmentProblem
+from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter, KafkaSinkWriter
 from spark_runtime.snapshot import MANIFEST_VERSION, check_restore, load_manifest, snapshot_stats, utc_now
 from spark_runtime.sources import SourceContext, make_source
 from spark_runtime.sources.seed import is_seed_offset, parquet_files, slice_dirs
+from spark_runtime.storage import Loc, check_storage, location, s3_settings_from, storage_root
 
 __all__ = ["ShardFailed", "ShardRunner", "summary_message"]
 
@@ -101,21 +102,37 @@ class ShardRunner:
         available_now: bool = False,
         drain_timeout: float = 90.0,
     ) -> None:
-        if config.storage.path is None:
-            raise NotImplementedError("storage.s3 is not implemented in this runtime yet; use storage.path")
-        if config.sink.directory is None:
-            raise NotImplementedError("sink.kafka is not implemented in this runtime yet; use sink.directory")
         self.config = config
-        self.paths = ShardPaths.of(config.storage.path, config.task, config.shard)
-        self.sink_paths = SinkPaths.of(config.sink.directory.path, config.shard)
+        self.s3 = s3_settings_from(config.storage.s3)
+        self.storage: Loc = storage_root(config.storage, self.s3)
+        self.paths = ShardPaths.of(self.storage, config.task, config.shard)
+        self.sink_paths: SinkPaths | None = None
+        dead_letter_dir: Path | None = None
+        if config.sink.directory is not None:
+            self.sink_paths = SinkPaths.of(config.sink.directory.path, config.shard)
+            dead_letter_dir = self.sink_paths.dead_letter_dir
+        elif config.storage.path is not None:
+            dead_letter_dir = Path(config.storage.path).absolute() / config.task / "dead-letters"
+            dead_letter_dir = dead_letter_dir / f"shard={config.shard}"
+        if config.source.journal is not None and dead_letter_dir is None:
+            raise ConfigError(
+                [
+                    "source.journal: the journal writes dead letters to local files; with sink.kafka it needs "
+                    "storage.path (got storage.s3), or use sink.directory"
+                ]
+            )
+        self.dead_letter_dir = dead_letter_dir
         self.plan: Plan = make_plan(config)
         self.source = make_source(config.source)
         self.spark = spark
         self.available_now = available_now
         self.drain_timeout = drain_timeout
         self.query: Any = None
-        self.sink: DirectorySinkWriter | None = None
-        self.dead_letters = DeadLetterCounter(self.sink_paths.dead_letter_dir)
+        self.sink: DirectorySinkWriter | KafkaSinkWriter | None = None
+        self.dead_letters = DeadLetterCounter(dead_letter_dir) if dead_letter_dir is not None else None
+        self.source_metrics = {"rowsRead": 0, "bytesRead": 0, "deadLetters": 0}
+        """Observed per-batch source metrics (Kafka), added up over this process's batches."""
+        self._checked = False
         self.start_positions: dict[str, Any] | None = None
         self.seed_options: dict[str, Any] | None = None
         self.restore_manifest: dict[str, Any] | None = None
@@ -163,11 +180,22 @@ class ShardRunner:
     def already_drained(self) -> bool:
         return self.paths.drained.exists()
 
+    @property
+    def dead_letter_total(self) -> int:
+        files = self.dead_letters.total if self.dead_letters is not None else 0
+        return files + int(self.source_metrics["deadLetters"])
+
+    def check_environment(self) -> None:
+        """Preflight: storage is writable (every start); the source and sink exist (first start of the process,
+        needs Spark). Raises :class:`spark_runtime.problems.EnvironmentProblem` before anything is processed."""
+        check_storage(self.storage)
+
     def prepare(self) -> bool:
         """Everything before Spark: the drained check, the restore checks, ``lineage.json``. Returns False for
         a shard that drained before (its summary is then in ``self.summary``). Idempotent."""
+        self.check_environment()
         if self.already_drained:
-            self.summary = read_json(self.paths.drained)
+            self.summary = self.paths.drained.read_json()
             log.info(
                 "shard %s drained before (manifest %s); not processing again",
                 self.config.shard,
@@ -175,15 +203,15 @@ class ShardRunner:
             )
             return False
         cfg = self.config
-        self.paths.shard_dir.mkdir(parents=True, exist_ok=True)
+        self.paths.shard_dir.mkdir()
         marker = self.paths.drain_marker
-        if marker.exists() and marker.read_text(encoding="utf-8").startswith("stop"):
+        if marker.exists() and marker.read_text().startswith("stop"):
             log.info("shard %s: an earlier SIGTERM stop was interrupted; resuming", cfg.shard)
             marker.unlink()
         self.seed_options = None
         # A split child checks the parent's manifest and takes its slice and positions.
         if cfg.restore_from is not None:
-            manifest = load_manifest(cfg.restore_from.manifest)
+            manifest = load_manifest(location(cfg.restore_from.manifest, self.s3))
             check_restore(
                 manifest,
                 task=cfg.task,
@@ -198,7 +226,7 @@ class ShardRunner:
             self.restore_manifest = manifest
             self.start_positions = dict(manifest["positions"])
             self.seed_options = {
-                "state_dir": Path(manifest["snapshot"]["path"]),
+                "state_dir": location(manifest["snapshot"]["path"], self.s3),
                 "start": cfg.key_groups.start,
                 "end": cfg.key_groups.end,
                 "report_dir": self.paths.restore_report_dir,
@@ -214,6 +242,8 @@ class ShardRunner:
             try:
                 self._start_query()
                 return
+            except EnvironmentProblem:
+                raise  # the pod's restarts (with back-off) retry it; the status shows why
             except Exception as exc:  # planning runs Python workers too (the source's schema and offsets)
                 if self.restarts_left <= 0:
                     raise
@@ -230,7 +260,13 @@ class ShardRunner:
         if self.spark is None:
             from spark_runtime.session import spark_session
 
-            self.spark = spark_session(cfg.spark.master, cfg.spark.conf)
+            self.spark = spark_session(cfg.spark.master, self.spark_conf())
+        if not self._checked:
+            for part in (self.source, self.sink_checker()):
+                check = getattr(part, "check", None)
+                if check is not None:
+                    check(self.spark)
+            self._checked = True
         conf = cfg.spark.conf
         ctx = SourceContext(
             shard=cfg.shard,
@@ -238,20 +274,25 @@ class ShardRunner:
             range_start=cfg.key_groups.start,
             range_end=cfg.key_groups.end,
             record_spec=self.plan.record_spec,
-            dead_letter_dir=self.sink_paths.dead_letter_dir,
+            dead_letter_dir=self.dead_letter_dir,
             drain_marker=self.paths.drain_marker,
             start_positions=self.start_positions,
             max_bytes_per_trigger=int(conf.get("spark.taskshard.maxBytesPerTrigger", "0")) or None,
             partition_bytes=int(conf.get("spark.taskshard.partitionBytes", str(32 * 1024 * 1024))),
+            max_records_per_trigger=int(conf.get("spark.taskshard.maxRecordsPerTrigger", "0")) or None,
         )
         events = self.source.stream(self.spark, ctx)
         out = build_output_frame(self.spark, cfg, self.plan, events, self.seed_options)
-        assert cfg.sink.directory is not None
-        self.sink = DirectorySinkWriter(self.sink_paths, cfg.sink.directory.format, cfg.shard)
+        if cfg.sink.directory is not None:
+            assert self.sink_paths is not None
+            self.sink = DirectorySinkWriter(self.sink_paths, cfg.sink.directory.format, cfg.shard)
+        else:
+            assert cfg.sink.kafka is not None
+            self.sink = KafkaSinkWriter(cfg.sink.kafka.bootstrap_servers, cfg.sink.kafka.topic, cfg.shard)
         writer = (
             out.writeStream.outputMode("update")
             .queryName(f"taskshard-{cfg.shard}-{uuid.uuid4().hex[:6]}")
-            .option("checkpointLocation", str(self.paths.checkpoint))
+            .option("checkpointLocation", self.paths.checkpoint.uri())
             .foreachBatch(self.sink)
         )
         writer = (
@@ -276,6 +317,30 @@ class ShardRunner:
             else (f"restored from {cfg.restore_from.manifest}" if cfg.restore_from else "fresh"),
         )
 
+    def spark_conf(self) -> dict[str, str]:
+        """The session's conf: s3a settings for ``storage.s3`` (credentials from the environment), then the
+        user's ``spark.conf`` (which wins)."""
+        conf: dict[str, str] = {}
+        if self.config.storage.s3 is not None:
+            conf.update(self.s3.hadoop_conf())
+        conf.update(self.config.spark.conf)
+        return conf
+
+    def sink_checker(self) -> Any:
+        """An object whose ``check(spark)`` verifies the sink (the Kafka topic exists), or None."""
+        kafka = self.config.sink.kafka
+        if kafka is None:
+            return None
+
+        class _KafkaSinkCheck:
+            @staticmethod
+            def check(spark: Any) -> None:
+                from spark_runtime.sources.kafka import kafka_topic_partitions
+
+                kafka_topic_partitions(spark, kafka.bootstrap_servers, kafka.topic, "sink.kafka.topic")
+
+        return _KafkaSinkCheck()
+
     def _write_lineage(self) -> None:
         cfg = self.config
         lineage = {
@@ -286,13 +351,17 @@ class ShardRunner:
             "parent": cfg.restore_from.parent if cfg.restore_from else None,
             "restoreManifest": cfg.restore_from.manifest if cfg.restore_from else None,
             "parentBatchId": self.restore_manifest["batchId"] if self.restore_manifest else None,
-            "sink": str(self.sink_paths.root),
+            "sink": str(self.sink_paths.root) if self.sink_paths is not None else self._sink_description(),
         }
         if self.paths.lineage.exists():
-            old = read_json(self.paths.lineage)
+            old = self.paths.lineage.read_json()
             if {k: old.get(k) for k in lineage} == lineage:
                 return
-        write_json_atomic(self.paths.lineage, {**lineage, "createdAt": utc_now()})
+        self.paths.lineage.write_json({**lineage, "createdAt": utc_now()})
+
+    def _sink_description(self) -> str:
+        kafka = self.config.sink.kafka
+        return f"kafka://{kafka.bootstrap_servers}/{kafka.topic}" if kafka is not None else ""
 
     # ---------------------------------------------------------------- running
 
@@ -318,11 +387,9 @@ class ShardRunner:
                 time.sleep(RESTART_BACKOFF_SECONDS)
                 self._start_query()
                 return
-        new_dead = self.dead_letters.refresh()
+        new_dead = self.dead_letters.refresh() if self.dead_letters is not None else 0
         if new_dead:
-            log.warning(
-                "%d new dead letters (total %d) in %s", new_dead, self.dead_letters.total, self.dead_letters.directory
-            )
+            log.warning("%d new dead letters (total %d) in %s", new_dead, self.dead_letter_total, self.dead_letter_dir)
         batches = []
         for p in self.query.recentProgress:
             data = json.loads(p.json if isinstance(p.json, str) else p.json())
@@ -331,6 +398,17 @@ class ShardRunner:
             if ran and bid not in self._seen_progress:  # idle triggers report the *next* batch id: skip them
                 self._seen_progress.add(bid)
                 batches.append(data)
+                observed = (data.get("observedMetrics") or {}).get("taskshard_source") or {}
+                for name in self.source_metrics:
+                    self.source_metrics[name] += int(observed.get(name) or 0)
+                if observed.get("deadLetters"):
+                    new_dead += int(observed["deadLetters"])
+                    log.warning(
+                        "batch %s: %s invalid records this shard owns were skipped (total %d)",
+                        bid,
+                        observed["deadLetters"],
+                        self.dead_letter_total,
+                    )
         committed = last_committed_batch(self.paths.checkpoint)
         if committed > self.last_committed or new_dead:
             self.last_committed = committed
@@ -344,7 +422,7 @@ class ShardRunner:
                 rows,
                 float(data.get("processedRowsPerSecond") or 0.0),
                 int((data.get("durationMs") or {}).get("triggerExecution", 0)),
-                self.dead_letters.total,
+                self.dead_letter_total,
             )
 
     def positions_at(self, batch_id: int) -> dict[str, Any]:
@@ -352,6 +430,9 @@ class ShardRunner:
         if batch_id < 0:
             if self.start_positions is not None:
                 return dict(self.start_positions)
+            initial = getattr(self.source, "initial_positions", None)
+            if initial is not None:
+                return initial()
             return {name: 0 for name in getattr(self.source, "positions_names", lambda: [])()}
         for entry in read_offsets(self.paths.checkpoint, batch_id):
             if entry is not None and not is_seed_offset(entry) and self.source.owns_offset(entry):
@@ -360,15 +441,15 @@ class ShardRunner:
 
     def _write_progress(self) -> None:
         bid = self.last_committed
-        write_json_atomic(
-            self.paths.progress,
+        self.paths.progress.write_json(
             {
                 "task": self.config.task,
                 "shard": self.config.shard,
                 "batchId": bid,
                 "time": utc_now(),
                 "positions": self.positions_at(bid),
-                "deadLetters": self.dead_letters.total,
+                "deadLetters": self.dead_letter_total,
+                "source": dict(self.source_metrics),
             },
             fsync=False,
         )
@@ -411,7 +492,7 @@ class ShardRunner:
     def drain(self) -> dict[str, Any]:
         """Drain (see the module docstring); returns the summary. Idempotent."""
         if self.already_drained:
-            self.summary = read_json(self.paths.drained)
+            self.summary = self.paths.drained.read_json()
             return self.summary
         t0 = time.monotonic()
         if self._file_requests_drain():
@@ -420,15 +501,19 @@ class ShardRunner:
         kind = "final" if final else "stop"
         log.info("shard %s draining (%s, %s)", self.config.shard, self._drain_reason or "request", kind)
         # Step 1: persist the request; the source stops admitting data.
-        self.paths.drain_marker.parent.mkdir(parents=True, exist_ok=True)
-        self.paths.drain_marker.write_text(f"{kind} {utc_now()}\n", encoding="utf-8")
+        self.paths.shard_dir.mkdir()
+        self.paths.drain_marker.write_text(f"{kind} {utc_now()}\n")
         # Step 2: wait for the micro-batch boundary.
         if self.query is not None:
-            if not self.wait_until(self._at_boundary, self.drain_timeout):
+            # A source that cannot hold back new data (Kafka) may run batches back to back under a backlog, so
+            # waiting long for a boundary only delays the split: stop soon and let the children redo the
+            # interrupted batch (the snapshot is of the last committed one).
+            timeout = self.drain_timeout if self.source.supports_drain_marker else min(self.drain_timeout, 10.0)
+            if not self.wait_until(self._at_boundary, timeout):
                 log.warning(
                     "no batch boundary within %.0fs; stopping anyway (the snapshot uses the last "
                     "committed batch, so it stays exact)",
-                    self.drain_timeout,
+                    timeout,
                 )
             # Step 3: stop (nothing is running).
             if self.query.isActive:
@@ -448,7 +533,8 @@ class ShardRunner:
             self._export(batch_id, snap_dir, state_dir)
         stats = snapshot_stats(state_dir)
         # Step 6: the manifest, written last.
-        self.dead_letters.refresh()
+        if self.dead_letters is not None:
+            self.dead_letters.refresh()
         cfg = self.config
         manifest = {
             "version": MANIFEST_VERSION,
@@ -463,22 +549,22 @@ class ShardRunner:
             "stateFormat": self.plan.state_format,
             "stateSchema": self.plan.state_schema,
             "snapshot": {
-                "path": str(state_dir),
+                "path": state_dir.uri(),
                 "format": "parquet",
                 "partitionColumn": "key_group",
                 **stats,
             },
-            "checkpoint": str(self.paths.checkpoint),
+            "checkpoint": self.paths.checkpoint.uri(),
             "parent": (
                 {"shard": cfg.restore_from.parent, "manifest": cfg.restore_from.manifest} if cfg.restore_from else None
             ),
-            "deadLetters": self.dead_letters.total,
+            "deadLetters": self.dead_letter_total,
             "createdAt": utc_now(),
         }
         if not manifest_path.exists():
-            write_json_atomic(manifest_path, manifest)
+            manifest_path.write_json(manifest)
         else:
-            manifest = read_json(manifest_path)
+            manifest = manifest_path.read_json()
         # Step 7: the summary.
         summary = {
             "event": "drained" if final else "stopped",
@@ -486,7 +572,7 @@ class ShardRunner:
             "shard": cfg.shard,
             "keyGroups": manifest["keyGroups"],
             "batchId": manifest["batchId"],
-            "manifest": str(manifest_path),
+            "manifest": manifest_path.uri(),
             "positions": manifest["positions"],
             "stateRows": manifest["snapshot"].get("rows", 0),
             "snapshotFiles": manifest["snapshot"].get("files", 0),
@@ -495,9 +581,9 @@ class ShardRunner:
             "time": manifest.get("createdAt"),
         }
         if final:
-            write_json_atomic(self.paths.drained, summary)
+            self.paths.drained.write_json(summary)
         else:
-            self.paths.drain_marker.unlink(missing_ok=True)
+            self.paths.drain_marker.unlink()
         self.summary = summary
         log.info("shard %s %s at batch %d: %s", cfg.shard, summary["event"], batch_id, manifest_path)
         return summary
@@ -508,29 +594,25 @@ class ShardRunner:
         except Exception:  # progress is advisory; the drain goes on
             log.exception("could not update progress after stop")
 
-    def _export(self, batch_id: int, snap_dir: Path, state_dir: Path) -> None:
-        if snap_dir.exists():  # a partial export from a crashed drain
-            shutil.rmtree(snap_dir)
-        snap_dir.mkdir(parents=True)
-        tmp = snap_dir / f".state-tmp-{uuid.uuid4().hex[:8]}"
+    def _export(self, batch_id: int, snap_dir: Loc, state_dir: Loc) -> None:
+        """Write the snapshot of committed ``batch_id`` into ``state_dir`` (in place: the manifest, written
+        after, marks it complete; a partial export of a crashed drain is removed first)."""
+        snap_dir.rmtree()
         if batch_id >= 0:
             if self.spark is None:
                 from spark_runtime.session import spark_session
 
-                self.spark = spark_session(self.config.spark.master, self.config.spark.conf)
-            export_state(self.spark, self.config, self.plan, self.paths.checkpoint, batch_id, tmp)
-        else:
-            tmp.mkdir()
-            if self.restore_manifest is not None:  # never ran a batch: the state is still the seed
-                parent_state = Path(self.restore_manifest["snapshot"]["path"])
-                for kg, directory in slice_dirs(
-                    parent_state, self.config.key_groups.start, self.config.key_groups.end
-                ).items():
-                    target = tmp / f"key_group={kg}"
-                    target.mkdir()
-                    for f in parquet_files(directory):
-                        shutil.copy2(f, target / f.name)
-        tmp.rename(state_dir)
+                self.spark = spark_session(self.config.spark.master, self.spark_conf())
+            export_state(self.spark, self.config, self.plan, self.paths.checkpoint, batch_id, state_dir)
+            return
+        state_dir.mkdir()
+        if self.restore_manifest is not None:  # never ran a batch: the state is still the seed
+            parent_state = location(self.restore_manifest["snapshot"]["path"], self.s3)
+            for kg, directory in slice_dirs(
+                parent_state, self.config.key_groups.start, self.config.key_groups.end
+            ).items():
+                for f in parquet_files(directory):
+                    f.copy_to(state_dir / f"key_group={kg}" / f.name)
 
     def stop(self) -> None:
         """Stop the query without draining (tests; a crash-like stop)."""

@@ -1,4 +1,4 @@
-"""The embedded directory sink (exactly-once per shard) and the dead-letter counter.
+"""The sinks (the embedded directory, exactly-once per shard; Kafka, effectively once) and the dead-letter counter.
 
 ``foreachBatch`` hands the sink micro-batch ``<id>``'s updated results ``(key, key_group, result)``; the sink
 writes them to ``<sink>/shard=<shard>/batch-<id>.<jsonl|parquet>`` with a temporary file and a rename. Spark
@@ -20,7 +20,7 @@ from typing import Any
 
 from spark_runtime.layout import SinkPaths, write_atomic
 
-__all__ = ["DeadLetterCounter", "DirectorySinkWriter", "OUTPUT_COLUMNS"]
+__all__ = ["DeadLetterCounter", "DirectorySinkWriter", "KafkaSinkWriter", "OUTPUT_COLUMNS"]
 
 log = logging.getLogger("taskshard.shard")
 
@@ -115,3 +115,57 @@ class DeadLetterCounter:
             self.files[name] = count
             added += count
         return added
+
+
+class KafkaSinkWriter:
+    """The ``foreachBatch`` function of the Kafka sink: micro-batch ``<id>``'s updated results as one record per
+    key, written with Spark's Kafka writer (idempotent producer, ``acks=all``).
+
+    Record: Kafka key = the result's key (so every update of a key lands in one partition, in order), value =
+    JSON ``{"key", "key_group", "shard", "result", "batch"}``, header ``taskshard-id`` = ``<shard>/<batch>/<key>``.
+
+    Guarantee: *effectively once*, not transactional. A batch Spark replays after a crash (or a parent's batch
+    interrupted by a drain and redone by its children) writes its records again; a replay writes the very same
+    records (same id, same result). So the id ``(shard, batch, key)`` de-duplicates exactly, and because a
+    key's updates stay in one partition in processing order, the *last* record of each key in the topic is its
+    current result (a compacted topic keeps exactly that). :func:`spark_runtime.results.final_results_from_records`
+    applies the lineage rule for readers that want to drop superseded records explicitly.
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, shard: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.shard = shard
+        self.rows_written = 0
+        kill_at = os.environ.get(FAULT_ENV, "")
+        self._kill_after = int(kill_at) if kill_at.strip().lstrip("-").isdigit() else None
+
+    def records(self, df: Any, batch_id: int) -> Any:
+        """The DataFrame Spark's Kafka writer takes: ``key``, ``value``, ``headers``."""
+        from pyspark.sql import functions as F
+
+        shard, batch = F.lit(self.shard), F.lit(batch_id).cast("bigint")
+        ident = F.concat_ws("/", shard, batch.cast("string"), F.col("key"))
+        return df.select(
+            F.col("key").cast("string").alias("key"),
+            F.to_json(
+                F.struct("key", "key_group", shard.alias("shard"), "result", batch.alias("batch")),
+                {"ignoreNullFields": "false"},
+            ).alias("value"),
+            F.array(F.struct(F.lit("taskshard-id").alias("key"), ident.cast("binary").alias("value"))).alias("headers"),
+        )
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        batch_id = int(batch_id)
+        (
+            self.records(df, batch_id)
+            .write.format("kafka")
+            .option("kafka.bootstrap.servers", self.bootstrap_servers)
+            .option("kafka.acks", "all")
+            .option("kafka.enable.idempotence", "true")
+            .option("topic", self.topic)
+            .save()
+        )
+        if self._kill_after is not None and batch_id == self._kill_after:
+            log.warning("fault injection: SIGKILL after writing batch %s output", batch_id)
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -23,12 +23,12 @@
 
 from __future__ import annotations
 
+import os
 import time
-from pathlib import Path
 from typing import Any
 
-from spark_runtime.layout import read_json
 from spark_runtime.sources.seed import parquet_files, slice_dirs
+from spark_runtime.storage import Loc, location
 
 __all__ = ["MANIFEST_VERSION", "RestoreError", "check_restore", "load_manifest", "snapshot_stats", "utc_now"]
 
@@ -43,16 +43,18 @@ def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def load_manifest(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
+def load_manifest(manifest: Loc | str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest at ``manifest`` (a :class:`Loc`, local path or ``s3a://`` URI with default settings)."""
+    if not isinstance(manifest, Loc):
+        manifest = location(manifest)
+    if not manifest.is_file():
         raise RestoreError(
-            f"restoreFrom.manifest: {str(p)!r} does not exist; the parent has not finished draining "
+            f"restoreFrom.manifest: {manifest.uri()!r} does not exist; the parent has not finished draining "
             "(its manifest is written last)"
         )
-    data = read_json(p)
+    data = manifest.read_json()
     if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
-        raise RestoreError(f"restoreFrom.manifest: {str(p)!r} is not a version-{MANIFEST_VERSION} manifest")
+        raise RestoreError(f"restoreFrom.manifest: {manifest.uri()!r} is not a version-{MANIFEST_VERSION} manifest")
     return data
 
 
@@ -88,15 +90,15 @@ def check_restore(
         )
 
 
-def snapshot_stats(state_dir: Path) -> dict[str, Any]:
+def snapshot_stats(state_dir: Loc) -> dict[str, Any]:
     dirs = slice_dirs(state_dir, 0, 1 << 31)
     files = [f for d in dirs.values() for f in parquet_files(d)]
     import pyarrow.parquet as pq
 
-    rows = sum(pq.read_metadata(f).num_rows for f in files)
+    rows = sum(pq.read_metadata(f.path, filesystem=f.fs).num_rows for f in files)
     return {
         "keyGroups": sorted(dirs),
         "files": len(files),
-        "bytes": sum(f.stat().st_size for f in files),
+        "bytes": sum(f.size() for f in files),
         "rows": rows,
     }

@@ -15,7 +15,7 @@ def make_source(spec: Any) -> Source:
         from spark_runtime.sources.journal import JournalSource
 
         return JournalSource(spec.journal.path, spec.journal.partitions)
-    raise NotImplementedError(
-        "source.kafka is not implemented in this runtime yet (use source.journal); the Source contract in "
-        "spark_runtime/sources/base.py is what a Kafka source implements"
-    )
+    from spark_runtime.sources.kafka import KafkaSource
+
+    k = spec.kafka
+    return KafkaSource(k.bootstrap_servers, k.topic, k.starting_offsets)

@@ -13,9 +13,12 @@ and takes care of the rest of the record contract itself:
   committed batch from the checkpoint's offset log, puts them into the drain manifest, and a restored child
   passes them back as ``SourceContext.start_positions``: the child's first batch starts exactly there.
 - **Dead letters.** Records that fail the :class:`~spark_runtime.records.RecordSpec` (malformed JSON, no key,
-  wrong types) never reach the DataFrame; the source writes them under ``SourceContext.dead_letter_dir``,
+  wrong types) never reach the DataFrame. The journal writes them under ``SourceContext.dead_letter_dir``,
   exactly once per position range (deterministic file names, atomic writes, so a replayed batch rewrites the
-  same files), and only those the shard owns (:func:`spark_runtime.records.dead_letter_key_group`).
+  same files), and only those the shard owns (:func:`spark_runtime.records.dead_letter_key_group`). Kafka
+  counts the ones the shard owns in an observed metric and leaves them in the topic.
+- **Preflight.** A source with a ``check(spark)`` method runs it before the query starts; it raises
+  :class:`spark_runtime.problems.EnvironmentProblem` for what the shard cannot fix itself (a missing topic).
 - **Drain.** When ``SourceContext.drain_marker`` exists the source admits no new data (its latest offset stays
   at its start), so no new micro-batch begins and the runtime can stop at a batch boundary without
   interrupting one. A source that cannot do that sets ``supports_drain_marker = False``; the runtime then
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_runtime.records import RecordSpec
+from spark_runtime.storage import Loc
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -47,11 +51,13 @@ class SourceContext:
     range_start: int
     range_end: int
     record_spec: RecordSpec
-    dead_letter_dir: Path
-    drain_marker: Path
+    dead_letter_dir: Path | None
+    """Where the source writes dead-letter files (None: the source only counts them, see its docs)."""
+    drain_marker: Loc
     start_positions: dict[str, Any] | None = None
     max_bytes_per_trigger: int | None = None
     partition_bytes: int = 32 * 1024 * 1024
+    max_records_per_trigger: int | None = None
 
 
 class Source(Protocol):

@@ -38,6 +38,7 @@ from pyspark.sql.streaming.datasource import (
 
 from spark_runtime.records import RecordSpec, dead_letter_key_group, parse_lines, parse_lines_arrow
 from spark_runtime.sources.base import SourceContext
+from spark_runtime.storage import S3Settings, location
 
 __all__ = [
     "JournalDataSource",
@@ -151,7 +152,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.range_start = int(options["rangestart"])
         self.range_end = int(options["rangeend"])
         self.dead_letter_dir = Path(options["deadletterdir"])
-        self.drain_marker = Path(options["drainmarker"])
+        self.drain_marker = location(options["drainmarker"], S3Settings.from_options(options))
         self.start_positions = json.loads(options.get("startpositions") or "null")
         self.max_bytes = int(options.get("maxbytespertrigger") or 0)
         self.piece_bytes = int(options.get("partitionbytes") or 32 * 1024 * 1024)
@@ -333,7 +334,8 @@ class JournalSource:
             "rangeStart": str(ctx.range_start),
             "rangeEnd": str(ctx.range_end),
             "deadLetterDir": str(ctx.dead_letter_dir),
-            "drainMarker": str(ctx.drain_marker),
+            "drainMarker": ctx.drain_marker.uri(),
+            **(ctx.drain_marker.s3.options() if ctx.drain_marker.s3 is not None else {}),
             "startPositions": json.dumps(ctx.start_positions) if ctx.start_positions is not None else "",
             "maxBytesPerTrigger": str(ctx.max_bytes_per_trigger or 0),
             "partitionBytes": str(ctx.partition_bytes),

@@ -25,6 +25,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from spark_runtime.sources.journal import _arrow_type
+from spark_runtime.storage import Loc, S3Settings, location
 
 __all__ = ["SeedDataSource", "parse_ddl", "slice_dirs"]
 
@@ -48,21 +49,22 @@ def parse_ddl(ddl: str) -> list[tuple[str, str]]:
     return cols
 
 
-def slice_dirs(state_dir: str | Path, start: int, end: int) -> dict[int, Path]:
-    """The key-group directories ``key_group=<n>`` of a snapshot with ``start <= n < end``."""
+def _loc(where: Loc | str | Path) -> Loc:
+    return where if isinstance(where, Loc) else location(where)
+
+
+def slice_dirs(state_dir: Loc | str | Path, start: int, end: int) -> dict[int, Loc]:
+    """The key-group directories ``key_group=<n>`` of a snapshot with ``start <= n < end`` (one listing)."""
     out = {}
-    state = Path(state_dir)
-    if not state.is_dir():
-        return out
-    for child in state.iterdir():
+    for child in _loc(state_dir).child_dirs():
         m = _KG_DIR.match(child.name)
-        if m and child.is_dir() and start <= int(m.group(1)) < end:
+        if m and start <= int(m.group(1)) < end:
             out[int(m.group(1))] = child
     return dict(sorted(out.items()))
 
 
-def parquet_files(kg_dir: Path) -> list[Path]:
-    return sorted(p for p in kg_dir.iterdir() if p.name.endswith(".parquet") and not p.name.startswith((".", "_")))
+def parquet_files(kg_dir: Loc | str | Path) -> list[Loc]:
+    return [p for p in _loc(kg_dir).iterdir() if p.name.endswith(".parquet") and not p.name.startswith((".", "_"))]
 
 
 class SeedPiece(InputPartition):
@@ -74,13 +76,14 @@ class SeedPiece(InputPartition):
 
 class SeedStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
-        self.state_dir = Path(options["statedir"])
+        self.s3 = S3Settings.from_options(options)
+        self.state_dir = location(options["statedir"], self.s3)
         self.start = int(options["rangestart"])
         self.end = int(options["rangeend"])
         self.mode = options["mode"]
         self.columns = parse_ddl(options["schema"])
         self.value_column = options.get("valuecolumn", "delta")
-        self.report_dir = Path(options["reportdir"])
+        self.report_dir = location(options["reportdir"], self.s3)
 
     def initialOffset(self) -> dict:
         return {"seed": 0}
@@ -91,22 +94,19 @@ class SeedStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         if int(end.get("seed", 0)) <= int(start.get("seed", 0)):
             return []
-        return [SeedPiece(kg, str(d)) for kg, d in slice_dirs(self.state_dir, self.start, self.end).items()]
+        return [SeedPiece(kg, d.uri()) for kg, d in slice_dirs(self.state_dir, self.start, self.end).items()]
 
     def read(self, partition: SeedPiece) -> Iterator[Any]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from spark_runtime.layout import write_json_atomic
-
-        files = parquet_files(Path(partition.directory))
-        tables = [pq.read_table(f) for f in files]
-        nbytes = sum(f.stat().st_size for f in files)
+        files = parquet_files(location(partition.directory, self.s3))
+        tables = [pq.read_table(f.path, filesystem=f.fs) for f in files]
+        nbytes = sum(f.size() for f in files)
         table = pa.concat_tables(tables, promote_options="default") if tables else None
         rows = table.num_rows if table is not None else 0
-        write_json_atomic(
-            self.report_dir / f"kg-{partition.key_group}.json",
-            {"keyGroup": partition.key_group, "files": [str(f) for f in files], "bytes": nbytes, "rows": rows},
+        (self.report_dir / f"kg-{partition.key_group}.json").write_json(
+            {"keyGroup": partition.key_group, "files": [f.uri() for f in files], "bytes": nbytes, "rows": rows},
             fsync=False,
         )
         if not rows:
@@ -151,26 +151,28 @@ class SeedDataSource(DataSource):
 def seed_stream(
     spark: Any,
     *,
-    state_dir: Path,
+    state_dir: Loc,
     start: int,
     end: int,
     mode: str,
     schema_ddl: str,
-    report_dir: Path,
+    report_dir: Loc,
     value_column: str = "delta",
 ) -> Any:
     """The seed streaming DataFrame (``schema_ddl`` must equal the event stream's schema for the union)."""
     spark.dataSource.register(SeedDataSource)
+    s3 = state_dir.s3 or report_dir.s3
     return (
         spark.readStream.format(FORMAT)
         .options(
-            stateDir=str(state_dir),
+            **(s3.options() if s3 is not None else {}),
+            stateDir=state_dir.uri(),
             rangeStart=str(start),
             rangeEnd=str(end),
             mode=mode,
             schema=schema_ddl,
             valueColumn=value_column,
-            reportDir=str(report_dir),
+            reportDir=report_dir.uri(),
         )
         .load()
     )

@@ -5,10 +5,11 @@
 - ``kafka_broker`` (session): a :class:`testinfra.kafka.KafkaBroker` (KRaft, loopback) from cached jars.
 - ``minio`` (session): a :class:`testinfra.minio.MinioServer` built from its Go module on first use (a cold build
   takes minutes), with the bucket ``minio.bucket`` created.
-- ``spark`` (session): a local SparkSession with those jars on its classpath and s3a pointed at ``minio``
-  (path-style access, the test credentials). It must be the first SparkSession of the pytest process: the
-  JVM's classpath is fixed when pyspark starts it, so a session created earlier by another tier cannot load the
-  Kafka source.
+- ``spark`` (session): a local SparkSession with those jars on its classpath, the shard runtime's defaults
+  (RocksDB state store) and s3a pointed at ``minio`` (path-style access, the test credentials, also exported
+  as ``AWS_*`` environment variables the way a shard pod gets them from its Secret). It must be the first
+  SparkSession of the pytest process: the JVM's classpath is fixed when pyspark starts it, so a session created
+  earlier by another tier cannot load the Kafka source.
 
 A fixture whose component cannot be fetched, built or started fails the test with the reason (never a skip).
 """
@@ -103,6 +104,13 @@ def spark(spark_jars, minio, kafka_broker):  # stops before the servers it talks
             pytrace=False,
         )
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # The JVM and its Python workers inherit the environment from here: the shard runtime reads S3 credentials
+    # from it (as a pod gets them from the Task's Secret).
+    os.environ["AWS_ACCESS_KEY_ID"] = minio.access_key
+    os.environ["AWS_SECRET_ACCESS_KEY"] = minio.secret_key
+    os.environ["AWS_REGION"] = minio.region
+    from spark_runtime.session import DEFAULT_CONF
+
     builder = (
         SparkSession.builder.master("local[2]")
         .appName(f"taskshard-integration-{uuid.uuid4().hex[:6]}")
@@ -112,8 +120,9 @@ def spark(spark_jars, minio, kafka_broker):  # stops before the servers it talks
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
     )
-    for k, v in s3a_conf(minio).items():
-        builder = builder.config(k, v)
+    for k, v in {**DEFAULT_CONF, **s3a_conf(minio)}.items():
+        if k != "spark.sql.shuffle.partitions":
+            builder = builder.config(k, v)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     yield session

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from spark_runtime.results import final_results, read_lineage
 from spark_runtime.sink import DeadLetterCounter
 from spark_runtime.snapshot import RestoreError, check_restore, load_manifest
 from spark_runtime.sources.seed import parse_ddl, slice_dirs
+from spark_runtime.storage import location
 
 pytestmark = pytest.mark.unit
 
@@ -139,9 +141,12 @@ def test_dead_letter_counter_counts_each_file_once(tmp_path):
 
 def test_layout_matches_the_contract(tmp_path):
     p = ShardPaths.of(tmp_path, "orders", "orders-0-64")
-    assert p.checkpoint == tmp_path / "orders" / "shards" / "orders-0-64" / "checkpoint"
-    assert p.state_dir(7) == tmp_path / "orders" / "shards" / "orders-0-64" / "snapshots" / "batch-7" / "state"
+    assert Path(p.checkpoint) == tmp_path / "orders" / "shards" / "orders-0-64" / "checkpoint"
+    assert p.checkpoint.uri() == str(tmp_path / "orders" / "shards" / "orders-0-64" / "checkpoint")
+    assert Path(p.state_dir(7)) == tmp_path / "orders" / "shards" / "orders-0-64" / "snapshots" / "batch-7" / "state"
     assert p.manifest(7).name == "manifest.json" and p.manifest(-1).parent.name == "batch-initial"
+    on_s3 = ShardPaths.of(location("s3a://bucket/pre/fix/"), "orders", "orders-0-64")
+    assert on_s3.manifest(7).uri() == "s3a://bucket/pre/fix/orders/shards/orders-0-64/snapshots/batch-7/manifest.json"
     s = SinkPaths.of(tmp_path, "orders-0-64")
     assert s.batch_file(3, "jsonl") == tmp_path / "shard=orders-0-64" / "batch-3.jsonl"
     assert s.dead_letter_dir == tmp_path / "_dead_letters" / "shard=orders-0-64"

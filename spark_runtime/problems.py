@@ -1,0 +1,30 @@
+"""Environment problems: the shard's config is valid, but what it points at cannot be used.
+
+A missing Kafka topic, an unreachable broker, storage credentials the bucket rejects, a bucket that does not
+exist. The runtime checks these before it processes anything (so nothing is half-done), exits with
+:data:`EXIT_ENVIRONMENT` and writes a termination message ``{"event": "failed", "reason", "field", "error"}``;
+the operator shows ``reason`` and ``error`` on the TaskShard's conditions. The pod's restarts (with the
+kubelet's back-off) retry the check, and the shard's recovery log is untouched, so fixing the cause (creating
+the topic, correcting the Secret) resumes the shard exactly where it was.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EXIT_ENVIRONMENT", "EnvironmentProblem"]
+
+EXIT_ENVIRONMENT = 3
+"""Exit code of ``taskshard-shard run`` for an :class:`EnvironmentProblem`."""
+
+
+class EnvironmentProblem(RuntimeError):
+    """Something the config names cannot be used. ``reason``: a CamelCase code for the shard's status
+    (e.g. ``SourceTopicMissing``); ``field``: the config field to look at (e.g. ``source.kafka.topic``)."""
+
+    def __init__(self, reason: str, field: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.field = field
+
+    def termination(self, shard: str) -> dict[str, str]:
+        """The termination-message payload."""
+        return {"event": "failed", "shard": shard, "reason": self.reason, "field": self.field, "error": str(self)}

@@ -1,0 +1,234 @@
+"""The Kafka source: every shard reads all partitions of the topic and keeps its key groups natively.
+
+Design (see spark_runtime/README.md, "Kafka"): Kafka's partitioning is the producers' business and independent
+of key groups, so a shard cannot read "its" partitions. Each shard subscribes to the whole topic with Spark's
+Kafka connector and filters ``pmod(hash(key), maxKeyGroups)`` in Spark right after parsing (no Python on the
+path). The price is read amplification: with N shards every record is fetched N times (measured in
+docs/benchmarks.md). The alternative, a routing job that re-partitions the topic by key group, halves nothing
+for small N and adds a second topic, a second exactly-once hop and a second failure domain; it is the right
+trade only for many shards on a large topic and is left for later.
+
+Parsing is native too (Spark's VARIANT functions), with exactly the record contract of
+:mod:`spark_runtime.records`: the value is one JSON object; the key field must be a JSON string (used as is)
+or integer (its decimal text); each processor field must have its declared JSON type (``?`` makes it
+optional). Invalid records are not processed; the shard that owns the key group of their key (or, without a
+key, ``pmod(hash(NULL), n)``, as for the journal) counts them in the observed metric ``deadLetters``. They stay
+in the topic at their partition/offset, which Kafka's retention keeps.
+
+Positions: Spark's Kafka offsets ``{"<topic>": {"<partition>": <next offset>}}``. A restored child starts
+with ``startingOffsets`` = the parent's committed positions (per partition), so it reads exactly the records
+the parent did not commit. The drain marker cannot hold the connector back (``supports_drain_marker`` is
+false): the runtime stops between triggers, and the snapshot is still the last *committed* batch.
+
+Observed metrics per micro-batch (in the query's progress): ``taskshard_source`` = ``rowsRead``,
+``bytesRead`` (key + value bytes fetched), ``deadLetters``; the runtime adds them up in ``progress.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from spark_runtime.keygroups import key_group_sql
+from spark_runtime.problems import EnvironmentProblem
+from spark_runtime.records import RecordSpec
+from spark_runtime.sources.base import SourceContext
+
+__all__ = ["KafkaSource", "kafka_topic_partitions", "parse_kafka_records"]
+
+SOURCE_METRICS = "taskshard_source"
+_INTEGER_TYPES = r"^(BIGINT|INT|SMALLINT|TINYINT|DECIMAL\(\d+,0\))$"
+_NUMBER_TYPES = r"^(BIGINT|INT|SMALLINT|TINYINT|DECIMAL\(\d+,\d+\)|DOUBLE|FLOAT)$"
+
+
+def _path(name: str) -> str:
+    """The VARIANT path of a top-level field (bracket notation, so any field name but one with both quotes)."""
+    if "'" not in name:
+        return f"$['{name}']"
+    if '"' not in name:
+        return f'$["{name}"]'
+    raise ValueError(f"field {name!r}: the Kafka source cannot address a field name with both kinds of quotes")
+
+
+def parse_kafka_records(raw: Any, spec: RecordSpec, max_key_groups: int, start: int, end: int) -> tuple[Any, Any]:
+    """``(flagged, dead_owned)`` for a Kafka DataFrame ``raw``: ``flagged`` has the source contract's columns
+    plus ``_ok`` (the record is valid) and ``_bytes`` (key + value bytes fetched); ``dead_owned`` is a boolean
+    column, true for the invalid records this shard owns (it counts them)."""
+    from pyspark.sql import functions as F
+
+    parsed = raw.select(
+        F.col("partition").cast("int").alias("partition"),
+        F.col("offset").cast("bigint").alias("offset"),
+        F.col("value").cast("string").alias("_raw"),
+        (F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length("value"), F.lit(0))).alias("_bytes"),
+    ).withColumn("_v", F.try_parse_json("_raw"))
+    v = F.col("_v")
+
+    def typ(path: str) -> Any:
+        return F.schema_of_variant(F.variant_get(v, path, "variant"))
+
+    key_path = _path(spec.key_field)
+    key_type = typ(key_path)
+    key_ok = (key_type == "STRING") | key_type.rlike(_INTEGER_TYPES)
+    key = F.when(key_ok, F.variant_get(v, key_path, "string"))
+    ok = F.schema_of_variant(v).startswith("OBJECT") & key_ok
+    columns = [key.alias("key"), F.col("partition"), F.col("offset")]
+    for f in spec.fields:
+        path = _path(f.name)
+        t = typ(path)
+        present = t.isNotNull() & (t != "VOID")
+        if f.type == "string":
+            good, value = t == "STRING", F.variant_get(v, path, "string")
+        elif f.type == "long":
+            value = F.try_variant_get(v, path, "bigint")
+            good = t.rlike(_INTEGER_TYPES) & value.isNotNull()  # integers beyond the 64-bit range do not fit
+        elif f.type == "double":
+            good, value = t.rlike(_NUMBER_TYPES), F.try_variant_get(v, path, "double")
+        elif f.type == "boolean":
+            good, value = t == "BOOLEAN", F.variant_get(v, path, "boolean")
+        else:  # json: any value, as its JSON text
+            good, value = F.lit(True), F.to_json(F.variant_get(v, path, "variant"))
+        field_ok = F.when(present, good).otherwise(F.lit(f.optional))
+        ok = ok & F.coalesce(field_ok, F.lit(False))
+        columns.append(F.when(present, value).cast(f.spark_type).alias(f.name))
+    if spec.raw_value:
+        columns.append(F.col("_raw").alias("value"))
+    flagged = parsed.select(*columns, F.coalesce(ok, F.lit(False)).alias("_ok"), F.col("_bytes"))
+    kg = F.expr(key_group_sql("key", max_key_groups))
+    dead_owned = (~F.col("_ok")) & kg.between(start, end - 1)
+    return flagged, dead_owned
+
+
+def kafka_topic_partitions(spark: Any, servers: str, topic: str, field: str, *, timeout_s: int = 15) -> int:
+    """The number of partitions of ``topic``; raise :class:`EnvironmentProblem` when the brokers cannot be
+    reached (reason ``KafkaUnreachable``) or the topic does not exist (``TopicMissing``, field ``field``).
+
+    Uses the Kafka admin client on the driver's JVM (the connector's ``kafka-clients``), so the check speaks
+    exactly what the connector will."""
+    jvm = spark._jvm
+    admin_cls = jvm.org.apache.kafka.clients.admin.Admin
+    if type(admin_cls).__name__ == "JavaPackage":
+        raise EnvironmentProblem(
+            "KafkaConnectorMissing",
+            field.rsplit(".", 1)[0],
+            "Spark's Kafka connector (spark-sql-kafka-0-10 and kafka-clients) is not on the driver's classpath; "
+            "set TASKSHARD_EXTRA_JARS to its jars (the shard image ships them under /opt/taskshard/jars)",
+        )
+    from py4j.protocol import Py4JJavaError
+
+    props = jvm.java.util.Properties()
+    props.setProperty("bootstrap.servers", servers)
+    props.setProperty("request.timeout.ms", str(timeout_s * 1000))
+    props.setProperty("default.api.timeout.ms", str(timeout_s * 1000))
+    seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
+    admin = admin_cls.create(props)
+    try:
+        try:
+            names = admin.listTopics().names().get(timeout_s, seconds)
+        except Py4JJavaError as exc:
+            raise EnvironmentProblem(
+                "KafkaUnreachable",
+                field.rsplit(".", 1)[0] + ".bootstrapServers",
+                f"{field.rsplit('.', 1)[0]}.bootstrapServers: cannot reach the Kafka brokers {servers!r} within "
+                f"{timeout_s}s ({_java_error(exc)})",
+            ) from None
+        if not names.contains(topic):
+            raise EnvironmentProblem(
+                "TopicMissing",
+                field,
+                f"{field}: topic {topic!r} does not exist on {servers!r} (existing topics: "
+                f"{sorted(str(n) for n in names)[:20]}); create it, or fix {field}",
+            )
+        desc = admin.describeTopics(jvm.java.util.Collections.singletonList(topic)).allTopicNames()
+        return int(desc.get(timeout_s, seconds).get(topic).partitions().size())
+    finally:
+        admin.close(jvm.java.time.Duration.ofSeconds(2))
+
+
+def _java_error(exc: Any) -> str:
+    try:
+        err = exc.java_exception
+        while err.getCause() is not None:
+            err = err.getCause()
+        return f"{err.getClass().getSimpleName()}: {err.getMessage()}"
+    except Exception:  # pragma: no cover - best effort description
+        return str(exc).splitlines()[0][:300]
+
+
+class KafkaSource:
+    """A Kafka topic as a :class:`spark_runtime.sources.base.Source` (see the module docstring)."""
+
+    kind = "kafka"
+    supports_drain_marker = False
+
+    def __init__(self, bootstrap_servers: str, topic: str, starting_offsets: str = "earliest") -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.starting_offsets = starting_offsets
+        self.partitions: int | None = None
+
+    def check(self, spark: Any) -> None:
+        """Preflight (raises :class:`EnvironmentProblem`): the brokers answer and the topic exists."""
+        self.partitions = kafka_topic_partitions(spark, self.bootstrap_servers, self.topic, "source.kafka.topic")
+
+    def initial_positions(self) -> dict[str, Any]:
+        """The positions of a shard that committed nothing: Kafka's ``-2`` (earliest) or ``-1`` (latest) per
+        partition, which Spark's ``startingOffsets`` JSON accepts."""
+        code = -2 if self.starting_offsets == "earliest" else -1
+        return {self.topic: {str(p): code for p in range(self.partitions or 0)}}
+
+    def owns_offset(self, offset: dict[str, Any]) -> bool:
+        return isinstance(offset, dict) and set(offset) == {self.topic}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "bootstrapServers": self.bootstrap_servers,
+            "topic": self.topic,
+            "partitions": self.partitions,
+        }
+
+    def validate_positions(self, positions: dict[str, Any]) -> None:
+        if set(positions) != {self.topic}:
+            raise ValueError(
+                f"restore positions are of topics {sorted(positions)} but source.kafka.topic is {self.topic!r}; "
+                "a child must read the parent's topic"
+            )
+        per_partition = positions[self.topic]
+        if not isinstance(per_partition, dict) or not per_partition:
+            raise ValueError(f"restore positions of {self.topic!r} must map partitions to offsets: {per_partition}")
+        bad = {
+            k: v
+            for k, v in per_partition.items()
+            if not re.match(r"^\d+$", str(k)) or not isinstance(v, int) or isinstance(v, bool) or v < -2
+        }
+        if bad:
+            raise ValueError(f"restore positions must be Kafka offsets (>= 0, or -2/-1), got {bad}")
+
+    def stream(self, spark: Any, ctx: SourceContext) -> Any:
+        from pyspark.sql import functions as F
+
+        options = {
+            "kafka.bootstrap.servers": self.bootstrap_servers,
+            "subscribe": self.topic,
+            "startingOffsets": json.dumps(ctx.start_positions)
+            if ctx.start_positions is not None
+            else self.starting_offsets,
+            # A gap in the topic (retention deleted records the shard never read) must stop the shard, not be
+            # skipped silently.
+            "failOnDataLoss": "true",
+        }
+        if ctx.max_records_per_trigger:
+            options["maxOffsetsPerTrigger"] = str(ctx.max_records_per_trigger)
+        raw = spark.readStream.format("kafka").options(**options).load()
+        flagged, dead_owned = parse_kafka_records(
+            raw, ctx.record_spec, ctx.max_key_groups, ctx.range_start, ctx.range_end
+        )
+        observed = flagged.observe(
+            SOURCE_METRICS,
+            F.count(F.lit(1)).alias("rowsRead"),
+            F.coalesce(F.sum("_bytes"), F.lit(0)).cast("bigint").alias("bytesRead"),
+            F.coalesce(F.sum(F.when(dead_owned, 1).otherwise(0)), F.lit(0)).cast("bigint").alias("deadLetters"),
+        )
+        return observed.where("_ok").drop("_ok", "_bytes")

@@ -1,0 +1,359 @@
+"""The shard runtime against a real Kafka broker and a real S3-compatible store (MinIO), both on loopback.
+
+- a split under load with Kafka in and out and every checkpoint, snapshot and manifest on S3: the per-key
+  results equal a plain-Python reference, the children start at the parent's committed offsets, and every
+  invalid record is counted by exactly one shard;
+- a broker restart mid-stream: nothing lost, nothing counted twice;
+- a missing topic, wrong storage credentials, an unreachable bucket: a clear error naming the field, exit 3
+  with a termination message for the operator, and the recovery log untouched (a fixed setup resumes exactly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_runtime.config import parse_config
+from spark_runtime.problems import EXIT_ENVIRONMENT, EnvironmentProblem
+from spark_runtime.results import final_results_from_records, read_lineage
+from spark_runtime.shard import ShardRunner
+from spark_runtime.storage import StorageProblem, location, s3_settings_from
+
+pytestmark = pytest.mark.integration
+
+MAX_KEY_GROUPS = 16
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class Setup:
+    """One task's topics and S3 prefix, and a config factory for its shards."""
+
+    def __init__(self, broker: Any, minio: Any, tmp_path: Path, partitions: int = 4) -> None:
+        self.broker, self.minio, self.tmp = broker, minio, tmp_path
+        tag = uuid.uuid4().hex[:8]
+        self.task = f"kt-{tag}"
+        self.topic_in, self.topic_out = f"in-{tag}", f"out-{tag}"
+        self.prefix = f"runs/{tag}"
+        broker.create_topic(self.topic_in, partitions)
+        broker.create_topic(self.topic_out, 3)
+
+    def config(self, shard: str, start: int, end: int, restore: dict | None = None, **over: Any) -> Any:
+        data = {
+            "task": self.task,
+            "shard": shard,
+            "maxKeyGroups": MAX_KEY_GROUPS,
+            "keyGroups": {"start": start, "end": end},
+            "processor": {"builtin": "sum", "field": "amount"},
+            "source": {"kafka": {"bootstrapServers": self.broker.bootstrap_servers, "topic": self.topic_in}},
+            "sink": {"kafka": {"bootstrapServers": self.broker.bootstrap_servers, "topic": self.topic_out}},
+            "storage": {"s3": {"bucket": self.minio.bucket, "prefix": self.prefix, "endpoint": self.minio.endpoint}},
+            "spark": {
+                "triggerInterval": "500 milliseconds",
+                "conf": {"spark.taskshard.maxRecordsPerTrigger": "400"},
+            },
+            "terminationMessagePath": str(self.tmp / f"{shard}.termination"),
+        }
+        if restore is not None:
+            data["restoreFrom"] = restore
+        data.update(over)
+        return parse_config(data)
+
+    def storage(self) -> Any:
+        cfg = self.config("x", 0, MAX_KEY_GROUPS)
+        return location(f"s3a://{self.minio.bucket}/{self.prefix}", s3_settings_from(cfg.storage.s3))
+
+    def output(self) -> list[dict]:
+        return [r.value for r in self.broker.consume_all(self.topic_out)]
+
+    def output_records(self) -> list[Any]:
+        return self.broker.consume_all(self.topic_out)
+
+
+class Reference:
+    """Per-key sum of ``amount`` over the valid events (the record contract)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.invalid = 0
+
+    def add(self, events: list[dict]) -> None:
+        for e in events:
+            key = e.get("key")
+            if (type(key) is str or type(key) is int) and type(e.get("amount")) in (int, float):
+                self.sums[str(key)] += e["amount"]
+            else:
+                self.invalid += 1
+
+
+def make_events(n: int, rng: random.Random, keys: int = 300, invalid_every: int = 97) -> list[dict]:
+    out: list[dict] = []
+    for i in range(n):
+        if invalid_every and i % invalid_every == 5:
+            out.append(
+                rng.choice([{"key": 1.5, "amount": 1}, {"nokey": "x", "amount": 2}, {"key": "k1", "amount": "x"}])
+            )
+        elif i % 11 == 0:
+            out.append({"key": rng.randrange(keys), "amount": rng.randrange(1, 50)})  # integer keys
+        else:
+            out.append({"key": f"k{rng.randrange(keys)}", "amount": rng.randrange(1, 50)})
+    return out
+
+
+class Running:
+    """A :class:`ShardRunner` whose ``run()`` loop runs in a thread (as ``taskshard-shard run`` does in a pod)."""
+
+    def __init__(self, config: Any, spark: Any) -> None:
+        self.runner = ShardRunner(config, spark)
+        self.summary: dict | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=config.shard, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.summary = self.runner.run(poll_interval=0.2)
+        except BaseException as exc:  # reported by finish()
+            self.error = exc
+
+    def committed_positions(self) -> dict[int, int]:
+        r = self.runner
+        if r.query is None:
+            return {}
+        pos = r.positions_at(r.last_committed)
+        return {int(p): int(o) for p, o in next(iter(pos.values()), {}).items()}
+
+    def wait_for(self, predicate: Any, what: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.error is not None:
+                raise AssertionError(f"{self.runner.config.shard} failed while waiting for {what}") from self.error
+            if predicate():
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"{self.runner.config.shard}: no {what} within {timeout}s")
+
+    def wait_caught_up(self, end_offsets: dict[int, int], timeout: float = 240) -> None:
+        self.wait_for(lambda: self.committed_positions() == end_offsets, f"commit of offsets {end_offsets}", timeout)
+
+    def finish(self, *, final: bool = True, timeout: float = 180) -> dict:
+        self.runner.request_drain("test", final=final)
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"{self.runner.config.shard} did not drain within {timeout}s"
+        if self.error is not None:
+            raise self.error
+        assert self.summary is not None
+        return self.summary
+
+
+def check_results(setup: Setup, ref: Reference) -> None:
+    records = setup.output_records()
+    values = [r.value for r in records]
+    # The lineage rule (deepest shard, then highest batch) gives the reference exactly.
+    results = final_results_from_records(values, read_lineage(setup.storage(), setup.task))
+    assert results.keys() == ref.sums.keys()
+    wrong = {k: (results[k], ref.sums[k]) for k in ref.sums if results[k] != pytest.approx(ref.sums[k])}
+    assert not wrong, f"{len(wrong)} keys differ, e.g. {list(wrong.items())[:5]}"
+    # Keyed by the result key, a key's updates stay in one partition in processing order: the last record per
+    # key (what a compacted topic keeps) is the exact result too.
+    last: dict[str, Any] = {}
+    for r in records:
+        assert r.key == r.value["key"]
+        last[r.key] = r.value["result"]
+    assert {k: pytest.approx(v) for k, v in ref.sums.items()} == last
+    # Duplicates (a replayed batch written again) are identical records with the same id.
+    by_id: dict[bytes, set[str]] = defaultdict(set)
+    for r in records:
+        by_id[r.headers["taskshard-id"]].add(json.dumps(r.value, sort_keys=True))
+    assert all(len(v) == 1 for v in by_id.values()), "one id, two different records"
+
+
+# ---------------------------------------------------------------- the split scenario
+
+
+def test_split_with_kafka_in_and_out_and_state_on_s3(spark, kafka_broker, minio, tmp_path):
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path), random.Random(7), Reference()
+    first = make_events(3000, rng)
+    kafka_broker.produce(setup.topic_in, first)
+    ref.add(first)
+    parent = Running(setup.config("kt-0-16", 0, 16), spark)
+    parent.wait_for(lambda: parent.runner.last_committed >= 1, "two committed batches")
+    # More input arrives while the parent drains: the split happens under load, mid-stream.
+    second = make_events(2000, rng)
+    producer = threading.Thread(target=kafka_broker.produce, args=(setup.topic_in, second))
+    producer.start()
+    summary = parent.finish()
+    producer.join(60)
+    ref.add(second)
+    assert summary["event"] == "drained" and summary["manifest"].startswith(f"s3a://{minio.bucket}/{setup.prefix}/")
+    manifest = location(summary["manifest"], parent.runner.s3).read_json()
+    assert manifest["source"]["kind"] == "kafka" and manifest["snapshot"]["path"].startswith("s3a://")
+    parent_positions = manifest["positions"][setup.topic_in]
+    assert sum(parent_positions.values()) < 5000, "the parent stopped mid-stream"
+    keys_on_s3 = minio.client().list_objects(minio.bucket, f"{setup.prefix}/{setup.task}/shards/kt-0-16/")
+    assert any("/checkpoint/commits/" in k for k in keys_on_s3) and any("/state/key_group=" in k for k in keys_on_s3)
+
+    restore = {"parent": "kt-0-16", "manifest": summary["manifest"]}
+    children = [Running(setup.config(n, a, b, restore), spark) for n, a, b in (("kt-0-8", 0, 8), ("kt-8-16", 8, 16))]
+    for child in children:
+        assert child.runner.start_positions is None or child.runner.start_positions == manifest["positions"]
+    third = make_events(1000, rng)
+    kafka_broker.produce(setup.topic_in, third)
+    ref.add(third)
+    end = kafka_broker.end_offsets(setup.topic_in)
+    for child in children:
+        child.wait_caught_up(end)
+        # Each child started exactly at the parent's committed offsets, per partition.
+        assert child.runner.restore_manifest["positions"] == manifest["positions"]
+    summaries = [child.finish() for child in children]
+    check_results(setup, ref)
+    # Each invalid record is counted once, by the shard owning its key group (or the null key's group).
+    dead = manifest["deadLetters"] + sum(s["deadLetters"] for s in summaries)
+    assert dead == ref.invalid
+    # Each child read only its slice of the parent's snapshot on S3.
+    for child, (a, b) in zip(children, ((0, 8), (8, 16)), strict=True):
+        reports = [r.read_json() for r in child.runner.paths.restore_report_dir.iterdir()]
+        assert reports and all(a <= r["keyGroup"] < b for r in reports)
+        assert all(f"/key_group={r['keyGroup']}/" in f for r in reports for f in r["files"])
+
+
+# ---------------------------------------------------------------- broker restart
+
+
+def test_broker_restart_mid_stream_loses_and_doubles_nothing(spark, kafka_broker, minio, tmp_path):
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path, partitions=3), random.Random(11), Reference()
+    first = make_events(1500, rng, invalid_every=0)
+    kafka_broker.produce(setup.topic_in, first)
+    ref.add(first)
+    shard = Running(setup.config("kt-0-16", 0, 16), spark)
+    shard.wait_for(lambda: shard.runner.last_committed >= 0, "a committed batch")
+    kafka_broker.restart(graceful=False, down_for=3)  # a crash: SIGKILL, down, back on the same port
+    second = make_events(1500, rng, invalid_every=0)
+    kafka_broker.produce(setup.topic_in, second)
+    ref.add(second)
+    shard.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    summary = shard.finish()
+    assert summary["event"] == "drained"
+    check_results(setup, ref)
+    # Counted once: the state's per-key sums equal the reference, and so do the committed positions.
+    assert sum(summary["positions"][setup.topic_in].values()) == 3000
+
+
+# ---------------------------------------------------------------- environment problems
+
+
+def test_missing_topic_is_a_clear_error_and_the_shard_starts_once_it_exists(spark, kafka_broker, minio, tmp_path):
+    setup = Setup(kafka_broker, minio, tmp_path)
+    missing = f"missing-{uuid.uuid4().hex[:6]}"
+    cfg = setup.config(
+        "kt-0-16", 0, 16, source={"kafka": {"bootstrapServers": kafka_broker.bootstrap_servers, "topic": missing}}
+    )
+    runner = ShardRunner(cfg, spark)
+    with pytest.raises(EnvironmentProblem) as err:
+        runner.start()
+    assert err.value.reason == "TopicMissing" and err.value.field == "source.kafka.topic"
+    assert f"source.kafka.topic: topic {missing!r} does not exist" in str(err.value)
+    assert runner.query is None, "nothing started"
+    # The sink is checked the same way.
+    cfg = setup.config(
+        "kt-0-16", 0, 16, sink={"kafka": {"bootstrapServers": kafka_broker.bootstrap_servers, "topic": missing}}
+    )
+    with pytest.raises(EnvironmentProblem, match="sink.kafka.topic: topic") as err:
+        ShardRunner(cfg, spark).start()
+    assert err.value.reason == "TopicMissing"
+    # Once the topic exists the same shard runs (the pod's next restart).
+    kafka_broker.create_topic(missing, 2)
+    events = make_events(300, random.Random(3), invalid_every=0)
+    kafka_broker.produce(missing, events)
+    ref = Reference()
+    ref.add(events)
+    cfg = setup.config(
+        "kt-0-16", 0, 16, source={"kafka": {"bootstrapServers": kafka_broker.bootstrap_servers, "topic": missing}}
+    )
+    shard = Running(cfg, spark)
+    shard.wait_caught_up(kafka_broker.end_offsets(missing))
+    shard.finish()
+    check_results(setup, ref)
+
+
+def test_unreachable_broker_names_bootstrap_servers(spark, kafka_broker, minio, tmp_path):
+    from testinfra.common import free_port
+
+    setup = Setup(kafka_broker, minio, tmp_path)
+    dead = f"127.0.0.1:{free_port()}"
+    cfg = setup.config("kt-0-16", 0, 16, source={"kafka": {"bootstrapServers": dead, "topic": setup.topic_in}})
+    with pytest.raises(EnvironmentProblem) as err:
+        ShardRunner(cfg, spark).start()
+    assert err.value.reason == "KafkaUnreachable" and err.value.field == "source.kafka.bootstrapServers"
+    assert dead in str(err.value)
+
+
+def _run_cli(config: Any, tmp_path: Path, env: dict[str, str]) -> tuple[int, dict, str]:
+    path = tmp_path / f"{config.shard}.json"
+    path.write_text(json.dumps(config.to_json_dict()))
+    proc = subprocess.run(
+        [sys.executable, "-m", "spark_runtime", "run", "--config", str(path)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    message = json.loads(Path(config.termination_message_path).read_text())
+    return proc.returncode, message, proc.stderr
+
+
+def test_wrong_credentials_and_unreachable_bucket_fail_clearly_and_keep_the_recovery_log(
+    spark, kafka_broker, minio, tmp_path
+):
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path, partitions=2), random.Random(5), Reference()
+    events = make_events(600, rng, invalid_every=0)
+    kafka_broker.produce(setup.topic_in, events)
+    ref.add(events)
+    cfg = setup.config("kt-0-16", 0, 16)
+    shard = Running(cfg, spark)
+    shard.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    stopped = shard.finish(final=False)  # a SIGTERM: resumable
+    assert stopped["event"] == "stopped"
+    checkpoint = shard.runner.paths.checkpoint
+    commits_before = [c.name for c in (checkpoint / "commits").iterdir()]
+
+    # Wrong credentials (the Secret has a bad key): exit 3, the field and the reason in the termination message.
+    code, message, stderr = _run_cli(cfg, tmp_path, {"AWS_SECRET_ACCESS_KEY": "not-the-secret"})
+    assert code == EXIT_ENVIRONMENT, stderr[-2000:]
+    assert message["event"] == "failed" and message["reason"] == "StorageAccessDenied"
+    assert message["field"] == "storage.s3.credentialsSecret" and minio.bucket in message["error"]
+    # A bucket that does not exist, and an endpoint nobody listens on.
+    from testinfra.common import free_port
+
+    no_bucket = setup.config("kt-0-16", 0, 16, storage={"s3": {"bucket": "no-such-bucket", "endpoint": minio.endpoint}})
+    with pytest.raises(StorageProblem) as err:
+        ShardRunner(no_bucket, spark).start()
+    assert err.value.reason == "StorageBucketMissing" and "no-such-bucket" in str(err.value)
+    unreachable = setup.config(
+        "kt-0-16", 0, 16, storage={"s3": {"bucket": minio.bucket, "endpoint": f"http://127.0.0.1:{free_port()}"}}
+    )
+    with pytest.raises(StorageProblem) as err:
+        ShardRunner(unreachable, spark).start()
+    assert err.value.reason == "StorageUnreachable" and err.value.field == "storage.s3.endpoint"
+
+    # Nothing was touched: the fixed shard resumes from its recovery log and stays exact.
+    assert [c.name for c in (checkpoint / "commits").iterdir()] == commits_before
+    more = make_events(400, rng, invalid_every=0)
+    kafka_broker.produce(setup.topic_in, more)
+    ref.add(more)
+    resumed = Running(cfg, spark)
+    resumed.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    assert resumed.finish()["event"] == "drained"
+    check_results(setup, ref)

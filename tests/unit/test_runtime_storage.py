@@ -1,0 +1,125 @@
+"""Storage locations (local and S3 naming), the runtime's S3 settings, Kafka positions checks, and config
+combinations the runtime refuses (no Spark, no S3 service: the integration tier talks to a real one)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spark_runtime.config import ConfigError, parse_config
+from spark_runtime.storage import S3Settings, StorageProblem, check_storage, location, s3_settings_from, storage_root
+
+
+def test_local_location_reads_writes_lists_and_deletes(tmp_path):
+    root = location(tmp_path / "root")
+    f = root / "a" / "b.json"
+    assert not f.exists() and root.iterdir() == []
+    f.write_json({"x": 1})
+    assert f.is_file() and f.read_json() == {"x": 1} and (root / "a").is_dir()
+    assert [c.name for c in (root / "a").iterdir()] == ["b.json"]
+    assert not [p for p in (tmp_path / "root" / "a").iterdir() if p.name.startswith(".")], "no temporary left"
+    f.copy_to(root / "c" / "b.json")
+    assert (root / "c" / "b.json").read_text() == f.read_text()
+    assert [d.name for d in root.child_dirs()] == ["a", "c"]
+    f.unlink()
+    f.unlink()  # missing is fine
+    root.rmtree()
+    assert not root.exists()
+    assert str(root) == str(tmp_path / "root")
+    with open(location(tmp_path) / "x", "w") as fh:  # a local location is os.PathLike
+        fh.write("ok")
+    assert (tmp_path / "x").read_text() == "ok"
+
+
+def test_s3_uris_name_bucket_and_key_without_touching_the_network():
+    loc = location("s3a://my-bucket/some/prefix/")
+    assert loc.is_s3 and loc.path == "my-bucket/some/prefix" and loc.uri() == "s3a://my-bucket/some/prefix"
+    assert (loc / "x.json").parent == loc and (loc / "x.json").name == "x.json"
+    assert location("s3://b/k").uri() == "s3a://b/k"
+    with pytest.raises(TypeError, match="on S3"):
+        open(loc / "x.json")  # noqa: SIM115 - it must not be usable as a local path
+    with pytest.raises(ValueError, match="needs a bucket"):
+        location("s3a:///key")
+    with pytest.raises(ValueError, match="unsupported scheme 'gs'"):
+        location("gs://b/k")
+
+
+def test_s3_settings_take_credentials_only_from_the_environment():
+    env = {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "AWS_REGION": "eu-west-1"}
+    spec = parse_config(_config(storage={"s3": {"bucket": "bkt", "endpoint": "http://127.0.0.1:9000"}})).storage
+    s = s3_settings_from(spec.s3, env)
+    assert s == S3Settings("http://127.0.0.1:9000", "eu-west-1", "AK", "SK")
+    conf = s.hadoop_conf()
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert conf["spark.hadoop.fs.s3a.access.key"] == "AK"
+    assert "AK" not in json.dumps(s.options()) and "SK" not in json.dumps(s.options())
+    assert S3Settings.from_options(s.options(), env) == s
+    root = storage_root(spec, s)
+    assert root.uri() == "s3a://bkt" and root.s3 == s
+    no_keys = s3_settings_from(None, {})
+    assert "spark.hadoop.fs.s3a.access.key" not in no_keys.hadoop_conf()
+
+
+def test_unreachable_s3_endpoint_is_a_storage_problem_naming_the_field():
+    from testinfra.common import free_port  # a closed loopback port: nothing listens there
+
+    settings = S3Settings(f"http://127.0.0.1:{free_port()}", "us-east-1", "AK", "SK")
+    with pytest.raises(StorageProblem) as err:
+        check_storage(location("s3a://bkt/prefix", settings))
+    assert err.value.reason == "StorageUnreachable" and err.value.field == "storage.s3.endpoint"
+    assert "storage.s3.endpoint" in str(err.value) and "bkt" in str(err.value)
+
+
+def test_unwritable_local_storage_is_a_storage_problem(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(StorageProblem) as err:
+        check_storage(location(blocker / "state"))
+    assert err.value.field == "storage.path" and str(blocker) in str(err.value)
+
+
+def test_kafka_positions_are_checked_against_the_topic():
+    from spark_runtime.sources.kafka import KafkaSource
+
+    src = KafkaSource("127.0.0.1:9092", "orders")
+    src.validate_positions({"orders": {"0": 5, "1": 0}})
+    assert src.owns_offset({"orders": {"0": 5}}) and not src.owns_offset({"p0.jsonl": 3})
+    with pytest.raises(ValueError, match="source.kafka.topic is 'orders'"):
+        src.validate_positions({"other": {"0": 1}})
+    with pytest.raises(ValueError, match="Kafka offsets"):
+        src.validate_positions({"orders": {"0": -7}})
+    src.partitions = 3
+    assert src.initial_positions() == {"orders": {"0": -2, "1": -2, "2": -2}}
+    assert KafkaSource("h:1", "t", "latest").initial_positions() == {"t": {}}
+
+
+def test_journal_with_kafka_sink_needs_local_storage_for_dead_letters():
+    pytest.importorskip("pyspark")
+    from spark_runtime.shard import ShardRunner
+
+    cfg = parse_config(
+        _config(
+            sink={"kafka": {"bootstrapServers": "127.0.0.1:9092", "topic": "out"}},
+            storage={"s3": {"bucket": "bkt"}},
+        )
+    )
+    with pytest.raises(ConfigError, match="source.journal.*storage.path"):
+        ShardRunner(cfg)
+
+
+def _config(**over):
+    base = {
+        "task": "orders",
+        "shard": "orders-0-8",
+        "maxKeyGroups": 8,
+        "keyGroups": {"start": 0, "end": 8},
+        "processor": {"builtin": "count"},
+        "source": {"journal": {"path": "/tmp/journal"}},
+        "sink": {"directory": {"path": "/tmp/out"}},
+        "storage": {"path": "/tmp/state"},
+    }
+    base.update(over)
+    return base
