@@ -1,0 +1,81 @@
+"""Environment problems reach the TaskShard's status: the operator and a real shard pod, no Spark job needed.
+
+- storage on an S3 endpoint nobody listens on: the runtime's preflight fails before anything is processed,
+  exits 3 with a termination message naming ``storage.s3.endpoint``; the TaskShard's Degraded condition carries
+  the reason ``StorageUnreachable`` and the error, with a Warning event, while the kubelet retries the pod;
+- credentials from a Secret: the pod's environment takes ``AWS_*`` from the Secret by reference (the values
+  are in no ConfigMap); a Secret that does not exist is named on the status (reason ``SecretMissing``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.cluster.operator_fixtures import apply, operator_crds, operator_process, task_manifest  # noqa: F401
+from tests.waiting import get_json, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def s3_task(name: str, data_dir, endpoint: str, secret: str) -> dict:
+    manifest = task_manifest(name, data_dir)
+    manifest["spec"]["storage"] = {
+        "s3": {"bucket": "taskshard-state", "prefix": "e2e", "endpoint": endpoint, "credentialsSecret": secret},
+        "volume": {"hostPath": str(data_dir), "mountPath": "/data"},
+    }
+    return manifest
+
+
+def degraded(kubectl, shard: str) -> dict:
+    st = get_json(kubectl, "taskshard", shard).get("status") or {}
+    return next((c for c in st.get("conditions") or [] if c["type"] == "Degraded"), {})
+
+
+def test_unreachable_bucket_and_missing_secret_show_on_the_shard_status(
+    kubectl,
+    operator_process,
+    tmp_path,  # noqa: F811
+):
+    from testinfra.common import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "s3-creds"},
+        "stringData": {"AWS_ACCESS_KEY_ID": "AKTEST", "AWS_SECRET_ACCESS_KEY": "sekrit-value"},
+    }
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(secret))
+    apply(kubectl, s3_task("unreach", tmp_path, endpoint, "s3-creds"))
+    apply(kubectl, s3_task("nosecret", tmp_path, endpoint, "no-such-secret"))
+    shard = "unreach-0-16"
+
+    def unreachable_shown():
+        cond = degraded(kubectl, shard)
+        return cond if cond.get("reason") == "StorageUnreachable" and cond.get("status") == "True" else None
+
+    cond = wait_for(unreachable_shown, timeout=180, what=f"{shard} Degraded with reason StorageUnreachable")
+    assert "storage.s3.endpoint" in cond["message"] and endpoint.split("//")[1] in cond["message"]
+    assert "exit code 3" in cond["message"]
+    events = get_json(kubectl, "events", "--field-selector", f"involvedObject.name={shard}")["items"]
+    assert any(e["type"] == "Warning" and e["reason"] == "StorageUnreachable" for e in events)
+    # The credentials reach the pod by reference only.
+    pod = get_json(kubectl, "pods", "-l", "taskshard.io/shard=" + shard)["items"][0]
+    env = {e["name"]: e for e in pod["spec"]["containers"][0].get("env") or []}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "s3-creds",
+        "key": "AWS_SECRET_ACCESS_KEY",
+        "optional": False,
+    }
+    configmaps = get_json(kubectl, "configmaps")["items"]
+    assert "sekrit-value" not in json.dumps(configmaps)
+
+    def missing_secret_shown():
+        cond = degraded(kubectl, "nosecret-0-16")
+        return cond if cond.get("reason") == "SecretMissing" else None
+
+    cond = wait_for(missing_secret_shown, timeout=120, what="nosecret-0-16 Degraded with reason SecretMissing")
+    assert "no-such-secret" in cond["message"] and "spec.storage.s3.credentialsSecret" in cond["message"]
