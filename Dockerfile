@@ -23,6 +23,7 @@
 #     /tmp; with Docker: `docker run --read-only --tmpfs /tmp:exec ...` (Docker's tmpfs default is noexec).
 #   - PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON name the venv's interpreter, so Spark's Python workers find
 #     pandas and pyarrow. JAVA_HOME points at the JRE through an architecture-neutral link.
+#   - TASKSHARD_EXTRA_JARS=/opt/taskshard/jars: the JVM class path for Kafka and s3a (`make image-jars` first).
 #   - No compilers or build tools in the final stages; pip stays in the venv so that a derived image can add
 #     a user's processor package (`USER 0`, `pip install ...`, `USER 10001`).
 #
@@ -132,8 +133,13 @@ RUN set -eux; \
     /usr/lib/jvm/java-17/bin/java -version
 ENV JAVA_HOME=/usr/lib/jvm/java-17 \
     PYSPARK_PYTHON=/opt/taskshard/bin/python \
-    PYSPARK_DRIVER_PYTHON=/opt/taskshard/bin/python
+    PYSPARK_DRIVER_PYTHON=/opt/taskshard/bin/python \
+    TASKSHARD_EXTRA_JARS=/opt/taskshard/jars
 COPY --from=shard-deps /opt/taskshard /opt/taskshard
+# Spark's Kafka connector and hadoop-aws + AWS SDK for source/sink.kafka and storage.s3: whatever
+# `make image-jars` put into hack/image/jars (nothing by default: such shards then stop with the clear
+# KafkaConnectorMissing error; journal/directory/path tasks need no jars).
+COPY hack/image/jars/ /opt/taskshard/jars/
 COPY --from=wheel /wheels /opt/wheels
 RUN set -eux; \
     pip install --no-deps --no-index /opt/wheels/*.whl; \

@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST := bash hack/run-pytest.sh
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind test-image images bench lint clean
+.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind test-image image-jars images bench lint clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -54,6 +54,9 @@ test-kind: venv
 
 test-image: venv
 	$(PYTEST) -m image
+
+image-jars: venv
+	$(VENV)/bin/python -m testinfra jars --into hack/image/jars
 
 images:
 	docker build --target operator -t taskshard/operator:$(IMAGE_TAG) .

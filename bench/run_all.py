@@ -11,7 +11,8 @@ The benchmarks (issue 8), each a script that prints its table and writes JSON + 
 2. ``split``: ``bench/split_latency.py`` (split request -> both children's first batch, per phase);
 3. ``restore``: ``bench/restore_cost.py`` (restoring half of a 1M-key state vs all of it);
 4. ``scaling``: ``bench/scaling.py`` (1, 2, 4 shards: throughput and read amplification);
-5. ``operator``: ``bench/operator_scale.py`` (500 TaskShards: time, peak memory, slowest handler call).
+5. ``operator``: ``bench/operator_scale.py`` (500 TaskShards: time, peak memory, slowest handler call);
+6. ``kafka``: ``bench/kafka_read_amplification.py`` (a real Kafka topic read by 1, 2 and 4 shards).
 
 They run one after another (never two at once: they would measure each other), each in its own process, with
 the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
@@ -76,6 +77,14 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         "result": "operator_scale",
         "full": ["--shards", "500", "--steady", "30"],
         "quick": ["--shards", "500", "--steady", "10"],
+    },
+    "kafka": {
+        "number": 6,
+        "title": "Kafka read amplification (issue 7)",
+        "script": "bench/kafka_read_amplification.py",
+        "result": "kafka_read_amplification",
+        "full": ["--events", "200000", "--shards", "1,2,4"],
+        "quick": ["--events", "50000", "--shards", "1,2,4"],
     },
 }
 

@@ -2,6 +2,7 @@
 
 python -m testinfra fetch            # jars (Maven Central) + MinIO (Go module proxy) into the caches
 python -m testinfra jars             # only the jars; prints the Spark jars, comma separated
+python -m testinfra jars --into DIR  # and copies Spark's Kafka connector and s3a jars into DIR (for an image)
 python -m testinfra minio-build      # only MinIO
 python -m testinfra up [--run-dir D] # a Kafka broker and MinIO on loopback until Ctrl-C; prints the endpoints
 """
@@ -9,6 +10,7 @@ python -m testinfra up [--run-dir D] # a Kafka broker and MinIO on loopback unti
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import tempfile
@@ -24,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testinfra", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("fetch", help="jars and MinIO into the caches")
-    sub.add_parser("jars", help="the jars only")
+    jars = sub.add_parser("jars", help="the jars only")
+    jars.add_argument("--into", type=Path, default=None, help="also copy the Spark jars into this directory")
     sub.add_parser("minio-build", help="MinIO only")
     up = sub.add_parser("up", help="run a Kafka broker and MinIO until interrupted")
     up.add_argument("--run-dir", type=Path, default=None)
@@ -33,7 +36,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd in ("fetch", "jars"):
             ensure_jar_set(kafka_broker_set())
-            print(",".join(str(p) for p in spark_jars()))
+            found = spark_jars()
+            print(",".join(str(p) for p in found))
+            into = getattr(args, "into", None)
+            if into is not None:
+                into.mkdir(parents=True, exist_ok=True)
+                for jar in found:
+                    target = into / jar.name
+                    if not target.exists():
+                        shutil.copy2(jar, target)
+                print(f"copied {len(found)} jars into {into}", file=sys.stderr)
         if args.cmd in ("fetch", "minio-build"):
             print(ensure_minio())
         if args.cmd == "up":

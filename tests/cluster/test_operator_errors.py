@@ -34,11 +34,7 @@ def degraded(kubectl, shard: str) -> dict:
     return next((c for c in st.get("conditions") or [] if c["type"] == "Degraded"), {})
 
 
-def test_unreachable_bucket_and_missing_secret_show_on_the_shard_status(
-    kubectl,
-    operator_process,
-    tmp_path,  # noqa: F811
-):
+def test_unreachable_bucket_and_missing_secret_show_on_the_shard_status(kubectl, operator_process, tmp_path):  # noqa: F811
     from testinfra.common import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
