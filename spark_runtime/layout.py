@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,16 +129,9 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = Tru
     """Write ``data`` to ``path`` all-or-nothing: a temporary file in the same directory, then ``os.replace``.
 
     A reader sees the old content or the new one, never a torn file; a crash leaves at most a ``.tmp-*`` file.
+    (The local case of :meth:`spark_runtime.storage.Loc.write_bytes`.)
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    location(path).write_bytes(data, fsync=fsync)
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from spark_runtime.config import BuiltinProcessor, ShardConfig
@@ -183,10 +182,11 @@ def make_group_function(plan: Plan) -> Any:
 # ---------------------------------------------------------------- snapshot export
 
 
-def export_state(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Path, batch_id: int, out_dir: Path) -> None:
+def export_state(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Any, batch_id: int, out_dir: Any) -> None:
     """Write the state at committed ``batch_id`` as Parquet partitioned by ``key_group`` into ``out_dir``
     (which must not exist). Reads the checkpoint with Spark's State Data Source; key groups are computed
-    natively from the key."""
+    natively from the key. ``checkpoint`` and ``out_dir`` are local paths or :class:`~spark_runtime.storage.Loc`
+    (their string form is what Spark gets: a path or an ``s3a://`` URI)."""
     from pyspark.sql import functions as F
 
     st = spark.read.format("statestore").option("batchId", batch_id).load(str(checkpoint))

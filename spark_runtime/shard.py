@@ -128,7 +128,13 @@ class ShardRunner:
         self.available_now = available_now
         self.drain_timeout = drain_timeout
         self.query: Any = None
-        self.sink: DirectorySinkWriter | KafkaSinkWriter | None = None
+        self.sink: DirectorySinkWriter | KafkaSinkWriter
+        if config.sink.directory is not None:
+            assert self.sink_paths is not None
+            self.sink = DirectorySinkWriter(self.sink_paths, config.sink.directory.format, config.shard)
+        else:
+            assert config.sink.kafka is not None
+            self.sink = KafkaSinkWriter(config.sink.kafka.bootstrap_servers, config.sink.kafka.topic, config.shard)
         self.dead_letters = DeadLetterCounter(dead_letter_dir) if dead_letter_dir is not None else None
         self.source_metrics = {"rowsRead": 0, "bytesRead": 0, "deadLetters": 0}
         """Observed per-batch source metrics (Kafka), added up over this process's batches."""
@@ -262,7 +268,7 @@ class ShardRunner:
 
             self.spark = spark_session(cfg.spark.master, self.spark_conf())
         if not self._checked:
-            for part in (self.source, self.sink_checker()):
+            for part in (self.source, self.sink):
                 check = getattr(part, "check", None)
                 if check is not None:
                     check(self.spark)
@@ -283,12 +289,6 @@ class ShardRunner:
         )
         events = self.source.stream(self.spark, ctx)
         out = build_output_frame(self.spark, cfg, self.plan, events, self.seed_options)
-        if cfg.sink.directory is not None:
-            assert self.sink_paths is not None
-            self.sink = DirectorySinkWriter(self.sink_paths, cfg.sink.directory.format, cfg.shard)
-        else:
-            assert cfg.sink.kafka is not None
-            self.sink = KafkaSinkWriter(cfg.sink.kafka.bootstrap_servers, cfg.sink.kafka.topic, cfg.shard)
         writer = (
             out.writeStream.outputMode("update")
             .queryName(f"taskshard-{cfg.shard}-{uuid.uuid4().hex[:6]}")
@@ -325,21 +325,6 @@ class ShardRunner:
             conf.update(self.s3.hadoop_conf())
         conf.update(self.config.spark.conf)
         return conf
-
-    def sink_checker(self) -> Any:
-        """An object whose ``check(spark)`` verifies the sink (the Kafka topic exists), or None."""
-        kafka = self.config.sink.kafka
-        if kafka is None:
-            return None
-
-        class _KafkaSinkCheck:
-            @staticmethod
-            def check(spark: Any) -> None:
-                from spark_runtime.sources.kafka import kafka_topic_partitions
-
-                kafka_topic_partitions(spark, kafka.bootstrap_servers, kafka.topic, "sink.kafka.topic")
-
-        return _KafkaSinkCheck()
 
     def _write_lineage(self) -> None:
         cfg = self.config

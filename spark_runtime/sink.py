@@ -140,6 +140,12 @@ class KafkaSinkWriter:
         kill_at = os.environ.get(FAULT_ENV, "")
         self._kill_after = int(kill_at) if kill_at.strip().lstrip("-").isdigit() else None
 
+    def check(self, spark: Any) -> None:
+        """Preflight (raises :class:`spark_runtime.problems.EnvironmentProblem`): the topic exists."""
+        from spark_runtime.sources.kafka import kafka_topic_partitions
+
+        kafka_topic_partitions(spark, self.bootstrap_servers, self.topic, "sink.kafka.topic")
+
     def records(self, df: Any, batch_id: int) -> Any:
         """The DataFrame Spark's Kafka writer takes: ``key``, ``value``, ``headers``."""
         from pyspark.sql import functions as F
