@@ -36,7 +36,16 @@ from urllib.parse import urlparse
 
 from spark_runtime.problems import EnvironmentProblem
 
-__all__ = ["Loc", "S3Settings", "StorageProblem", "check_storage", "location", "s3_settings_from", "storage_root"]
+__all__ = [
+    "Loc",
+    "S3Settings",
+    "StorageProblem",
+    "check_storage",
+    "location",
+    "remove_tree",
+    "s3_settings_from",
+    "storage_root",
+]
 
 S3_SCHEMES = ("s3a", "s3", "s3n")
 
@@ -316,6 +325,18 @@ def location(uri: str | os.PathLike[str], s3: S3Settings | None = None) -> Loc:
     if parsed.scheme and parsed.scheme != "file":
         raise ValueError(f"{text!r}: unsupported scheme {parsed.scheme!r} (use a local path or s3a://)")
     return Loc(str(Path(parsed.path if parsed.scheme == "file" else text).absolute()))
+
+
+def remove_tree(uri: str, endpoint: str | None = None) -> str:
+    """Delete everything under ``uri`` (a local path or ``s3a://bucket/key``); S3 credentials and region from the
+    environment. The operator's cleanup pod runs this for ``checkpointRetention: Delete``. Returns the URI."""
+    loc = location(
+        uri, s3_settings_from(None, {**os.environ, **({"TASKSHARD_S3_ENDPOINT": endpoint} if endpoint else {})})
+    )
+    if loc.is_s3 and loc.path.count("/") < 1:
+        raise ValueError(f"{uri!r}: refusing to delete a whole bucket; name a prefix")
+    loc.rmtree()
+    return loc.uri()
 
 
 def storage_root(spec: Any, s3: S3Settings | None = None) -> Loc:

@@ -21,12 +21,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from .common import ManagedProcess, bin_cache_dir, free_port, log, run_with_progress, wait_until
-from .s3 import S3Client
+from .s3 import S3Client, S3Error
 from .versions import MINIO_MODULE, MINIO_VERSION
 
 __all__ = ["MinioServer", "MinioUnavailable", "ensure_minio", "minio_binary_path"]
@@ -245,8 +246,18 @@ class MinioServer:
             self.process.stop(timeout)
             log(COMPONENT, "stopped")
 
-    def create_bucket(self, name: str) -> None:
-        self.client().create_bucket(name)
+    def create_bucket(self, name: str, timeout: float = 30.0) -> None:
+        """Create ``name``; retried while MinIO still answers 503 ``XMinioServerNotInitialized`` (its readiness
+        endpoint can say ready a moment before the object layer is)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.client().create_bucket(name)
+                return
+            except S3Error as e:
+                if e.status != 503 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def __enter__(self) -> MinioServer:
         return self.start()

@@ -402,16 +402,40 @@ def build_executor_service(*, task: str, shard: str, key_groups: KeyGroupRange) 
 # ---------------------------------------------------------------- checkpoint retention
 
 
-def build_cleanup_pod(*, task: str, spec: TaskSpec) -> dict[str, Any] | None:
-    """A one-shot pod that deletes ``<storage.path>/<task>`` (``checkpointRetention: Delete``).
+def task_storage_uri(task: str, spec: TaskSpec) -> str:
+    """Where a task's recovery logs, snapshots and manifests live: ``<storage.path>/<task>`` or
+    ``s3a://<bucket>/<prefix>/<task>``."""
+    s3 = spec.storage.s3
+    if s3 is not None:
+        return f"s3a://{s3.bucket}/" + "/".join(p for p in ((s3.prefix or "").strip("/"), task) if p)
+    return f"{(spec.storage.path or '').rstrip('/')}/{task}"
 
-    None when the storage is not a filesystem path on a volume (nothing the operator can mount).
+
+def build_cleanup_pod(*, task: str, spec: TaskSpec) -> dict[str, Any] | None:
+    """A one-shot pod that deletes the task's storage (``checkpointRetention: Delete``): ``<storage.path>/<task>``
+    on the mounted volume, or every object under ``s3a://<bucket>/<prefix>/<task>/`` with the credentials of
+    ``storage.s3.credentialsSecret`` (``spark_runtime.storage.remove_tree``).
+
+    None when the storage is a filesystem path without a volume (nothing the operator can mount).
     """
     storage = _storage_volume(spec)
-    if storage is None or spec.storage.path is None:
+    s3 = spec.storage.s3
+    target = task_storage_uri(task, spec)
+    if s3 is not None:
+        script = (
+            f"from spark_runtime.storage import remove_tree; print('removed', remove_tree({target!r}, {s3.endpoint!r}))"
+        )
+        env = s3_credentials_env(spec)
+    elif storage is not None and spec.storage.path is not None:
+        script = f"import shutil; shutil.rmtree({target!r}, ignore_errors=True); print('removed', {target!r})"
+        env = []
+    else:
         return None
-    target = f"{spec.storage.path.rstrip('/')}/{task}"
-    script = f"import shutil; shutil.rmtree({target!r}, ignore_errors=True); print('removed', {target!r})"
+    container: dict[str, Any] = {"name": "cleanup", "image": spec.spark.image, "command": ["python", "-c", script]}
+    if env:
+        container["env"] = env
+    if storage is not None and s3 is None:
+        container["volumeMounts"] = [storage[1]]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -422,14 +446,7 @@ def build_cleanup_pod(*, task: str, spec: TaskSpec) -> dict[str, Any] | None:
         "spec": {
             "restartPolicy": "OnFailure",
             "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "cleanup",
-                    "image": spec.spark.image,
-                    "command": ["python", "-c", script],
-                    "volumeMounts": [storage[1]],
-                }
-            ],
-            "volumes": [storage[0]],
+            "containers": [container],
+            **({"volumes": [storage[0]]} if "volumeMounts" in container else {}),
         },
     }

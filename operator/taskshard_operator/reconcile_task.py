@@ -13,7 +13,8 @@
    Tiled, observedGeneration, templateHash).
 
 :func:`delete_task` (on deletion, before the finalizer goes): stop every shard pod, wait until they are gone,
-then, for ``checkpointRetention: Delete``, run a one-shot cleanup pod that removes ``<storage.path>/<task>``.
+then, for ``checkpointRetention: Delete``, run a one-shot cleanup pod that removes ``<storage.path>/<task>`` (or the
+task's objects under ``s3a://<bucket>/<prefix>/``).
 Shards, ConfigMaps and pods are removed by the garbage collector (owner references). Retain keeps everything on
 the storage volume.
 """
@@ -222,7 +223,8 @@ def delete_task(kube: Kube, namespace: str, name: str, body: dict[str, Any], *, 
             body,
             "Warning",
             "CheckpointsRetained",
-            f"checkpointRetention: Delete needs spec.storage.path on spec.storage.volume; {name}'s are kept",
+            f"checkpointRetention: Delete needs spec.storage.s3, or spec.storage.path on spec.storage.volume; "
+            f"{name}'s are kept",
         )
         return
     pod_name = cleanup["metadata"]["name"]
@@ -233,4 +235,5 @@ def delete_task(kube: Kube, namespace: str, name: str, body: dict[str, Any], *, 
     if (pod.get("status") or {}).get("phase") != "Succeeded":
         raise kopf.TemporaryError(f"waiting for cleanup pod {pod_name}", delay=2)
     kube.delete_pod(namespace, pod_name, grace=0)
-    emit(body, "Normal", "CheckpointsDeleted", f"removed {spec.storage.path}/{name} (checkpointRetention: Delete)")
+    where = builders.task_storage_uri(name, spec)
+    emit(body, "Normal", "CheckpointsDeleted", f"removed {where} (checkpointRetention: Delete)")

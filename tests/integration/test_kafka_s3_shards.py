@@ -359,3 +359,24 @@ def test_wrong_credentials_and_unreachable_bucket_fail_clearly_and_keep_the_reco
     resumed.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
     assert resumed.finish()["event"] == "drained"
     check_results(setup, ref)
+
+
+def test_cleanup_removes_exactly_the_tasks_prefix_on_s3(minio, monkeypatch):
+    """``checkpointRetention: Delete`` on S3: the cleanup pod's ``remove_tree`` deletes the task's objects only."""
+    from spark_runtime.storage import remove_tree
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", minio.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", minio.secret_key)
+    client, tag = minio.client(), uuid.uuid4().hex[:6]
+    keep = f"cleanup-{tag}/other-task/shards/a/progress.json"
+    doomed = [f"cleanup-{tag}/gone/shards/a/checkpoint/offsets/0", f"cleanup-{tag}/gone/shards/b/lineage.json"]
+    for key in [keep, *doomed]:
+        client.put_object(minio.bucket, key, b"{}")
+    uri = remove_tree(f"s3a://{minio.bucket}/cleanup-{tag}/gone", minio.endpoint)
+    assert uri == f"s3a://{minio.bucket}/cleanup-{tag}/gone"
+    left = client.list_objects(minio.bucket, f"cleanup-{tag}/")
+    # (pyarrow may leave an empty "directory" marker for the parent prefix: cleanup-<tag>/)
+    assert [k for k in left if not k.endswith("/")] == [keep]
+    assert not [k for k in left if k.startswith(f"cleanup-{tag}/gone")]
+    with pytest.raises(ValueError, match="whole bucket"):
+        remove_tree(f"s3a://{minio.bucket}", minio.endpoint)

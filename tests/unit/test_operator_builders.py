@@ -288,10 +288,17 @@ def test_cleanup_pod():
     assert pod["metadata"]["name"] == "orders-cleanup"
     assert "/data/state/orders" in pod["spec"]["containers"][0]["command"][2]
     assert pod["spec"]["volumes"][0]["hostPath"]["path"] == "/srv/taskshard"
-    assert (
-        builders.build_cleanup_pod(task="o", spec=TaskSpec.from_k8s({**SPEC, "storage": {"s3": {"bucket": "bkt"}}}))
-        is None
-    )
+    no_volume = TaskSpec.from_k8s({**SPEC, "storage": {"path": "/data/state"}})
+    assert builders.build_cleanup_pod(task="o", spec=no_volume) is None
+
+
+def test_cleanup_pod_on_s3_deletes_the_task_prefix_with_the_secrets_credentials():
+    s3 = {"s3": {**S3_STORAGE["s3"], "prefix": "prod/"}}
+    pod = builders.build_cleanup_pod(task="orders", spec=TaskSpec.from_k8s({**SPEC, "storage": s3}))
+    container = pod["spec"]["containers"][0]
+    assert "remove_tree('s3a://bkt/prod/orders', 'http://minio:9000')" in container["command"][2]
+    assert container["env"] == CREDENTIALS_ENV
+    assert "volumes" not in pod["spec"] and "volumeMounts" not in container
 
 
 S3_STORAGE = {"s3": {"bucket": "bkt", "endpoint": "http://minio:9000", "credentialsSecret": "taskshard-s3"}}
