@@ -179,6 +179,11 @@ def _storage_volume(spec: TaskSpec) -> tuple[dict[str, Any], dict[str, Any]] | N
     return {"name": "storage", **source}, {"name": "storage", "mountPath": mount_path}
 
 
+def user_env(spec: TaskSpec) -> list[dict[str, Any]]:
+    """``spec.spark.env`` as container env entries (the operator's own variables are reserved by the model)."""
+    return [e.to_k8s() for e in spec.spark.env or []]
+
+
 def s3_credentials_env(spec: TaskSpec) -> list[dict[str, Any]]:
     """Env vars ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` from ``spec.storage.s3.credentialsSecret``.
 
@@ -270,6 +275,7 @@ def build_pod(
             {"name": "TASKSHARD_SHARD", "value": shard},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            *user_env(spec),
             *s3_credentials_env(spec),
         ],
         "resources": _resources(spec.spark.resources),
@@ -360,11 +366,11 @@ def _spark_memory(quantity: int | str) -> str:
 
 
 def build_executor_pod_template(*, task: str, shard: str, key_groups: KeyGroupRange, spec: TaskSpec) -> dict[str, Any]:
-    """Executor pod template (``spark.kubernetes.executor.podTemplateFile``): the storage volume, the S3
-    credentials env (Spark adds its own env vars to the template container's) and labels."""
+    """Executor pod template (``spark.kubernetes.executor.podTemplateFile``): the storage volume, env
+    (``spec.spark.env`` and the S3 credentials; Spark adds its own env vars to the template container's), labels."""
     storage = _storage_volume(spec)
     container: dict[str, Any] = {"name": "executor"}
-    env = s3_credentials_env(spec)
+    env = [*user_env(spec), *s3_credentials_env(spec)]
     if env:
         container["env"] = env
     pod_spec: dict[str, Any] = {"containers": [container], "serviceAccountName": service_account_of(spec)}

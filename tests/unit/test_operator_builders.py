@@ -338,3 +338,23 @@ def test_no_credentials_env_without_a_secret():
         assert not any(e["name"].startswith("AWS_") for e in pod["spec"]["containers"][0]["env"])
         template = builders.build_executor_pod_template(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s)
         assert "env" not in template["spec"]["containers"][0]
+
+
+def test_spark_env_reaches_driver_and_executors_and_reserved_names_are_refused():
+    env = [
+        {"name": "TASKSHARD_EXTRA_JARS", "value": "/opt/jars"},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "t"}}},
+    ]
+    s = TaskSpec.from_k8s({**SPEC, "spark": {**SPEC["spark"], "env": env}})
+    pod = builders.build_pod(task="orders", shard="orders-0-64", key_groups=R(0, 64), spec=s, template_hash="h")
+    got = pod["spec"]["containers"][0]["env"]
+    assert [e for e in got if e["name"] in ("TASKSHARD_EXTRA_JARS", "TOKEN")] == env
+    assert {e["name"] for e in got} >= {"TASKSHARD_SHARD", "POD_NAME"}
+    template = builders.build_executor_pod_template(task="orders", shard="orders-0-64", key_groups=R(0, 64), spec=s)
+    assert template["spec"]["containers"][0]["env"] == env
+    with pytest.raises(ValueError, match="'TASKSHARD_SHARD' is set by the operator"):
+        TaskSpec.from_k8s({**SPEC, "spark": {**SPEC["spark"], "env": [{"name": "TASKSHARD_SHARD", "value": "x"}]}})
+    with pytest.raises(ValueError, match="value or valueFrom, not both"):
+        TaskSpec.from_k8s(
+            {**SPEC, "spark": {**SPEC["spark"], "env": [{"name": "A", "value": "x", "valueFrom": {"fieldRef": {}}}]}}
+        )

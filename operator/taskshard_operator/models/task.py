@@ -37,6 +37,7 @@ __all__ = [
     "ProcessorSpec",
     "ResourceRequirements",
     "PersistentVolumeClaimRef",
+    "EnvVar",
     "S3Storage",
     "ShardSummary",
     "SinkSpec",
@@ -304,6 +305,44 @@ class ExecutorsSpec(K8sModel):
     resources: ResourceRequirements | None = Field(default=None, description="Resources of each executor.")
 
 
+RESERVED_ENV = ("TASKSHARD_TASK", "TASKSHARD_SHARD", "POD_NAME", "POD_NAMESPACE")
+"""Env vars the operator sets on every driver pod itself (a Task cannot override them)."""
+
+
+class EnvVar(K8sModel):
+    """An environment variable of the driver pod, as in a Pod's container ``env`` (value or valueFrom)."""
+
+    model_config = {
+        "json_schema_extra": validations(
+            cel(
+                "!(has(self.value) && has(self.valueFrom))",
+                "spec.spark.env: set value or valueFrom, not both",
+            )
+        )
+    }
+
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$",
+        description="Variable name, e.g. TASKSHARD_EXTRA_JARS or AWS_REGION.",
+    )
+    value: str | None = Field(default=None, max_length=32768, description="The value.")
+    value_from: FreeFormObject | None = Field(
+        default=None, description="A source for the value: secretKeyRef, configMapKeyRef or fieldRef, as in a Pod."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"spec.spark.env {self.name!r}: set value or valueFrom, not both")
+        if self.name in RESERVED_ENV:
+            raise ValueError(
+                f"spec.spark.env: {self.name!r} is set by the operator on every shard pod; choose another name"
+            )
+        return self
+
+
 class SparkSpec(K8sModel):
     """Spark settings shared by every shard's driver pod; changing them rolls the shards (last-state)."""
 
@@ -336,6 +375,11 @@ class SparkSpec(K8sModel):
         },
     )
     executors: ExecutorsSpec | None = Field(default=None, description="Executors; default none (local mode).")
+    env: list[EnvVar] | None = Field(
+        default=None,
+        max_length=64,
+        description="Extra environment variables of the driver pod (e.g. TASKSHARD_EXTRA_JARS, AWS_REGION).",
+    )
     trigger_interval: str = Field(
         default="1 second",
         max_length=64,
