@@ -129,9 +129,14 @@ class JournalSource(_Model):
 
 
 class KafkaSource(_Model):
+    """A Kafka topic. ``startingTimestamp`` (epoch ms) is set by the operator, not the user: for
+    ``startingOffsets: latest`` it is the Task's creation time, so every shard of the task starts at the same
+    records however far apart the shards start (each partition at its first record at or after that time)."""
+
     bootstrap_servers: str = Field(max_length=2048)
     topic: str = Field(min_length=1, max_length=249)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
+    starting_timestamp: int | None = Field(default=None, ge=0)
 
 
 class SourceSpec(_Model):

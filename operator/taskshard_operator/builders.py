@@ -15,6 +15,7 @@ Pod contract (see docs/design-contracts.md "Shard pod <-> runtime"):
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 from typing import Any
@@ -110,12 +111,20 @@ def build_shard_config(
     key_groups: KeyGroupRange,
     spec: TaskSpec,
     restore_from: dict[str, str] | None = None,
+    task_created: str | None = None,
 ) -> dict[str, Any]:
     """The runtime's ``shard.json`` (validated against ``spark_runtime.config.ShardConfig`` by the caller).
 
     Paths (source, sink, storage) are the Task's, as the pod sees them under the storage volume's mount path.
+    ``task_created`` (the Task's ``metadata.creationTimestamp``) pins ``source.kafka.startingOffsets: latest`` to
+    one instant for every shard (``source.kafka.startingTimestamp``, epoch ms).
     """
     data = spec.to_k8s()
+    source = data["source"]
+    kafka = source.get("kafka")
+    if kafka is not None and kafka.get("startingOffsets") == "latest" and task_created:
+        stamp = datetime.datetime.fromisoformat(task_created.replace("Z", "+00:00"))
+        source = {"kafka": {**kafka, "startingTimestamp": int(stamp.timestamp() * 1000)}}
     spark = data["spark"]
     instances = executor_instances(spec)
     conf = dict(spark.get("conf") or {})
@@ -130,7 +139,7 @@ def build_shard_config(
         "keyGroups": {"start": key_groups.start, "end": key_groups.end},
         "keyField": spec.key_field,
         "processor": data["processor"],
-        "source": data["source"],
+        "source": source,
         "sink": data["sink"],
         "storage": storage,
         "restoreFrom": dict(restore_from) if restore_from else None,

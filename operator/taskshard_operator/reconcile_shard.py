@@ -243,6 +243,7 @@ def _ensure_config(ctx: ShardContext) -> bool:
         key_groups=ctx.key_groups,
         spec=ctx.spec,
         restore_from=ctx.restore_from,
+        task_created=((ctx.task or {}).get("metadata") or {}).get("creationTimestamp"),
     )
     try:
         validate_shard_config(config)

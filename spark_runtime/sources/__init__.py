@@ -18,4 +18,4 @@ def make_source(spec: Any) -> Source:
     from spark_runtime.sources.kafka import KafkaSource
 
     k = spec.kafka
-    return KafkaSource(k.bootstrap_servers, k.topic, k.starting_offsets)
+    return KafkaSource(k.bootstrap_servers, k.topic, k.starting_offsets, k.starting_timestamp)

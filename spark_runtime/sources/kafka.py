@@ -17,8 +17,13 @@ in the topic at their partition/offset, which Kafka's retention keeps.
 
 Positions: Spark's Kafka offsets ``{"<topic>": {"<partition>": <next offset>}}``. A restored child starts
 with ``startingOffsets`` = the parent's committed positions (per partition), so it reads exactly the records
-the parent did not commit. The drain marker cannot hold the connector back (``supports_drain_marker`` is
-false): the runtime stops between triggers, and the snapshot is still the last *committed* batch.
+the parent did not commit. A fresh shard with ``startingOffsets: latest`` starts at the operator-set
+``startingTimestamp`` (the Task's creation time; partitions with no later record at their end), so all shards
+of a task agree on where "latest" was, however far apart they start. (Record timestamps are the producers'
+CreateTime unless the topic uses LogAppendTime; with skewed producer clocks use ``earliest``.)
+
+Drain: the drain marker cannot hold the connector back (``supports_drain_marker`` is false): the runtime stops
+between triggers, and the snapshot is still the last *committed* batch.
 
 Observed metrics per micro-batch (in the query's progress): ``taskshard_source`` = ``rowsRead``,
 ``bytesRead`` (key + value bytes fetched), ``deadLetters``; the runtime adds them up in ``progress.json``.
@@ -162,10 +167,17 @@ class KafkaSource:
     kind = "kafka"
     supports_drain_marker = False
 
-    def __init__(self, bootstrap_servers: str, topic: str, starting_offsets: str = "earliest") -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        starting_offsets: str = "earliest",
+        starting_timestamp: int | None = None,
+    ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.starting_offsets = starting_offsets
+        self.starting_timestamp = starting_timestamp
         self.partitions: int | None = None
 
     def check(self, spark: Any) -> None:
@@ -212,13 +224,19 @@ class KafkaSource:
         options = {
             "kafka.bootstrap.servers": self.bootstrap_servers,
             "subscribe": self.topic,
-            "startingOffsets": json.dumps(ctx.start_positions)
-            if ctx.start_positions is not None
-            else self.starting_offsets,
             # A gap in the topic (retention deleted records the shard never read) must stop the shard, not be
             # skipped silently.
             "failOnDataLoss": "true",
         }
+        # Only a query's first start uses these; afterwards its checkpoint holds the positions.
+        if ctx.start_positions is not None:  # a split child: exactly the parent's committed offsets
+            options["startingOffsets"] = json.dumps(ctx.start_positions)
+        elif self.starting_offsets == "latest" and self.starting_timestamp is not None:
+            # Every shard of the task from the same instant (the Task's creation), not from its own start.
+            options["startingTimestamp"] = str(self.starting_timestamp)
+            options["startingOffsetsByTimestampStrategy"] = "latest"
+        else:
+            options["startingOffsets"] = self.starting_offsets
         if ctx.max_records_per_trigger:
             options["maxOffsetsPerTrigger"] = str(ctx.max_records_per_trigger)
         raw = spark.readStream.format("kafka").options(**options).load()

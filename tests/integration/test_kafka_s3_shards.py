@@ -380,3 +380,37 @@ def test_cleanup_removes_exactly_the_tasks_prefix_on_s3(minio, monkeypatch):
     assert not [k for k in left if k.startswith(f"cleanup-{tag}/gone")]
     with pytest.raises(ValueError, match="whole bucket"):
         remove_tree(f"s3a://{minio.bucket}", minio.endpoint)
+
+
+def test_latest_starts_every_shard_at_the_task_creation_time(spark, kafka_broker, minio, tmp_path):
+    """``startingOffsets: latest`` pinned to one instant (the operator passes the Task's creation time): a shard
+    that starts later still begins exactly where its sibling did, so together they count every record after it."""
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path, partitions=2), random.Random(9), Reference()
+    kafka_broker.produce(setup.topic_in, make_events(300, rng, invalid_every=0))  # before the Task: not counted
+    time.sleep(1.0)
+    created_ms = int(time.time() * 1000)
+    time.sleep(0.5)
+    after = make_events(300, rng, invalid_every=0)
+    kafka_broker.produce(setup.topic_in, after)
+    ref.add(after)
+    source = {
+        "kafka": {
+            "bootstrapServers": kafka_broker.bootstrap_servers,
+            "topic": setup.topic_in,
+            "startingOffsets": "latest",
+            "startingTimestamp": created_ms,
+        }
+    }
+    first = Running(setup.config("kt-0-8", 0, 8, source=source), spark)
+    first.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    more = make_events(200, rng, invalid_every=0)
+    kafka_broker.produce(setup.topic_in, more)
+    ref.add(more)
+    # Started after everything above was produced: a plain "latest" would start it at the end and miss it all.
+    second = Running(setup.config("kt-8-16", 8, 16, source=source), spark)
+    end = kafka_broker.end_offsets(setup.topic_in)
+    first.wait_caught_up(end)
+    second.wait_caught_up(end)
+    first.finish()
+    second.finish()
+    check_results(setup, ref)

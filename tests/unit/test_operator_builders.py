@@ -358,3 +358,23 @@ def test_spark_env_reaches_driver_and_executors_and_reserved_names_are_refused()
         TaskSpec.from_k8s(
             {**SPEC, "spark": {**SPEC["spark"], "env": [{"name": "A", "value": "x", "valueFrom": {"fieldRef": {}}}]}}
         )
+
+
+def test_kafka_latest_is_pinned_to_the_task_creation_time_for_every_shard():
+    kafka = {"bootstrapServers": "k:9092", "topic": "orders"}
+    latest = TaskSpec.from_k8s({**SPEC, "source": {"kafka": {**kafka, "startingOffsets": "latest"}}})
+    configs = [
+        builders.build_shard_config(
+            task="orders", namespace="ns", shard=name, key_groups=r, spec=latest, task_created="2026-11-22T06:40:01Z"
+        )
+        for name, r in (("orders-0-64", R(0, 64)), ("orders-64-128", R(64, 128)))
+    ]
+    stamps = {c["source"]["kafka"]["startingTimestamp"] for c in configs}
+    assert stamps == {1795329601000}
+    for c in configs:
+        validate_shard_config(c)  # the runtime accepts the field
+    earliest = TaskSpec.from_k8s({**SPEC, "source": {"kafka": kafka}})
+    config = builders.build_shard_config(
+        task="orders", namespace="ns", shard="orders-0-64", key_groups=R(0, 64), spec=earliest, task_created="x"
+    )
+    assert "startingTimestamp" not in config["source"]["kafka"]
