@@ -62,6 +62,8 @@ log = logging.getLogger("taskshard.shard")
 RESTART_BACKOFF_SECONDS = 2.0
 IN_PROCESS_RESTARTS = 3
 """How often a failed query is restarted in-process (from its checkpoint) before the shard gives up (exit 1)."""
+S3_LIST_INTERVAL_SECONDS = 5.0
+"""With storage on S3, how often ``poll()`` lists the commit log when no new batch was reported."""
 TERMINATION_MESSAGE_LIMIT = 4096
 """Kubernetes keeps at most 4096 bytes of a termination message."""
 
@@ -139,6 +141,7 @@ class ShardRunner:
         self.source_metrics = {"rowsRead": 0, "bytesRead": 0, "deadLetters": 0}
         """Observed per-batch source metrics (Kafka), added up over this process's batches."""
         self._checked = False
+        self._listed_at = 0.0
         self.start_positions: dict[str, Any] | None = None
         self.seed_options: dict[str, Any] | None = None
         self.restore_manifest: dict[str, Any] | None = None
@@ -394,10 +397,15 @@ class ShardRunner:
                         observed["deadLetters"],
                         self.dead_letter_total,
                     )
-        committed = last_committed_batch(self.paths.checkpoint)
-        if committed > self.last_committed or new_dead:
-            self.last_committed = committed
-            self._write_progress()
+        # A batch's progress is posted after its commit; on S3 the commit log is listed only then (or every few
+        # seconds), not on every poll: a LIST request is not free.
+        now = time.monotonic()
+        if batches or new_dead or not self.storage.is_s3 or now - self._listed_at >= S3_LIST_INTERVAL_SECONDS:
+            self._listed_at = now
+            committed = last_committed_batch(self.paths.checkpoint)
+            if committed > self.last_committed or new_dead:
+                self.last_committed = committed
+                self._write_progress()
         for data in batches:
             rows = int(data.get("numInputRows") or 0)
             self.rows_processed += rows

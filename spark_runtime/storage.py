@@ -349,7 +349,7 @@ def storage_root(spec: Any, s3: S3Settings | None = None) -> Loc:
 
 def check_storage(root: Loc) -> None:
     """Raise :class:`StorageProblem` when the storage root cannot be written and read back (a probe object
-    under ``<root>/.taskshard-probe/``). Local roots are created when missing."""
+    ``<root>/.taskshard-probe-<random>``, removed again). Local roots are created when missing."""
     if not root.is_s3:
         try:
             root.mkdir()
@@ -365,7 +365,7 @@ def check_storage(root: Loc) -> None:
     assert settings is not None
     bucket = root.path.split("/", 1)[0]
     where = f"bucket {bucket!r} at {settings.endpoint or 'the AWS default endpoint'}"
-    probe = root / ".taskshard-probe" / uuid.uuid4().hex[:8]
+    probe = root / f".taskshard-probe-{uuid.uuid4().hex[:8]}"
     try:
         probe.write_bytes(b"ok")
         if probe.read_bytes() != b"ok":
