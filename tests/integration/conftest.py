@@ -33,6 +33,7 @@ from testinfra.jars import JarsUnavailable
 from testinfra.jars import spark_jars as fetch_spark_jars
 from testinfra.kafka import KafkaBroker
 from testinfra.minio import MinioServer, MinioUnavailable
+from testinfra.s3 import S3Error
 
 BUCKET = "taskshard-it"
 
@@ -53,6 +54,9 @@ def kafka_broker(tmp_path_factory, request):
     except (JarsUnavailable, StartError) as e:
         broker.stop()
         pytest.fail(f"the Kafka broker did not start: {e}", pytrace=False)
+    except BaseException:
+        broker.stop()
+        raise
     yield broker
     if request.session.testsfailed:
         print(f"\n[kafka] last broker log lines ({broker.process.log_path}):\n{broker.process.log_tail(30)}")
@@ -65,9 +69,12 @@ def minio(tmp_path_factory, request):
     try:
         server.start()
         server.create_bucket(BUCKET)
-    except (MinioUnavailable, StartError) as e:
+    except (MinioUnavailable, StartError, S3Error) as e:
         server.stop()
         pytest.fail(f"MinIO did not start: {e}", pytrace=False)
+    except BaseException:
+        server.stop()  # never leave a server running behind a failed fixture
+        raise
     server.bucket = BUCKET
     yield server
     if request.session.testsfailed:
