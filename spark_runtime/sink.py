@@ -31,6 +31,18 @@ FAULT_ENV = "TASKSHARD_FAULT_KILL_AFTER_SINK_BATCH"
 (before Spark commits the batch), the worst moment for exactly-once."""
 
 
+def _fault_batch() -> int | None:
+    """The batch id named by :data:`FAULT_ENV`, or None."""
+    kill_at = os.environ.get(FAULT_ENV, "")
+    return int(kill_at) if kill_at.strip().lstrip("-").isdigit() else None
+
+
+def _maybe_fault(kill_after: int | None, batch_id: int) -> None:
+    if kill_after is not None and batch_id == kill_after:
+        log.warning("fault injection: SIGKILL after writing batch %s output", batch_id)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class DirectorySinkWriter:
     """The ``foreachBatch`` function of the directory sink."""
 
@@ -39,8 +51,7 @@ class DirectorySinkWriter:
         self.fmt = fmt
         self.shard = shard
         self.rows_written = 0
-        kill_at = os.environ.get(FAULT_ENV, "")
-        self._kill_after = int(kill_at) if kill_at.strip().lstrip("-").isdigit() else None
+        self._kill_after = _fault_batch()
 
     def __call__(self, df: Any, batch_id: int) -> None:
         batch_id = int(batch_id)
@@ -49,9 +60,7 @@ class DirectorySinkWriter:
         else:
             rows = self.write_parquet(df, batch_id)
         self.rows_written += rows
-        if self._kill_after is not None and batch_id == self._kill_after:
-            log.warning("fault injection: SIGKILL after writing batch %s output", batch_id)
-            os.kill(os.getpid(), signal.SIGKILL)
+        _maybe_fault(self._kill_after, batch_id)
 
     def _with_columns(self, df: Any, batch_id: int) -> Any:
         from pyspark.sql import functions as F
@@ -137,8 +146,7 @@ class KafkaSinkWriter:
         self.topic = topic
         self.shard = shard
         self.rows_written = 0
-        kill_at = os.environ.get(FAULT_ENV, "")
-        self._kill_after = int(kill_at) if kill_at.strip().lstrip("-").isdigit() else None
+        self._kill_after = _fault_batch()
 
     def check(self, spark: Any) -> None:
         """Preflight (raises :class:`spark_runtime.problems.EnvironmentProblem`): the topic exists."""
@@ -172,6 +180,4 @@ class KafkaSinkWriter:
             .option("topic", self.topic)
             .save()
         )
-        if self._kill_after is not None and batch_id == self._kill_after:
-            log.warning("fault injection: SIGKILL after writing batch %s output", batch_id)
-            os.kill(os.getpid(), signal.SIGKILL)
+        _maybe_fault(self._kill_after, batch_id)
