@@ -227,7 +227,11 @@ class KeyGroupsSpec(_Model):
 
 
 class RestoreFrom(_Model):
-    """A split child's parent: its name and the path of the parent's drain manifest."""
+    """A split child's parent: its name and where its state is.
+
+    ``manifest`` is the parent's snapshot manifest (it must exist), or the parent's drain summary
+    ``.../shards/<parent>/drained.json`` (what the operator sets), which names the manifest: until that file exists
+    the child is on standby (warm, processing nothing; see :mod:`spark_runtime.shard`)."""
 
     parent: str = Field(min_length=1, max_length=253)
     manifest: str = Field(min_length=1, max_length=4096)

@@ -8,6 +8,13 @@ Lifecycle::
       │          └──(query fails)──> failed (exit 1; the pod restarts it from the recovery log)
       └──(drained.json exists: this shard drained before)────────────────────────────────┘ (re-report)
 
+A split child whose ``restoreFrom.manifest`` names its parent's drain summary (``drained.json``, what the
+operator sets) starts on **standby** when that file does not exist yet: it starts Spark, runs its preflight and a
+rehearsal of its restore plan (:mod:`spark_runtime.rehearsal`), and waits without processing anything until the
+parent has finished its final drain. The parent writes the summary only after its query stopped for good, so no
+key group is ever processed by both; the child then restores with a warm JVM. A SIGTERM on standby exits 0
+(event ``stopped``, nothing processed).
+
 A *final* drain (the operator's split: the drain-request file says ``true``) is sticky: the shard never processes
 again, because its children own its key groups from then on. A SIGTERM on its own (pod deletion for a template
 roll, a node drain, an eviction) runs the same steps 1-6 (a savepoint snapshot and manifest) but is not final:
@@ -50,12 +57,19 @@ from spark_runtime.layout import ShardPaths, SinkPaths
 from spark_runtime.pipeline import Plan, build_output_frame, export_state, make_plan
 from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter, KafkaSinkWriter
-from spark_runtime.snapshot import MANIFEST_VERSION, check_restore, load_manifest, snapshot_stats, utc_now
+from spark_runtime.snapshot import (
+    MANIFEST_VERSION,
+    RestoreError,
+    check_restore,
+    load_manifest,
+    snapshot_stats,
+    utc_now,
+)
 from spark_runtime.sources import SourceContext, make_source
 from spark_runtime.sources.seed import is_seed_offset, parquet_files, slice_dirs
 from spark_runtime.storage import Loc, check_storage, location, s3_settings_from, storage_root
 
-__all__ = ["ShardFailed", "ShardRunner", "summary_message"]
+__all__ = ["ShardFailed", "ShardRunner", "StandbyStopped", "summary_message"]
 
 log = logging.getLogger("taskshard.shard")
 
@@ -64,12 +78,22 @@ IN_PROCESS_RESTARTS = 3
 """How often a failed query is restarted in-process (from its checkpoint) before the shard gives up (exit 1)."""
 S3_LIST_INTERVAL_SECONDS = 5.0
 """With storage on S3, how often ``poll()`` lists the commit log when no new batch was reported."""
+STANDBY_POLL_SECONDS = 0.2
+"""On standby, how often the parent's drain summary is looked for (a HEAD request on S3)."""
+STANDBY_LOG_SECONDS = 60.0
+DRAIN_SUMMARY_NAME = "drained.json"
+"""The file name of a final drain's summary (``ShardPaths.drained``); a ``restoreFrom.manifest`` of that name
+puts a split child on standby until it exists."""
 TERMINATION_MESSAGE_LIMIT = 4096
 """Kubernetes keeps at most 4096 bytes of a termination message."""
 
 
 class ShardFailed(RuntimeError):
     """The streaming query failed; the message holds Spark's error."""
+
+
+class StandbyStopped(RuntimeError):
+    """A SIGTERM (or ``request_drain``) arrived while the shard was on standby: nothing was processed."""
 
 
 def summary_message(summary: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
@@ -103,6 +127,7 @@ class ShardRunner:
         *,
         available_now: bool = False,
         drain_timeout: float = 90.0,
+        rehearse: bool = True,
     ) -> None:
         self.config = config
         self.s3 = s3_settings_from(config.storage.s3)
@@ -145,6 +170,11 @@ class ShardRunner:
         self.start_positions: dict[str, Any] | None = None
         self.seed_options: dict[str, Any] | None = None
         self.restore_manifest: dict[str, Any] | None = None
+        self.restore_manifest_uri: str | None = None
+        self.rehearse = rehearse
+        self.standby_seconds: float | None = None
+        """Seconds spent on standby waiting for the parent's drain summary (None: no standby)."""
+        self.rehearsal_seconds: float | None = None
         self.summary: dict[str, Any] | None = None
         self.last_committed = -1
         self.rows_processed = 0
@@ -220,7 +250,8 @@ class ShardRunner:
         self.seed_options = None
         # A split child checks the parent's manifest and takes its slice and positions.
         if cfg.restore_from is not None:
-            manifest = load_manifest(location(cfg.restore_from.manifest, self.s3))
+            self.restore_manifest_uri = self._await_parent().uri()
+            manifest = load_manifest(location(self.restore_manifest_uri, self.s3))
             check_restore(
                 manifest,
                 task=cfg.task,
@@ -242,6 +273,76 @@ class ShardRunner:
             }
         self._write_lineage()
         return True
+
+    # ---------------------------------------------------------------- standby (a split child before its parent drained)
+
+    def _await_parent(self) -> Loc:
+        """The parent's snapshot manifest to restore from.
+
+        ``restoreFrom.manifest`` names either the manifest itself (which must exist) or the parent's drain summary
+        ``drained.json``, which the parent writes as the very last step of its final drain, after its query has
+        stopped for good; the summary names the manifest. The operator uses the summary so that children can
+        start while the parent is still draining: until the summary exists this shard is on **standby**. It
+        starts Spark, runs the source and sink preflight and a rehearsal of its restore plan
+        (:mod:`spark_runtime.rehearsal`), then waits, processing nothing. A SIGTERM while waiting raises
+        :class:`StandbyStopped`.
+        """
+        cfg = self.config
+        assert cfg.restore_from is not None
+        pointer = location(cfg.restore_from.manifest, self.s3)
+        if pointer.name != DRAIN_SUMMARY_NAME:
+            return pointer
+        if not pointer.exists():
+            t0 = time.monotonic()
+            log.info(
+                "shard %s on standby: parent %s has not drained yet (waiting for %s); warming up",
+                cfg.shard,
+                cfg.restore_from.parent,
+                pointer.uri(),
+            )
+            self._warm_up()
+            logged = time.monotonic()
+            while not pointer.exists():
+                if self._drain.is_set():
+                    raise StandbyStopped(f"stopped on standby ({self._drain_reason}) before parent drained")
+                if time.monotonic() - logged >= STANDBY_LOG_SECONDS:
+                    logged = time.monotonic()
+                    log.info("still on standby for %s (%.0fs)", pointer.uri(), logged - t0)
+                time.sleep(STANDBY_POLL_SECONDS)
+            self.standby_seconds = round(time.monotonic() - t0, 3)
+            log.info("parent %s drained after %.1fs on standby", cfg.restore_from.parent, self.standby_seconds)
+        summary = pointer.read_json()
+        if not isinstance(summary, dict) or summary.get("event") != "drained" or not summary.get("manifest"):
+            raise RestoreError(
+                f"restoreFrom.manifest: {pointer.uri()!r} is not a drain summary naming a manifest (got event "
+                f"{(summary or {}).get('event') if isinstance(summary, dict) else type(summary).__name__!r})"
+            )
+        if summary.get("shard") not in (None, cfg.restore_from.parent):
+            raise RestoreError(
+                f"restoreFrom.manifest: {pointer.uri()!r} is the drain summary of shard {summary.get('shard')!r}, "
+                f"not of restoreFrom.parent {cfg.restore_from.parent!r}"
+            )
+        return location(summary["manifest"], self.s3)
+
+    def _warm_up(self) -> None:
+        """Standby work: the SparkSession, the source/sink preflight, one rehearsal of the restore plan."""
+        if self.spark is None:
+            from spark_runtime.session import spark_session
+
+            self.spark = spark_session(self.config.spark.master, self.spark_conf())
+        self._preflight()
+        if self.rehearse:
+            from spark_runtime.rehearsal import rehearse
+
+            self.rehearsal_seconds = rehearse(self.spark, self.config, self.plan)
+
+    def _preflight(self) -> None:
+        if not self._checked:
+            for part in (self.source, self.sink):
+                check = getattr(part, "check", None)
+                if check is not None:
+                    check(self.spark)
+            self._checked = True
 
     def start(self) -> None:
         """Start the streaming query (fresh, restored or resumed). No-op for an already drained shard."""
@@ -270,12 +371,7 @@ class ShardRunner:
             from spark_runtime.session import spark_session
 
             self.spark = spark_session(cfg.spark.master, self.spark_conf())
-        if not self._checked:
-            for part in (self.source, self.sink):
-                check = getattr(part, "check", None)
-                if check is not None:
-                    check(self.spark)
-            self._checked = True
+        self._preflight()
         conf = cfg.spark.conf
         ctx = SourceContext(
             shard=cfg.shard,
@@ -337,7 +433,7 @@ class ShardRunner:
             "keyGroups": {"start": cfg.key_groups.start, "end": cfg.key_groups.end},
             "maxKeyGroups": cfg.max_key_groups,
             "parent": cfg.restore_from.parent if cfg.restore_from else None,
-            "restoreManifest": cfg.restore_from.manifest if cfg.restore_from else None,
+            "restoreManifest": self.restore_manifest_uri,
             "parentBatchId": self.restore_manifest["batchId"] if self.restore_manifest else None,
             "sink": str(self.sink_paths.root) if self.sink_paths is not None else self._sink_description(),
         }
@@ -450,7 +546,13 @@ class ShardRunner:
     def run(self, poll_interval: float = 0.25) -> dict[str, Any]:
         """Start, process until a drain is requested (or, with ``available_now``, until caught up), drain, and
         return the summary. Raises :class:`ShardFailed` when the query fails."""
-        self.start()
+        try:
+            self.start()
+        except StandbyStopped as stopped:
+            cfg = self.config
+            log.info("shard %s: %s", cfg.shard, stopped)
+            self.summary = {"event": "stopped", "task": cfg.task, "shard": cfg.shard, "batchId": -1, "standby": True}
+            return self.summary
         if self.summary is not None:
             return self.summary
         while True:

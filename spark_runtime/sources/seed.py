@@ -6,9 +6,11 @@ store* by its first micro-batch, and its own checkpoint takes over from there:
 - offsets: ``{"seed": 0}`` initially, ``{"seed": 1}`` afterwards, so the seed rows belong to batch 0 only.
   A crash before batch 0 commits replays batch 0 with the same rows (the snapshot files are immutable); after
   it commits, the checkpoint holds the seeded state and the seed source never emits again.
-- partitions: one Spark task per key group of the child's range that has a snapshot directory
-  ``<state>/key_group=<n>/``. A task opens **only** the Parquet files of its key group, and records what it
-  read (files, bytes, rows) in ``<reportDir>/kg-<n>.json``.
+- partitions: the key groups of the child's range that have a snapshot directory ``<state>/key_group=<n>/``,
+  dealt round-robin to as many Spark tasks as the session has cores (option ``tasks``; one task per key group
+  cost 1.3 s of a 4.9 s warm restore of 64 key groups on 2 cores). For each key group a task opens
+  **only** that key group's Parquet files, and records what it read (files, bytes, rows) in
+  ``<reportDir>/kg-<n>.json``.
 - modes: ``rows`` emits one row per key, ``(key, key_group, <delta column> = value)``, for the builtin native
   aggregation (the parent's total becomes the first delta); ``blobs`` emits one row per key group whose
   ``seed`` column holds the key group's per-key state table as Arrow IPC bytes, for Python processors
@@ -68,10 +70,11 @@ def parquet_files(kg_dir: Loc | str | Path) -> list[Loc]:
 
 
 class SeedPiece(InputPartition):
-    def __init__(self, key_group: int, directory: str) -> None:
-        super().__init__(key_group)
-        self.key_group = key_group
-        self.directory = directory
+    """A few key groups of the parent's snapshot, read by one task (``groups``: ``(key group, directory)``)."""
+
+    def __init__(self, index: int, groups: list[tuple[int, str]]) -> None:
+        super().__init__(index)
+        self.groups = groups
 
 
 class SeedStreamReader(DataSourceStreamReader):
@@ -84,6 +87,7 @@ class SeedStreamReader(DataSourceStreamReader):
         self.columns = parse_ddl(options["schema"])
         self.value_column = options.get("valuecolumn", "delta")
         self.report_dir = location(options["reportdir"], self.s3)
+        self.tasks = max(1, int(options.get("tasks", "2")))
 
     def initialOffset(self) -> dict:
         return {"seed": 0}
@@ -94,19 +98,25 @@ class SeedStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         if int(end.get("seed", 0)) <= int(start.get("seed", 0)):
             return []
-        return [SeedPiece(kg, d.uri()) for kg, d in slice_dirs(self.state_dir, self.start, self.end).items()]
+        groups = [(kg, d.uri()) for kg, d in slice_dirs(self.state_dir, self.start, self.end).items()]
+        pieces = min(len(groups), self.tasks)
+        return [SeedPiece(i, groups[i::pieces]) for i in range(pieces)]
 
     def read(self, partition: SeedPiece) -> Iterator[Any]:
+        for key_group, directory in partition.groups:
+            yield from self._read_key_group(key_group, directory)
+
+    def _read_key_group(self, key_group: int, directory: str) -> Iterator[Any]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        files = parquet_files(location(partition.directory, self.s3))
+        files = parquet_files(location(directory, self.s3))
         tables = [pq.read_table(f.path, filesystem=f.fs) for f in files]
         nbytes = sum(f.size() for f in files)
         table = pa.concat_tables(tables, promote_options="default") if tables else None
         rows = table.num_rows if table is not None else 0
-        (self.report_dir / f"kg-{partition.key_group}.json").write_json(
-            {"keyGroup": partition.key_group, "files": [f.uri() for f in files], "bytes": nbytes, "rows": rows},
+        (self.report_dir / f"kg-{key_group}.json").write_json(
+            {"keyGroup": key_group, "files": [f.uri() for f in files], "bytes": nbytes, "rows": rows},
             fsync=False,
         )
         if not rows:
@@ -118,7 +128,7 @@ class SeedStreamReader(DataSourceStreamReader):
                 if name == "key":
                     arrays.append(table.column("key").combine_chunks().cast(pa.string()))
                 elif name == "key_group":
-                    arrays.append(pa.array([partition.key_group] * rows, pa.int32()))
+                    arrays.append(pa.array([key_group] * rows, pa.int32()))
                 elif name == self.value_column:
                     arrays.append(table.column("value").combine_chunks().cast(_arrow_type(typ)))
                 else:
@@ -128,7 +138,7 @@ class SeedStreamReader(DataSourceStreamReader):
             from spark_runtime.processor import encode_state_table
 
             blob = encode_state_table(table)
-            values: dict[str, Any] = {"key_group": partition.key_group, "partition": -1, "offset": -1, "seed": blob}
+            values: dict[str, Any] = {"key_group": key_group, "partition": -1, "offset": -1, "seed": blob}
             yield pa.RecordBatch.from_arrays(
                 [pa.array([values.get(n)], _arrow_type(t)) for n, t in self.columns], schema=schema
             )
@@ -173,9 +183,17 @@ def seed_stream(
             schema=schema_ddl,
             valueColumn=value_column,
             reportDir=report_dir.uri(),
+            tasks=str(_parallelism(spark)),
         )
         .load()
     )
+
+
+def _parallelism(spark: Any) -> int:
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # noqa: BLE001 - a session without a SparkContext (Spark Connect)
+        return 2
 
 
 def is_seed_offset(offset: Any) -> bool:
