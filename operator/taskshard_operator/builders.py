@@ -426,6 +426,12 @@ def task_storage_uri(task: str, spec: TaskSpec) -> str:
     return f"{(spec.storage.path or '').rstrip('/')}/{task}"
 
 
+def drain_summary_uri(task: str, spec: TaskSpec, shard: str) -> str:
+    """Where shard ``shard``'s runtime writes its final drain summary (``ShardPaths.drained``): a split child's
+    ``restoreFrom.manifest``, so that it can start on standby before the parent finished draining."""
+    return f"{task_storage_uri(task, spec)}/shards/{shard}/drained.json"
+
+
 def build_cleanup_pod(*, task: str, spec: TaskSpec) -> dict[str, Any] | None:
     """A one-shot pod that deletes the task's storage (``checkpointRetention: Delete``): ``<storage.path>/<task>``
     on the mounted volume, or every object under ``s3a://<bucket>/<prefix>/<task>/`` with the credentials of

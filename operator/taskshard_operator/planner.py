@@ -109,10 +109,25 @@ class ShardView:
     """The template hash its driver pod runs (the pod's annotation), None without a pod."""
     pod_ready: bool = False
     """True when the driver pod's container is running."""
+    parent: str | None = None
+    """A split child's parent (``spec.restoreFrom.parent``)."""
 
     @property
     def active(self) -> bool:
+        """The shard's phase owns its range (see :func:`owners` for children on standby)."""
         return self.phase.owns_range
+
+
+PARENT_OWNS_RANGE = frozenset({ShardPhase.SPLIT_REQUESTED, ShardPhase.DRAINING, ShardPhase.DRAINED})
+"""A split parent's phases in which it still owns its range although its children exist (they are on standby)."""
+
+
+def owners(shards: Iterable[ShardView]) -> list[ShardView]:
+    """The shards that own their key groups: an owning phase, except children on standby (their parent, present
+    in ``shards``, is in :data:`PARENT_OWNS_RANGE`)."""
+    shards = list(shards)
+    holding = {s.name for s in shards if s.phase in PARENT_OWNS_RANGE}
+    return [s for s in shards if s.active and s.parent not in holding]
 
 
 @dataclass(frozen=True)
@@ -137,7 +152,7 @@ def plan_task_shards(*, task: str, max_key_groups: int, initial_shards: int, sha
         create = tuple(
             r for r in initial_ranges(initial_shards, max_key_groups) if naming.shard_name(task, r) not in names
         )
-    active = [s.key_groups for s in shards if s.active] + list(create)
+    active = [s.key_groups for s in owners(shards)] + list(create)
     try:
         check_tiling(active, max_key_groups)
         error = None
@@ -153,7 +168,7 @@ def plan_roll(target_hash: str, shards: Iterable[ShardView]) -> str | None:
     yet blocks the next one; only Running shards start a roll (a splitting shard's children are created with
     the new template anyway). Order: key-group order.
     """
-    shards = sorted((s for s in shards if s.active), key=lambda s: s.key_groups)
+    shards = sorted(owners(shards), key=lambda s: s.key_groups)
     for s in shards:
         if s.wanted_hash == target_hash and not (s.pod_hash == target_hash and s.pod_ready):
             return None  # a roll is in progress
@@ -166,7 +181,7 @@ def plan_roll(target_hash: str, shards: Iterable[ShardView]) -> str | None:
 def task_phase(shards: Iterable[ShardView], *, tiling_error: str | None = None) -> TaskPhase:
     """Summarise the shards: Splitting > Degraded > Pending > Running (see ``TaskPhase``)."""
     shards = list(shards)
-    active = [s for s in shards if s.active]
+    active = owners(shards)
     if tiling_error is not None or not active:
         return TaskPhase.PENDING if tiling_error is None or not shards else TaskPhase.DEGRADED
     if any(is_splitting(s.phase) or s.phase == ShardPhase.CHILDREN_CREATED for s in shards):

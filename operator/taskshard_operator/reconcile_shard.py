@@ -9,20 +9,28 @@ leaves a phase from which the next pass continues, and every action is idempoten
 
 - Step 1, Running: a valid ``spec.split`` is accepted by writing ``phase: SplitRequested`` and ``status.split.at``
   in one patch (nothing else is touched yet). Crash after: the next pass finds SplitRequested.
-- Step 2, SplitRequested: annotate the pod ``taskshard.io/drain=true`` (re-annotating is harmless; a missing pod
-  is recreated with the annotation), then write ``Draining``. Crash between: the annotation is set again.
+- Step 2, SplitRequested: create both children (deterministic names ``<task>-<start>-<at>`` and
+  ``<task>-<at>-<end>``, owned by the Task, ``spec.restoreFrom.manifest`` = the parent's drain summary
+  ``drained.json``; 409 = created before), annotate the pod ``taskshard.io/drain=true`` (re-annotating is
+  harmless; a missing pod is recreated with the annotation), then write ``Draining`` with
+  ``status.lineage.children``. Crash between: both are done again. The children start on **standby** at once:
+  their pods start Spark and rehearse the restore while the parent drains, and process nothing until the
+  parent's runtime has written the drain summary (after its query stopped for good). Their phase stays Pending
+  (Ready=False, reason Standby) while the parent owns the range.
 - Step 3, Draining: wait for the driver container to exit 0 with a termination message naming the snapshot
   manifest and batch id; write ``Drained`` with ``status.finalCheckpoint``. A pod that crashes while draining is
   restarted in place by ``restartPolicy: OnFailure`` and drains again (the annotation stays); a deleted pod is
   recreated with the annotation. Crash: the terminated container status is still there to read.
-- Step 4, Drained: delete the parent's stopped pod, create both children (deterministic names
-  ``<task>-<start>-<at>`` and ``<task>-<at>-<end>``, owned by the Task, ``spec.restoreFrom`` = the manifest;
-  409 = created before) and write ``ChildrenCreated`` with ``status.lineage.children``.
+- Step 4, Drained: delete the parent's stopped pod, make sure both children exist, and write
+  ``ChildrenCreated``: from now on the children own the halves (and show Running once their pods run).
 - Step 5, ChildrenCreated: once both children exist and have been seen by their reconciler (``status.phase``
   set), write ``Split``. The parent keeps no pod and no ConfigMap.
 
-No key group is ever processed by two running pods: children are created only after the parent's container has
-exited (Step 3), and a child creates its pod only when its parent's pod is gone or terminated.
+No key group is ever processed by two shards: a child's runtime starts its query only once the parent's drain
+summary exists, and the parent writes it as the last step of a final drain, after stopping its query; a final
+drain is sticky (a restarted parent pod re-reports it and never processes again). Children created by an
+operator version that pointed ``restoreFrom.manifest`` at the manifest itself restore at once, as before (their
+parent had drained when they were created).
 """
 
 from __future__ import annotations
@@ -266,13 +274,17 @@ def _ensure_config(ctx: ShardContext) -> bool:
     return True
 
 
-def _parent_still_running(ctx: ShardContext) -> str | None:
-    """For a split child: the name of the parent's pod if it exists and has not terminated, else None."""
-    if not ctx.restore_from:
+def _standby_parent(ctx: ShardContext) -> str | None:
+    """For a split child still in Pending: its parent's name while the parent owns the range (the split is
+    between SplitRequested and Drained), else None. A child that was Running once never asks again (a split
+    only moves forward)."""
+    if not ctx.restore_from or ctx.phase != P.PENDING:
         return None
-    parent_pod = st.pod_view(ctx.kube.get_pod(ctx.namespace, naming.pod_name(ctx.restore_from["parent"])))
-    if parent_pod.exists and parent_pod.terminated is None and parent_pod.phase not in ("Succeeded", "Failed"):
-        return parent_pod.name
+    parent = ctx.kube.get_custom(naming.SHARD_PLURAL, ctx.namespace, ctx.restore_from["parent"])
+    if parent is None:
+        return None
+    if parse_phase((parent.get("status") or {}).get("phase")) in planner.PARENT_OWNS_RANGE:
+        return ctx.restore_from["parent"]
     return None
 
 
@@ -336,18 +348,6 @@ def _reconcile_active(ctx: ShardContext) -> None:
 
     # Step C: the pod. Missing -> create (a replacement waits for the back-off); finished -> replace.
     if not pod.exists:
-        parent_pod = _parent_still_running(ctx)
-        if parent_pod:
-            ctx.write(
-                {
-                    **base_patch,
-                    "conditions": [
-                        ctx.cond(st.PROGRESSING, True, "WaitingForParent", f"parent pod {parent_pod} still runs")
-                    ],
-                },
-                phase=P.PENDING,
-            )
-            return
         replacement = ctx.status.get("pod") is not None
         restarts = int(ctx.status.get("restarts") or 0) + (1 if replacement else 0)
         if replacement:
@@ -425,6 +425,27 @@ def _reconcile_active(ctx: ShardContext) -> None:
         ctx.emit(ctx.shard, "Normal", "RollingRestart", message)
         ctx.backoff.reset(ctx.uid)
         ctx.kube.delete_pod(ctx.namespace, pod.name)
+        return
+
+    # A child whose parent still drains: its pod is warm but processes nothing yet (standby).
+    standby_parent = _standby_parent(ctx) if pod.running else None
+    if standby_parent:
+        message = (
+            f"standby: driver pod {pod.name} is started and warm; it restores its slice and starts processing "
+            f"once parent {standby_parent} has finished draining"
+        )
+        ctx.write(
+            {
+                **base_patch,
+                "restarts": pod.restarts,
+                "conditions": [
+                    ctx.cond(st.READY, False, "Standby", message),
+                    ctx.cond(st.PROGRESSING, True, "Standby", message),
+                    ctx.cond(st.DEGRADED, False, "Healthy", ""),
+                ],
+            },
+            phase=P.PENDING,
+        )
         return
 
     # Mirror the pod into status.
@@ -534,19 +555,27 @@ def _degraded_shows(ctx: ShardContext, reason: str, text: str) -> bool:
 
 
 def _step_request_drain(ctx: ShardContext) -> None:
-    """Step 2: SplitRequested -> (annotate the pod) -> Draining."""
+    """Step 2: SplitRequested -> (create the standby children, annotate the pod) -> Draining."""
+    children = _ensure_children(ctx)
+    if children is None:
+        return  # a name collision (reported); the parent keeps processing until it is resolved
+    names = [c["metadata"]["name"] for c in children]
     pod = ctx.pod
     if not pod.exists:
         _create_pod(ctx, drain=True, restarts_base=int(ctx.status.get("restarts") or 0))
     elif not pod.drain_requested:
         ctx.kube.patch_pod(ctx.namespace, pod.name, {"metadata": {"annotations": {naming.ANNOTATION_DRAIN: "true"}}})
-    message = f"asked driver pod {naming.pod_name(ctx.name)} to drain (stop at a batch boundary, export a snapshot)"
+    message = (
+        f"asked driver pod {naming.pod_name(ctx.name)} to drain (stop at a batch boundary, export a snapshot); "
+        f"children {names[0]} and {names[1]} wait on standby"
+    )
     ctx.write(
         {
+            "lineage": {**(ctx.status.get("lineage") or {}), "children": names},
             "conditions": [
                 ctx.cond(st.PROGRESSING, True, "Draining", message),
                 ctx.cond(st.READY, False, "Draining", message),
-            ]
+            ],
         },
         phase=P.DRAINING,
     )
@@ -605,7 +634,7 @@ def _step_await_drain(ctx: ShardContext) -> None:
 def _children(ctx: ShardContext) -> list[tuple[str, dict[str, Any]]]:
     at = int(ctx.status["split"]["at"])
     low, high = ctx.key_groups.split(at)
-    manifest = ctx.status["finalCheckpoint"]["manifest"]
+    manifest = builders.drain_summary_uri(ctx.task_name, ctx.spec, ctx.name)
     out = []
     for r in (low, high):
         body = builders.build_shard(
@@ -627,7 +656,12 @@ def _ensure_children(ctx: ShardContext) -> list[dict[str, Any]] | None:
         if existing is None:
             created = ctx.kube.create_custom(naming.SHARD_PLURAL, ctx.namespace, body)
             if created is not None:
-                ctx.emit(ctx.shard, "Normal", "ChildCreated", f"created child {name} restoring from {ctx.name}")
+                ctx.emit(
+                    ctx.shard,
+                    "Normal",
+                    "ChildCreated",
+                    f"created child {name}; it restores from {ctx.name} once drained",
+                )
             existing = created or ctx.kube.get_custom(naming.SHARD_PLURAL, ctx.namespace, name)
         if existing is not None and (existing["spec"].get("restoreFrom") or {}).get("parent") != ctx.name:
             message = f"cannot create child {name}: a TaskShard of that name exists and is not a child of {ctx.name}"

@@ -59,6 +59,7 @@ def shard_views(kube: Kube, namespace: str, task: str) -> list[planner.ShardView
                 wanted_hash=(shard["metadata"].get("annotations") or {}).get(naming.ANNOTATION_TEMPLATE_HASH),
                 pod_hash=pod.template_hash if pod.exists else None,
                 pod_ready=pod.running and not pod.deleting,
+                parent=(shard["spec"].get("restoreFrom") or {}).get("parent"),
             )
         )
     return sorted(views, key=lambda v: v.key_groups)
@@ -135,10 +136,11 @@ def reconcile_task(kube: Kube, namespace: str, name: str, *, emit: Emit) -> None
             {"metadata": {"annotations": {naming.ANNOTATION_TEMPLATE_HASH: target}}},
         )
         emit(task, "Normal", "RollingShard", f"rolling TaskShard {nxt} to template {target} (last-state restart)")
-    rolling = [v.name for v in views if v.active and not (v.wanted_hash == target and v.pod_hash == target)]
+    owning = planner.owners(views)
+    rolling = [v.name for v in owning if not (v.wanted_hash == target and v.pod_hash == target)]
 
     # Step 4: status.
-    active = [v for v in views if v.active]
+    active = owning
     phase = planner.task_phase(views, tiling_error=plan.tiling_error)
     splitting = [v.name for v in views if v.phase.value in ("SplitRequested", "Draining", "Drained", "ChildrenCreated")]
     failed = [v.name for v in active if v.phase.value == "Failed"]

@@ -14,6 +14,7 @@ from taskshard_operator.planner import (
     SplitAccepted,
     SplitRefused,
     child_names,
+    owners,
     plan_roll,
     plan_split,
     plan_task_shards,
@@ -125,6 +126,23 @@ def test_tiling_errors_are_reported():
         view("t-64-128", 64, 128, P.PENDING, restored=True),
     ]
     assert plan_task_shards(task="t", max_key_groups=128, initial_shards=1, shards=shards).tiling_error is None
+
+
+@pytest.mark.parametrize("parent_phase", [P.SPLIT_REQUESTED, P.DRAINING, P.DRAINED])
+def test_children_on_standby_own_nothing_while_the_parent_drains(parent_phase):
+    shards = [
+        view("t-0-128", 0, 128, parent_phase),
+        view("t-0-64", 0, 64, P.PENDING, restored=True, parent="t-0-128"),
+        view("t-64-128", 64, 128, P.PENDING, restored=True, parent="t-0-128", pod_ready=True),
+    ]
+    assert [s.name for s in owners(shards)] == ["t-0-128"]
+    assert plan_task_shards(task="t", max_key_groups=128, initial_shards=1, shards=shards).tiling_error is None
+    assert task_phase(shards) == TaskPhase.SPLITTING
+    assert plan_roll("h2", shards) is None  # only Running owners roll; a standby child is neither
+    # Hand-over: from ChildrenCreated on the children own the halves.
+    handed = [view("t-0-128", 0, 128, P.CHILDREN_CREATED), *shards[1:]]
+    assert [s.name for s in owners(handed)] == ["t-0-64", "t-64-128"]
+    assert plan_task_shards(task="t", max_key_groups=128, initial_shards=1, shards=handed).tiling_error is None
 
 
 def test_roll_one_at_a_time():

@@ -13,8 +13,9 @@ import pytest
 
 from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import naming
+from taskshard_operator.planner import owners
 from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
-from taskshard_operator.reconcile_task import reconcile_task
+from taskshard_operator.reconcile_task import reconcile_task, shard_views
 
 pytestmark = pytest.mark.unit
 
@@ -63,6 +64,8 @@ class FakeKube:
         self.mutations = 0
         self.crash_after: int | None = None
         self.created: list[tuple[str, str]] = []
+        self.drained: set[str] = set()
+        """Shards whose runtime wrote its drain summary (the world's state, not the API's)."""
 
     def _mutated(self) -> None:
         self.mutations += 1
@@ -162,8 +165,9 @@ class FakeKube:
         return {o["metadata"]["name"]: o for (k, _), o in self.objects.items() if k == "pods"}
 
 
-def world_step(kube: FakeKube, batch: dict[str, int]) -> None:
-    """What the kubelet and the runtime do between operator passes."""
+def world_step(kube: FakeKube, batch: dict[str, int], *, drain: bool = True) -> None:
+    """What the kubelet and the runtime do between operator passes (``drain=False``: pods asked to drain keep
+    running, as a drain in progress)."""
     for _name, pod in kube.pods().items():
         status = pod.setdefault("status", {})
         state = (status.get("containerStatuses") or [{}])[0].get("state", {})
@@ -171,9 +175,14 @@ def world_step(kube: FakeKube, batch: dict[str, int]) -> None:
             status.update(
                 phase="Running", containerStatuses=[{"name": "driver", "restartCount": 0, "state": {"running": {}}}]
             )
-        elif "running" in state and (pod["metadata"].get("annotations") or {}).get(naming.ANNOTATION_DRAIN) == "true":
+        elif (
+            drain
+            and "running" in state
+            and (pod["metadata"].get("annotations") or {}).get(naming.ANNOTATION_DRAIN) == "true"
+        ):
             shard = pod["metadata"]["labels"][naming.LABEL_SHARD]
             batch[shard] = batch.get(shard, 0) + 3
+            kube.drained.add(shard)  # the runtime wrote drained.json, then exited
             message = {
                 "drained": True,
                 "batchId": batch[shard],
@@ -192,12 +201,22 @@ def world_step(kube: FakeKube, batch: dict[str, int]) -> None:
 
 
 def running_ranges(kube: FakeKube) -> list[KeyGroupRange]:
+    """The ranges of pods that process (or may any moment): running or just created, except a split child whose
+    parent has not written its drain summary yet (the runtime keeps such a child on standby)."""
     out = []
     for pod in kube.pods().values():
         state = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {})
         if "running" in state or not (pod.get("status") or {}).get("phase"):  # created = may start any moment
-            out.append(KeyGroupRange.from_label(pod["metadata"]["labels"][naming.LABEL_KEY_GROUPS]))
+            shard = kube.shards().get(pod["metadata"]["labels"][naming.LABEL_SHARD]) or {}
+            parent = (shard.get("spec", {}).get("restoreFrom") or {}).get("parent")
+            if parent is None or parent in kube.drained:
+                out.append(KeyGroupRange.from_label(pod["metadata"]["labels"][naming.LABEL_KEY_GROUPS]))
     return out
+
+
+def owner_ranges(kube: FakeKube) -> list[KeyGroupRange]:
+    """The ranges the Task's planner counts as owned (what the tiling invariant checks)."""
+    return [v.key_groups for v in owners(shard_views(kube, NS, "t"))]
 
 
 def assert_no_overlap(ranges: list[KeyGroupRange]) -> None:
@@ -215,6 +234,7 @@ def converge(kube: FakeKube, events: list, *, passes: int = 60, backoff: Backoff
         for name in list(kube.shards()):
             reconcile_shard(kube, NS, name, emit=lambda *a: events.append(a), backoff=backoff)
             assert_no_overlap(running_ranges(kube))
+            assert_no_overlap(owner_ranges(kube))
         world_step(kube, batch)
         assert_no_overlap(running_ranges(kube))
         if json.dumps(sorted((repr(k), v) for k, v in kube.objects.items()), sort_keys=True, default=str) == before:
@@ -271,10 +291,7 @@ def test_split_protocol_end_to_end():
     assert parent["status"]["lineage"]["children"] == ["t-0-4", "t-4-16"]
     assert parent["status"]["finalCheckpoint"]["manifest"].endswith("batch-3/manifest.json")
     child = kube.shards()["t-4-16"]
-    assert child["spec"]["restoreFrom"] == {
-        "parent": "t-0-16",
-        "manifest": parent["status"]["finalCheckpoint"]["manifest"],
-    }
+    assert child["spec"]["restoreFrom"] == {"parent": "t-0-16", "manifest": "/data/state/t/shards/t-0-16/drained.json"}
     assert child["status"]["lineage"] == {"parent": "t-0-16"}
     cfg = json.loads(kube.objects[("configmaps", "t-4-16-config")]["data"]["shard.json"])
     assert cfg["restoreFrom"]["parent"] == "t-0-16" and cfg["keyGroups"] == {"start": 4, "end": 16}
@@ -288,6 +305,54 @@ def test_split_protocol_end_to_end():
     converge(kube, events)
     assert phases(kube)["t-4-10"] == "Running" and phases(kube)["t-10-16"] == "Running"
     assert kube.objects[("tasks", "t")]["status"]["shards"] == 3
+
+
+def test_children_wait_on_standby_while_the_parent_drains():
+    kube = new_world()
+    events: list = []
+    converge(kube, events)
+    request_split(kube, "t-0-16")
+    batch: dict[str, int] = {}
+    for _ in range(4):  # operator passes while the parent's drain is still in progress
+        reconcile_task(kube, NS, "t", emit=lambda *a: events.append(a))
+        for name in list(kube.shards()):
+            reconcile_shard(kube, NS, name, emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+        world_step(kube, batch, drain=False)
+    assert phases(kube) == {"t-0-16": "Draining", "t-0-8": "Pending", "t-8-16": "Pending"}
+    assert set(kube.pods()) == {"t-0-16-driver", "t-0-8-driver", "t-8-16-driver"}  # children start early
+    for child in ("t-0-8", "t-8-16"):
+        ready = next(c for c in kube.shards()[child]["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "False" and ready["reason"] == "Standby", ready
+        assert "parent t-0-16" in ready["message"]
+    assert kube.shards()["t-0-16"]["status"]["lineage"]["children"] == ["t-0-8", "t-8-16"]
+    task = kube.objects[("tasks", "t")]["status"]
+    assert task["phase"] == "Splitting"
+    assert [s["name"] for s in task["activeShards"]] == ["t-0-16"]  # the parent owns the range until hand-over
+    assert owner_ranges(kube) == [KeyGroupRange(0, 16)]
+    converge(kube, events)
+    assert phases(kube) == {"t-0-16": "Split", "t-0-8": "Running", "t-8-16": "Running"}
+
+
+def test_a_taken_child_name_holds_the_split_before_the_drain():
+    kube = new_world()
+    events: list = []
+    converge(kube, events)
+    kube._new(
+        "taskshards",
+        {
+            "apiVersion": "taskshard.io/v1alpha1",
+            "kind": "TaskShard",
+            "metadata": {"name": "t-0-8"},
+            "spec": {"taskRef": {"name": "other"}, "keyGroups": {"start": 0, "end": 8}},
+        },
+    )
+    request_split(kube, "t-0-16")
+    converge(kube, events)
+    assert phases(kube)["t-0-16"] == "SplitRequested"  # not drained: it keeps processing its range
+    pod = kube.pods()["t-0-16-driver"]
+    assert (pod["metadata"].get("annotations") or {}).get(naming.ANNOTATION_DRAIN) != "true"
+    degraded = next(c for c in kube.shards()["t-0-16"]["status"]["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "ChildNameTaken" and "t-0-8" in degraded["message"]
 
 
 def count_creations(kube: FakeKube, kind: str) -> dict[str, int]:

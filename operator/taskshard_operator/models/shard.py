@@ -54,8 +54,11 @@ class ShardPhase(StrEnum):
                                                                           Split  (terminal)
 
     Ownership: a shard owns its range (counts in the Task's tiling) in Pending, Running, SplitRequested,
-    Draining, Drained and Failed; from ChildrenCreated on its two children own the halves instead. The pod
-    stops processing before Drained is written, so a range is never processed by parent and child at once.
+    Draining, Drained and Failed; from ChildrenCreated on its two children own the halves instead. The children
+    are created when the drain is requested and wait on **standby** (phase Pending, condition Ready=False reason
+    Standby): their pods start Spark and rehearse the restore but process nothing until the parent's runtime
+    has written its drain summary, which it does only after its query stopped for good. So a range is never
+    processed by parent and child at once, and the children's cold start overlaps the parent's drain.
     An invalid split request changes no phase (condition SplitRejected instead). Failed goes back to Pending
     when the operator retries; Running goes back to Pending when its pod is replaced (a template roll or a
     deleted pod), and the new pod resumes from the recovery log.
@@ -72,7 +75,8 @@ class ShardPhase(StrEnum):
     DRAINED = "Drained"
     """The pod exited after its final checkpoint; ``status.finalCheckpoint`` holds the snapshot manifest."""
     CHILDREN_CREATED = "ChildrenCreated"
-    """Both child TaskShards exist (``status.lineage.children``) and restore from the final checkpoint."""
+    """The parent's pod is gone; both children (``status.lineage.children``, created at the drain request)
+    restore from the final checkpoint and own the halves."""
     SPLIT = "Split"
     """Terminal: the children took over; this shard owns no key groups any more."""
     FAILED = "Failed"
@@ -128,7 +132,12 @@ class RestoreFrom(K8sModel):
         min_length=2,
         max_length=4096,
         pattern=MANIFEST_PATTERN,
-        description="Path (absolute, or an s3:// or s3a:// URI) of the parent's snapshot manifest.json.",
+        description=(
+            "Path (absolute, or an s3:// or s3a:// URI) of the parent's snapshot manifest.json, or of the parent's "
+            "drain summary drained.json, which names the manifest: the operator sets the latter and creates the "
+            "child when the parent starts draining, so the child waits warm (standby) and processes nothing "
+            "until the parent has stopped for good."
+        ),
     )
 
 
