@@ -7,6 +7,7 @@ docs/design-contracts.md::
         checkpoint/                     Spark checkpoint = the shard's recovery log (offsets, commits, state)
         progress.json                   last committed batch: id, time, source positions, counts
         lineage.json                    range, parent and restore manifest (written at start)
+        standby.json                    a split child's standby: when it began, was warm, saw the parent drained
         drain-requested                 drain marker: the journal source admits no new data once it exists
         drained.json                    the termination summary of a finished drain (a drained shard never
                                         processes again; a restart re-reports this and exits 0)
@@ -79,6 +80,10 @@ class ShardPaths:
     @property
     def drained(self) -> Loc:
         return self.shard_dir / "drained.json"
+
+    @property
+    def standby(self) -> Loc:
+        return self.shard_dir / "standby.json"
 
     @property
     def restore_report_dir(self) -> Loc:

@@ -293,7 +293,7 @@ class ShardRunner:
         if pointer.name != DRAIN_SUMMARY_NAME:
             return pointer
         if not pointer.exists():
-            t0 = time.monotonic()
+            t0, began = time.monotonic(), time.time()
             log.info(
                 "shard %s on standby: parent %s has not drained yet (waiting for %s); warming up",
                 cfg.shard,
@@ -301,6 +301,7 @@ class ShardRunner:
                 pointer.uri(),
             )
             self._warm_up()
+            warm = time.time()
             logged = time.monotonic()
             while not pointer.exists():
                 if self._drain.is_set():
@@ -311,6 +312,18 @@ class ShardRunner:
                 time.sleep(STANDBY_POLL_SECONDS)
             self.standby_seconds = round(time.monotonic() - t0, 3)
             log.info("parent %s drained after %.1fs on standby", cfg.restore_from.parent, self.standby_seconds)
+            self.paths.shard_dir.mkdir()
+            self.paths.standby.write_json(
+                {
+                    "parent": cfg.restore_from.parent,
+                    "began": round(began, 3),
+                    "warm": round(warm, 3),
+                    "parentDrainedSeen": round(time.time(), 3),
+                    "rehearsalSeconds": self.rehearsal_seconds,
+                    "standbySeconds": self.standby_seconds,
+                },
+                fsync=False,
+            )
         summary = pointer.read_json()
         if not isinstance(summary, dict) or summary.get("event") != "drained" or not summary.get("manifest"):
             raise RestoreError(

@@ -41,8 +41,15 @@ pytestmark = pytest.mark.cluster
 START = 300  # seconds: JVM start, restore, first batches on a loaded 2-core machine
 
 
+PARENT_OWNS_RANGE = {"SplitRequested", "Draining", "Drained"}
+
+
 class OverlapWatcher(threading.Thread):
-    """Polls the shard pods; records any instant at which two running pods own overlapping key groups."""
+    """Polls the shard pods; records any instant at which two running pods own overlapping key groups.
+
+    A split child's pod runs on standby while its parent drains (it processes nothing until the parent's drain
+    summary exists; :func:`assert_children_started_after_parent_drained` checks that from the files), so a
+    child whose parent's phase still owns the range is not counted."""
 
     def __init__(self, kubectl) -> None:
         super().__init__(daemon=True)
@@ -54,14 +61,22 @@ class OverlapWatcher(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.wait(0.5):
             try:
+                shards = get_json(self.kubectl, "taskshards")["items"]
                 pods = get_json(self.kubectl, "pods", "-l", "taskshard.io/component=shard")["items"]
             except Exception:  # noqa: BLE001 - keep watching
                 continue
             self.samples += 1
+            phase = {s["metadata"]["name"]: (s.get("status") or {}).get("phase") for s in shards}
+            standby = {
+                s["metadata"]["name"]
+                for s in shards
+                if phase.get((s["spec"].get("restoreFrom") or {}).get("parent")) in PARENT_OWNS_RANGE
+            }
             ranges = sorted(
                 (KeyGroupRange.from_label(p["metadata"]["labels"]["taskshard.io/key-groups"]), p["metadata"]["name"])
                 for p in pods
                 if (p.get("status") or {}).get("phase") == "Running"
+                and p["metadata"]["labels"].get("taskshard.io/shard") not in standby
             )
             for (a, na), (b, nb) in itertools.pairwise(ranges):
                 if a.end > b.start:
@@ -70,6 +85,18 @@ class OverlapWatcher(threading.Thread):
     def stop(self) -> None:
         self.stop_event.set()
         self.join(timeout=10)
+
+
+def assert_children_started_after_parent_drained(data, task: str, parent: str, children) -> None:
+    """From the runtime's files: each child planned its first batch only after the parent wrote its drain
+    summary (the parent's query had stopped for good), and the parent committed nothing after it."""
+    shards = data / "state" / task / "shards"
+    drained = (shards / parent / "drained.json").stat().st_mtime_ns
+    commits = [f.stat().st_mtime_ns for f in (shards / parent / "checkpoint" / "commits").iterdir()]
+    assert max(commits, default=0) <= drained
+    for child in children:
+        first = (shards / child / "checkpoint" / "offsets" / "0").stat().st_mtime_ns
+        assert first >= drained, f"{child} planned batch 0 {(drained - first) / 1e9:.3f}s before {parent} drained"
 
 
 def split(kubectl, shard: str, at: int | None = None) -> None:
@@ -115,6 +142,7 @@ def test_demo_two_splits_pod_kill_and_bad_requests(kubectl, operator_process, tm
         # Split 1 at the midpoint.
         split(kubectl, "demo-0-16")
         wait_phases(kubectl, {"demo-0-16": "Split", "demo-0-8": "Running", "demo-8-16": "Running"}, START, op)
+        assert_children_started_after_parent_drained(data, "demo", "demo-0-16", ("demo-0-8", "demo-8-16"))
         parent = status(kubectl, "taskshard", "demo-0-16")
         assert parent["lineage"]["children"] == ["demo-0-8", "demo-8-16"]
         assert parent["finalCheckpoint"]["manifest"].endswith("manifest.json")
@@ -206,6 +234,7 @@ def test_operator_killed_mid_split_at_each_step(kubectl, operator_process, tmp_p
             assert shard_phases(kubectl)[parent] == step
             op.start()
             wait_phases(kubectl, {parent: "Split", **dict.fromkeys(children, "Running")}, START, op)
+            assert_children_started_after_parent_drained(data, "crash", parent, children)
             expected_shards |= set(children)
             assert set(shard_phases(kubectl)) == expected_shards  # no duplicate or stray children
             write_events(data, "crash", start=produced, count=100)
