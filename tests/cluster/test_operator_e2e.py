@@ -95,7 +95,9 @@ def assert_children_started_after_parent_drained(data, task: str, parent: str, c
     commits = [f.stat().st_mtime_ns for f in (shards / parent / "checkpoint" / "commits").iterdir()]
     assert max(commits, default=0) <= drained
     for child in children:
-        first = (shards / child / "checkpoint" / "offsets" / "0").stat().st_mtime_ns
+        planned = shards / child / "checkpoint" / "offsets" / "0"
+        wait_for(planned.exists, START, f"{child} planned its first batch")
+        first = planned.stat().st_mtime_ns
         assert first >= drained, f"{child} planned batch 0 {(drained - first) / 1e9:.3f}s before {parent} drained"
 
 
