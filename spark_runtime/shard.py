@@ -79,7 +79,9 @@ IN_PROCESS_RESTARTS = 3
 S3_LIST_INTERVAL_SECONDS = 5.0
 """With storage on S3, how often ``poll()`` lists the commit log when no new batch was reported."""
 STANDBY_POLL_SECONDS = 0.2
-"""On standby, how often the parent's drain summary is looked for (a HEAD request on S3)."""
+"""On standby, how often the parent's drain summary is looked for on a filesystem."""
+STANDBY_POLL_SECONDS_S3 = 0.5
+"""The same on S3 (each look is a HEAD request)."""
 STANDBY_LOG_SECONDS = 60.0
 DRAIN_SUMMARY_NAME = "drained.json"
 """The file name of a final drain's summary (``ShardPaths.drained``); a ``restoreFrom.manifest`` of that name
@@ -309,7 +311,7 @@ class ShardRunner:
                 if time.monotonic() - logged >= STANDBY_LOG_SECONDS:
                     logged = time.monotonic()
                     log.info("still on standby for %s (%.0fs)", pointer.uri(), logged - t0)
-                time.sleep(STANDBY_POLL_SECONDS)
+                time.sleep(STANDBY_POLL_SECONDS_S3 if pointer.is_s3 else STANDBY_POLL_SECONDS)
             self.standby_seconds = round(time.monotonic() - t0, 3)
             log.info("parent %s drained after %.1fs on standby", cfg.restore_from.parent, self.standby_seconds)
             self.paths.shard_dir.mkdir()
