@@ -222,6 +222,12 @@ def _findings(key: str, data: dict[str, Any]) -> list[str]:
             for i, r in enumerate(results)
         )
         out.append(f"By split: {by_split}.")
+        steal = [r.get("stealPercent") for r in results if r.get("stealPercent") is not None]
+        if steal:
+            out.append(
+                f"CPU steal by the hypervisor during the splits: {', '.join(f'{s:.0f}%' for s in steal)} of this VM's "
+                "CPU time went to other guests (/proc/stat), which stretches every segment."
+            )
         out.append(
             f"The parent side: drain {groups['drain']:.1f} s (the drain annotation reaching the runtime "
             f"{seg['signal']:.1f} s, the last batch plus query stop {seg['stop']:.1f} s), snapshot export "

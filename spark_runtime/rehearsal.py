@@ -18,7 +18,9 @@ key-group range and seed mode) over:
 - a directory sink, checkpoint and dead-letter directory, all under a scratch directory that is removed after.
 
 It runs one ``availableNow`` batch. It never touches the shard's storage, source or sink, and its failure is
-logged and ignored: a rehearsal only saves time.
+logged and ignored: a rehearsal only saves time. It is cut short (the query stopped) as soon as ``should_stop()``
+says so, typically because the parent has drained: the child then restores at once, with whatever the
+rehearsal warmed so far, rather than finishing a rehearsal first.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +67,15 @@ def write_synthetic_snapshot(state_dir: Path, plan: Plan, key_group: int) -> Pat
     return path
 
 
-def rehearse(spark: Any, config: ShardConfig, plan: Plan, scratch: Path | None = None) -> float | None:
-    """Run the rehearsal (see the module docstring); return its seconds, or None when it failed (logged)."""
+def rehearse(
+    spark: Any,
+    config: ShardConfig,
+    plan: Plan,
+    scratch: Path | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> float | None:
+    """Run the rehearsal (see the module docstring); return its seconds, or None when it failed (logged) or was
+    cut short by ``should_stop`` (polled every 0.2 s)."""
     t0 = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix=f"taskshard-rehearsal-{config.shard}-", dir=scratch))
     query = None
@@ -104,8 +114,14 @@ def rehearse(spark: Any, config: ShardConfig, plan: Plan, scratch: Path | None =
             .trigger(availableNow=True)
             .start()
         )
-        if not query.awaitTermination(TIMEOUT_SECONDS):
-            raise TimeoutError(f"no batch within {TIMEOUT_SECONDS:.0f}s")
+        deadline = time.monotonic() + TIMEOUT_SECONDS
+        while not query.awaitTermination(0.2):
+            if should_stop():
+                query.stop()
+                log.info("standby: rehearsal cut short after %.1fs (the parent has drained)", time.monotonic() - t0)
+                return None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no batch within {TIMEOUT_SECONDS:.0f}s")
         if query.exception() is not None:
             raise RuntimeError(str(query.exception()).splitlines()[0][:300])
         seconds = time.monotonic() - t0

@@ -302,7 +302,7 @@ class ShardRunner:
                 cfg.restore_from.parent,
                 pointer.uri(),
             )
-            self._warm_up()
+            self._warm_up(should_stop=lambda: self._drain.is_set() or pointer.exists())
             warm = time.time()
             logged = time.monotonic()
             while not pointer.exists():
@@ -339,8 +339,9 @@ class ShardRunner:
             )
         return location(summary["manifest"], self.s3)
 
-    def _warm_up(self) -> None:
-        """Standby work: the SparkSession, the source/sink preflight, one rehearsal of the restore plan."""
+    def _warm_up(self, should_stop: Any) -> None:
+        """Standby work: the SparkSession, the source/sink preflight, one rehearsal of the restore plan (cut short
+        once ``should_stop()``: the parent drained, or a SIGTERM)."""
         if self.spark is None:
             from spark_runtime.session import spark_session
 
@@ -349,7 +350,7 @@ class ShardRunner:
         if self.rehearse:
             from spark_runtime.rehearsal import rehearse
 
-            self.rehearsal_seconds = rehearse(self.spark, self.config, self.plan)
+            self.rehearsal_seconds = rehearse(self.spark, self.config, self.plan, should_stop=should_stop)
 
     def _preflight(self) -> None:
         if not self._checked:
