@@ -109,7 +109,8 @@ def test_operator_splits_a_kafka_to_kafka_task_with_state_on_s3(
     produce(1000)
     wait_for(lambda: results() == reference, START, "per-key results after the split to equal the reference", 3)
 
-    # The parent's manifest is on S3 and the children restored from it at its committed Kafka offsets.
+    # The parent's manifest is on S3 and the children restored from it at its committed Kafka offsets. They were
+    # created on standby, pointed at the parent's drain summary, which names that manifest.
     final = (get_json(kubectl, "taskshard", parent).get("status") or {}).get("finalCheckpoint") or {}
     manifest_uri = final.get("manifest", "")
     assert manifest_uri.startswith(f"s3a://{minio.bucket}/{prefix}/{task}/shards/{parent}/snapshots/")
@@ -118,6 +119,9 @@ def test_operator_splits_a_kafka_to_kafka_task_with_state_on_s3(
     assert set(manifest["positions"]) == {topic_in}
     for child in children:
         spec = get_json(kubectl, "taskshard", child)["spec"]
-        assert spec["restoreFrom"] == {"parent": parent, "manifest": manifest_uri}
+        summary_uri = f"s3a://{minio.bucket}/{prefix}/{task}/shards/{parent}/drained.json"
+        assert spec["restoreFrom"] == {"parent": parent, "manifest": summary_uri}
+        assert location(summary_uri, settings).read_json()["manifest"] == manifest_uri
         lineage = location(f"s3a://{minio.bucket}/{prefix}/{task}/shards/{child}/lineage.json", settings).read_json()
         assert lineage["parentBatchId"] == manifest["batchId"]
+        assert lineage["restoreManifest"] == manifest_uri
