@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -227,6 +228,23 @@ def _findings(key: str, data: dict[str, Any]) -> list[str]:
             out.append(
                 f"CPU steal by the hypervisor during the splits: {', '.join(f'{s:.0f}%' for s in steal)} of this VM's "
                 "CPU time went to other guests (/proc/stat), which stretches every segment."
+            )
+        cpu = [r["cpu"] for r in results if r.get("cpu")]
+        if cpu:
+            busy = _median([c["machine"]["busy"] for c in cpu])
+            idle = _median([c["machine"]["idle"] for c in cpu])
+            per_child = [
+                c["groups"].get(f"child {n} JVM", 0.0) + c["groups"].get(f"child {n} Python", 0.0)
+                for c in cpu
+                for n in (1, 2)
+            ]
+            child = _median(per_child)
+            out.append(
+                f"CPU work (table 4): a split keeps this machine busy for a median {busy:.0f} CPU seconds "
+                f"(idle {idle:.1f} s in all), about {child:.0f} of them in each child (JVM, JIT and Python workers, "
+                f"from its pod's start to its first batch). On {os.cpu_count()} cores that much work takes at least "
+                f"{busy / (os.cpu_count() or 1):.0f} s with no CPU stolen: the split is CPU-bound here, and the 20 s "
+                "target needs less work per split, not more overlap."
             )
         out.append(
             f"The parent side: drain {groups['drain']:.1f} s (the drain annotation reaching the runtime "

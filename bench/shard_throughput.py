@@ -177,6 +177,28 @@ def shard_config(work: Path, journal: Path, partitions: int, processor: dict[str
     )
 
 
+TRANSIENT_ERRORS = ("Python worker failed to connect back", "CANNOT_OPEN_SOCKET")
+"""Spark gives a new Python worker 10 s (fixed) to connect back; when the hypervisor steals most of this VM's
+CPU for a while, a source's Python runner can miss that, and the query fails before reading anything."""
+
+
+def retry_transient(name: str, run: Any, *args: Any, attempts: int = 3) -> dict[str, Any]:
+    """``run(*args)``, again (up to ``attempts`` times) when it failed with one of :data:`TRANSIENT_ERRORS`;
+    the result records ``retries``. Any other failure, or the last one, is raised."""
+    for attempt in range(1, attempts + 1):
+        try:
+            result = run(*args)
+        except Exception as e:  # noqa: BLE001 - only the transient start-up failures are retried
+            if attempt == attempts or not any(t in str(e) for t in TRANSIENT_ERRORS):
+                raise
+            first_line = str(e).strip().splitlines()[0][:200]
+            print(f"  {name}: a Python worker did not start in time, running it again ({first_line})", flush=True)
+            continue
+        result["retries"] = attempt - 1
+        return result
+    raise AssertionError("unreachable")
+
+
 def run_shard(
     spark: Any, work: Path, journal: Path, partitions: int, processor: dict, conf: dict, batch_bytes: int
 ) -> dict[str, Any]:
@@ -279,9 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         batch_bytes = (-(-largest // (args.batches if measured else 2)) + 256) * args.partitions
         for name in [BASELINE, BASELINE_SUM, *kinds]:
             if name in BASELINES:
-                r = run_baseline(spark, src, work, args.partitions, BASELINES[name])
+                r = retry_transient(name, run_baseline, spark, src, work, args.partitions, BASELINES[name])
             else:
-                r = run_shard(spark, work, src, args.partitions, KINDS[name], conf, batch_bytes)
+                r = retry_transient(name, run_shard, spark, work, src, args.partitions, KINDS[name], conf, batch_bytes)
             if measured:
                 runs.setdefault(name, []).append(r)
                 print(

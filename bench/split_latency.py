@@ -70,6 +70,7 @@ from common import (  # noqa: E402
     wait_served,
     write_result,
 )
+from proc_cpu import ProcessCpuSampler, shard_classifier  # noqa: E402
 
 NAMESPACE = "bench-split"
 TASK = "split"
@@ -327,6 +328,9 @@ class Bench:
         mid = start + (end - start) // 2
         children = [f"{self.task}-{start}-{mid}", f"{self.task}-{mid}-{end}"]
         say(f"splitting {parent} [{start}, {end}) -> {children[0]} + {children[1]}")
+        labels = {parent: "parent", children[0]: "child 1", children[1]: "child 2"}
+        sampler = ProcessCpuSampler(shard_classifier(labels))
+        sampler.start()
         t_req = time.time()
         cpu_before = cpu_times()
         self.timeline.custom.patch_namespaced_custom_object(
@@ -341,6 +345,8 @@ class Bench:
         commits = [self.shard_dir(c) / "checkpoint" / "commits" / "0" for c in children]
         self.wait("both children's first committed batch", lambda: all(p.exists() for p in commits), 600)
         steal = steal_percent(cpu_before, cpu_times())
+        cpu_groups = sampler.finish()
+        cpu_machine = sampler.machine()
         time.sleep(0.5)  # the watch events of that moment arrive
         tl = self.timeline
         pdir = self.shard_dir(parent)
@@ -432,6 +438,7 @@ class Bench:
             "groups": groups,
             "standby": standby,
             "stealPercent": steal,
+            "cpu": {"groups": cpu_groups, "jit": sampler.jit_groups, "machine": cpu_machine},
             "processingGap": gap,
             "parentExited": round(t["exited"] - t_req, 3) if t["exited"] else None,
             "parentBatchId": drained.get("batchId"),
@@ -527,6 +534,43 @@ class Bench:
                     self.operator.kill()
             if self.cluster is not None:
                 self.cluster.stop()
+
+
+CPU_GROUPS = [
+    "parent JVM",
+    "parent Python",
+    "child 1 JVM",
+    "child 1 Python",
+    "child 2 JVM",
+    "child 2 Python",
+    "control plane",
+    "node agent",
+    "operator",
+]
+JIT_COLUMNS = {"child 1 JVM": "child 1 JIT", "child 2 JVM": "child 2 JIT"}
+"""The part of a child JVM's CPU time spent by HotSpot's JIT compiler threads, shown next to it."""
+
+
+def cpu_table(results: list[dict[str, Any]]) -> tuple[str, list[str], list[list[Any]]]:
+    """Table 4: the CPU work of each split, by process group, next to the machine's busy, idle and stolen time."""
+    import os
+
+    cores = os.cpu_count() or 1
+    title = "CPU seconds spent from the split request until both children committed (all processes, /proc)"
+    group_cols = [c for g in CPU_GROUPS for c in ([g, f"({JIT_COLUMNS[g]})"] if g in JIT_COLUMNS else [g])]
+    columns = ["split", "wall s", *group_cols, "other", "machine busy", "idle", "stolen", f"busy / {cores} cores s"]
+    rows = []
+    for i, r in enumerate(results):
+        groups, jit, mach = r["cpu"]["groups"], r["cpu"].get("jit", {}), r["cpu"]["machine"]
+        known = [
+            v
+            for g in CPU_GROUPS
+            for v in ([groups.get(g, 0.0), jit.get(g, 0.0)] if g in JIT_COLUMNS else [groups.get(g, 0.0)])
+        ]
+        other = round(sum(v for k, v in groups.items() if k not in CPU_GROUPS), 2)
+        floor = round(mach["busy"] / cores, 2)
+        rows.append([i + 1, r["total"], *known, other, mach["busy"], mach["idle"], mach["steal"], floor])
+    return title, columns, rows
 
 
 def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -658,9 +702,11 @@ def main(argv: list[str] | None = None) -> int:
         for i, r in enumerate(results)
         for child in r["children"]
     ]
+    cpu_title, cpu_cols, cpu_rows = cpu_table(results)
     print_table(title, columns, rows, summary)
     print_table("Where the time goes (critical path)", seg_cols, seg_rows)
     print_table(standby_title, standby_cols, standby_rows)
+    print_table(cpu_title, cpu_cols, cpu_rows)
     args.out.mkdir(parents=True, exist_ok=True)
     name = "split_latency" if args.mode == "independent" else "split_latency_chain"
     plot(results, args.out / f"{name}.png", title)
@@ -686,6 +732,13 @@ def main(argv: list[str] | None = None) -> int:
         "CPU steal % is the share of this VM's CPU time the hypervisor gave to other guests during the split "
         "(/proc/stat); at tens of percent the same split takes several times longer, so compare splits with "
         "similar steal.",
+        "CPU seconds (table 4) are each process's user + system time from /proc/<pid>/stat, sampled every "
+        "0.25 s from the request until both children committed, grouped by the pod (the TASKSHARD_SHARD in the "
+        "process's environment) and JVM or Python; 'machine busy' is all of this VM's busy time from /proc/stat "
+        "(processes that exited between samples lose up to 0.25 s each, so the groups sum to a little less). "
+        "'(child N JIT)' is the part of child N's JVM time spent in HotSpot's C1/C2 compiler threads. "
+        "'busy / cores' is the shortest the split could have taken on this machine's cores with that much work, "
+        "had every core been busy with it all the time and none been stolen.",
         "The node agent refreshes downward-API volumes every 2 s; a kubelet does so on its sync period (about a "
         "minute), so the annotation-to-file step would be much slower on a real node.",
     ]
@@ -718,6 +771,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"title": title, "columns": columns, "rows": rows},
                 {"title": "Where the time goes (critical path)", "columns": seg_cols, "rows": seg_rows},
                 {"title": standby_title, "columns": standby_cols, "rows": standby_rows},
+                {"title": cpu_title, "columns": cpu_cols, "rows": cpu_rows},
             ],
             "targets": [target],
             "plots": [f"{name}.png"],
