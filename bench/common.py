@@ -285,6 +285,20 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def spawn_runtime(config_path: Path, log_path: Path) -> subprocess.Popen:
+    """``python -m spark_runtime run --config <config_path>`` in its own session (so the caller can stop its
+    whole process group), output into ``log_path``, Spark's Python workers on this interpreter."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "spark_runtime", "run", "--config", str(config_path)],
+            cwd=REPO,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of the live processes ``pids`` (plus their reaped children)."""
     tick = os.sysconf("SC_CLK_TCK")

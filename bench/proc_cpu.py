@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["MachineCpu", "ProcessCpuSampler", "process_env", "shard_classifier"]
+__all__ = ["JIT_THREADS", "MachineCpu", "ProcessCpuSampler", "cmdline", "proc_stat", "process_env", "shard_classifier"]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -36,7 +36,7 @@ JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
 """HotSpot's JIT compiler threads, by their (truncated) thread names."""
 
 
-def _stat(path: str) -> tuple[str, float] | None:
+def proc_stat(path: str) -> tuple[str, float] | None:
     """``(comm, utime + stime seconds)`` of a ``/proc/.../stat`` file (None when it is gone)."""
     try:
         raw = Path(path).read_text()
@@ -54,7 +54,7 @@ def _jit_cpu(pid: int) -> float:
     except OSError:
         return 0.0
     for tid in tids:
-        st = _stat(f"/proc/{pid}/task/{tid}/stat")
+        st = proc_stat(f"/proc/{pid}/task/{tid}/stat")
         if st is not None and st[0].startswith(JIT_THREADS):
             total += st[1]
     return total
@@ -74,7 +74,7 @@ def process_env(pid: int) -> dict[str, str]:
     return out
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
@@ -88,7 +88,7 @@ def shard_classifier(shards: dict[str, str]) -> Callable[[int, str], str]:
     groups."""
 
     def classify(pid: int, comm: str) -> str:
-        cmd = _cmdline(pid)
+        cmd = cmdline(pid)
         shard = process_env(pid).get("TASKSHARD_SHARD")
         if shard is not None:
             label = shards.get(shard, "other shards")
@@ -130,7 +130,7 @@ class ProcessCpuSampler(threading.Thread):
             if not entry.isdigit():
                 continue
             pid = int(entry)
-            st = _stat(f"/proc/{pid}/stat")
+            st = proc_stat(f"/proc/{pid}/stat")
             if st is None:
                 continue
             comm, cpu = st
@@ -157,24 +157,23 @@ class ProcessCpuSampler(threading.Thread):
         self.machine_after = MachineCpu()
         return self.groups
 
-    @property
-    def groups(self) -> dict[str, float]:
+    def _by_group(self, first: dict[int, float], last: dict[int, float]) -> dict[str, float]:
         out: dict[str, float] = {}
-        for pid, last in self.last.items():
-            grown = last - self.first[pid]
+        for pid, value in last.items():
+            grown = value - first[pid]
             if grown > 0:
                 out[self.group_of[pid]] = out.get(self.group_of[pid], 0.0) + grown
         return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
     @property
+    def groups(self) -> dict[str, float]:
+        """CPU seconds per group, largest first."""
+        return self._by_group(self.first, self.last)
+
+    @property
     def jit_groups(self) -> dict[str, float]:
         """Seconds of JIT compiler threads per (JVM) group."""
-        out: dict[str, float] = {}
-        for pid, last in self.jit_last.items():
-            grown = last - self.jit_first[pid]
-            if grown > 0:
-                out[self.group_of[pid]] = out.get(self.group_of[pid], 0.0) + grown
-        return {k: round(v, 2) for k, v in out.items()}
+        return self._by_group(self.jit_first, self.jit_last)
 
     def machine(self) -> dict[str, float]:
         """Busy, idle and steal seconds of the whole machine between the start and :meth:`finish`."""

@@ -31,7 +31,6 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     DEFAULT_OUT,
-    REPO,
     LoadSampler,
     command_line,
     cpu_seconds,
@@ -51,6 +49,7 @@ from common import (  # noqa: E402
     print_table,
     pyplot,
     say,
+    spawn_runtime,
     write_result,
 )
 
@@ -183,18 +182,8 @@ def restore_cold(root: Path, partitions: int, conf: dict, end: int, shard: str, 
     cfg_path.write_text(json.dumps(cfg.to_json_dict()))
     shard_dir = root / "state" / TASK / "shards" / shard
     commit0 = shard_dir / "checkpoint" / "commits" / "0"
-    log = open(root / f"{shard}.log", "wb")  # noqa: SIM115 - owned by the child
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     t0 = time.time()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_runtime", "run", "--config", str(cfg_path)],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
+    proc = spawn_runtime(cfg_path, root / f"{shard}.log")
     try:
         deadline = time.monotonic() + 600
         while not commit0.exists():

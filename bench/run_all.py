@@ -12,7 +12,9 @@ The benchmarks (issue 8), each a script that prints its table and writes JSON + 
 3. ``restore``: ``bench/restore_cost.py`` (restoring half of a 1M-key state vs all of it);
 4. ``scaling``: ``bench/scaling.py`` (1, 2, 4 shards: throughput and read amplification);
 5. ``operator``: ``bench/operator_scale.py`` (500 TaskShards: time, peak memory, slowest handler call);
-6. ``kafka``: ``bench/kafka_read_amplification.py`` (a real Kafka topic read by 1, 2 and 4 shards).
+6. ``kafka``: ``bench/kafka_read_amplification.py`` (a real Kafka topic read by 1, 2 and 4 shards);
+7. ``split-chain``: ``bench/split_latency.py --mode chain`` (splits next to other running shards; informational);
+8. ``child-cpu``: ``bench/child_cpu.py`` (a fresh split child's CPU by JVM thread and Python process; informational).
 
 They run one after another (never two at once: they would measure each other), each in its own process, with
 the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
@@ -94,6 +96,14 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         "result": "split_latency_chain",
         "full": ["--mode", "chain", "--splits", "3"],
         "quick": ["--mode", "chain", "--splits", "2"],
+    },
+    "child-cpu": {
+        "number": 8,
+        "title": "Where a split child's CPU goes (informational)",
+        "script": "bench/child_cpu.py",
+        "result": "child_cpu",
+        "full": ["--keys", "50000", "--repeat", "2"],
+        "quick": ["--keys", "50000", "--repeat", "1"],
     },
 }
 
@@ -252,6 +262,18 @@ def _findings(key: str, data: dict[str, Any]) -> list[str]:
             f"{groups['snapshot export']:.1f} s for about {_median([r['parentStateRows'] for r in results]):,.0f} "
             "keys."
         )
+    elif key == "child-cpu":
+        rows = raw["runs"]
+        for opts, runs in rows.items():
+            jvm = _median([r["jvm"] for r in runs])
+            python = _median([r["python"] for r in runs])
+            jit = _median([r["groups"].get("JIT compilers (C1, C2)", 0.0) for r in runs])
+            out.append(
+                f"With JVM options '{opts or 'default'}': {jvm + python:.1f} CPU s from the child's start to its first "
+                f"batch ({jvm:.1f} in the JVM, of which {jit:.1f} in the JIT compilers; {python:.1f} in "
+                f"{_median([r['pythonProcesses'] for r in runs]):.0f} Python processes); wall "
+                f"{_median([r['wall'] for r in runs]):.1f} s."
+            )
     elif key == "restore":
         rows = raw["rows"]
         half = next(r for r in rows if r["fraction"] == 0.5)

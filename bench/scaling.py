@@ -45,7 +45,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     DEFAULT_OUT,
-    REPO,
     LoadSampler,
     command_line,
     cpu_seconds,
@@ -55,6 +54,7 @@ from common import (  # noqa: E402
     print_table,
     pyplot,
     say,
+    spawn_runtime,
     write_result,
 )
 
@@ -103,16 +103,7 @@ class Shard:
     def start(self) -> None:
         cfg = self.root / f"{self.name}.json"
         cfg.write_text(json.dumps(self.config))
-        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spark_runtime", "run", "--config", str(cfg)],
-            cwd=REPO,
-            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        self.proc = spawn_runtime(cfg, self.log_path)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
