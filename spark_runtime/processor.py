@@ -51,6 +51,8 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from spark_runtime.records import arrow_type
+
 __all__ = [
     "CountProcessor",
     "Processor",
@@ -211,24 +213,10 @@ def cached_processor(ref: str, parameters_json: str) -> Processor:
 # ---------------------------------------------------------------- state tables (one per key group)
 
 
-def _arrow_type(typ: str) -> Any:
-    import pyarrow as pa
-
-    return {
-        "string": pa.string(),
-        "bigint": pa.int64(),
-        "int": pa.int32(),
-        "double": pa.float64(),
-        "float": pa.float32(),
-        "boolean": pa.bool_(),
-        "binary": pa.binary(),
-    }[typ]
-
-
 def state_arrow_schema(columns: list[tuple[str, str]]) -> Any:
     import pyarrow as pa
 
-    return pa.schema([("key", pa.string())] + [(n, _arrow_type(t)) for n, t in columns])
+    return pa.schema([("key", pa.string())] + [(n, arrow_type(t)) for n, t in columns])
 
 
 def encode_state_table(table: Any) -> bytes:

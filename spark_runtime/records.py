@@ -36,6 +36,7 @@ __all__ = [
     "ParsedLines",
     "Reason",
     "RecordSpec",
+    "arrow_type",
     "dead_letter_key_group",
     "parse_lines",
     "parse_lines_arrow",
@@ -53,6 +54,25 @@ FIELD_TYPES: dict[str, str] = {
 ``string``: a JSON string. ``long``: a JSON integer in the signed 64-bit range. ``double``: any finite JSON
 number (integers included, booleans not). ``boolean``: ``true``/``false``. ``json``: any JSON value, passed
 as its JSON text."""
+
+ARROW_TYPES = ("string", "int", "bigint", "double", "float", "boolean", "binary")
+"""The Spark SQL simple types :func:`arrow_type` maps (event columns, state columns, snapshot columns)."""
+
+
+def arrow_type(spark_type: str) -> Any:
+    """The Arrow type of Spark SQL simple type ``spark_type`` (one of :data:`ARROW_TYPES`; KeyError otherwise)."""
+    import pyarrow as pa
+
+    return {
+        "string": pa.string(),
+        "int": pa.int32(),
+        "bigint": pa.int64(),
+        "double": pa.float64(),
+        "float": pa.float32(),
+        "boolean": pa.bool_(),
+        "binary": pa.binary(),
+    }[spark_type]
+
 
 MAX_LINE_IN_DEAD_LETTER = 16_384
 """Dead letters keep at most this many characters of the offending line."""

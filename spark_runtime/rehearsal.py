@@ -54,11 +54,11 @@ def write_synthetic_snapshot(state_dir: Path, plan: Plan, key_group: int) -> Pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from spark_runtime.sources.seed import _arrow_type
+    from spark_runtime.records import arrow_type
 
     columns: dict[str, Any] = {"key": pa.array([REHEARSAL_KEY], pa.string())}
     for name, ddl in plan.state_columns:
-        typ = _arrow_type(ddl)
+        typ = arrow_type(ddl)
         columns[name] = pa.array([0], typ) if plan.kind == "builtin" else pa.nulls(1, typ)
     directory = state_dir / f"key_group={key_group}"
     directory.mkdir(parents=True, exist_ok=True)

@@ -184,6 +184,9 @@ class ShardRunner:
         self._drain_reason = ""
         self._final = False
         self._seen_progress: set[int] = set()
+        self._source_ctx: SourceContext | None = None
+        self._batches_from: int | None = None
+        """The last batch committed before this runner's first query start (its later batches are its own)."""
         self.restarts_left = IN_PROCESS_RESTARTS
 
     # ---------------------------------------------------------------- requests
@@ -402,6 +405,7 @@ class ShardRunner:
             partition_bytes=int(conf.get("spark.taskshard.partitionBytes", str(32 * 1024 * 1024))),
             max_records_per_trigger=int(conf.get("spark.taskshard.maxRecordsPerTrigger", "0")) or None,
         )
+        self._source_ctx = ctx
         events = self.source.stream(self.spark, ctx)
         out = build_output_frame(self.spark, cfg, self.plan, events, self.seed_options)
         writer = (
@@ -416,6 +420,8 @@ class ShardRunner:
             else writer.trigger(processingTime=cfg.spark.trigger_interval)
         )
         self.last_committed = last_committed_batch(self.paths.checkpoint)
+        if self._batches_from is None:
+            self._batches_from = self.last_committed
         resumed = self.last_committed >= 0
         self.query = writer.start()
         self._write_progress()  # the last committed batch (-1 for a new shard) right away, for status displays
@@ -633,6 +639,7 @@ class ShardRunner:
             if exc is not None:
                 raise ShardFailed(f"streaming query failed before the drain: {exc}")
             self.poll_after_stop()
+            self._recount_unreported_batches()
         # Step 4: the last committed batch and its positions.
         batch_id = last_committed_batch(self.paths.checkpoint)
         positions = self.positions_at(batch_id)
@@ -698,6 +705,38 @@ class ShardRunner:
         self.summary = summary
         log.info("shard %s %s at batch %d: %s", cfg.shard, summary["event"], batch_id, manifest_path)
         return summary
+
+    def _recount_unreported_batches(self) -> None:
+        """Spark posts a batch's progress, and with it the batch's observed source metrics, right after the
+        batch's commit; a stop that lands in between loses them (the children start after that batch, so nobody
+        would count its dead letters). Recount each such committed batch of this runner from the source, where
+        the source can (Kafka: a batch read of exactly the batch's offset range); otherwise log the gap."""
+        recount = getattr(self.source, "recount", None)
+        if self._batches_from is None or self._source_ctx is None:
+            return
+        committed = last_committed_batch(self.paths.checkpoint)
+        for bid in range(self._batches_from + 1, committed + 1):
+            if bid in self._seen_progress:
+                continue
+            metrics = None
+            if recount is not None:
+                try:
+                    metrics = recount(self.spark, self._source_ctx, self.positions_at(bid - 1), self.positions_at(bid))
+                except Exception:  # the counts are reported, not load-bearing: the drain goes on
+                    log.exception("could not recount the source metrics of batch %s", bid)
+            if metrics is None:
+                log.warning("batch %s committed without a progress event; its source metrics are not counted", bid)
+                continue
+            self._seen_progress.add(bid)
+            for name in self.source_metrics:
+                self.source_metrics[name] += int(metrics.get(name) or 0)
+            log.warning(
+                "batch %s committed without a progress event (the stop came in between); recounted from the "
+                "source: %s (dead letters total %d)",
+                bid,
+                metrics,
+                self.dead_letter_total,
+            )
 
     def poll_after_stop(self) -> None:
         try:

@@ -36,7 +36,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from spark_runtime.records import RecordSpec, dead_letter_key_group, parse_lines, parse_lines_arrow
+from spark_runtime.records import RecordSpec, arrow_type, dead_letter_key_group, parse_lines, parse_lines_arrow
 from spark_runtime.sources.base import SourceContext
 from spark_runtime.storage import S3Settings, location
 
@@ -115,19 +115,6 @@ def plan_pieces(fh: Any, start: int, end: int, piece_bytes: int) -> list[tuple[i
         pieces.append((pos, nxt))
         pos = nxt
     return pieces
-
-
-def _arrow_type(spark_type: str) -> Any:
-    import pyarrow as pa
-
-    return {
-        "string": pa.string(),
-        "int": pa.int32(),
-        "bigint": pa.int64(),
-        "double": pa.float64(),
-        "boolean": pa.bool_(),
-        "binary": pa.binary(),
-    }[spark_type]
 
 
 class JournalPiece(InputPartition):
@@ -232,7 +219,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             fh.seek(partition.start)
             data = fh.read(partition.end - partition.start)
         columns = self.spec.columns()
-        schema = pa.schema([(name, _arrow_type(t)) for name, t in columns])
+        schema = pa.schema([(name, arrow_type(t)) for name, t in columns])
         fast = parse_lines_arrow(data, partition.start, self.spec)
         if fast is not None:  # every line valid: Arrow parsed the chunk in C++
             table, offsets = fast

@@ -27,6 +27,7 @@ between triggers, and the snapshot is still the last *committed* batch.
 
 Observed metrics per micro-batch (in the query's progress): ``taskshard_source`` = ``rowsRead``,
 ``bytesRead`` (key + value bytes fetched), ``deadLetters``; the runtime adds them up in ``progress.json``.
+A committed batch whose progress a stop cut off is recounted by :meth:`KafkaSource.recount`.
 """
 
 from __future__ import annotations
@@ -219,7 +220,6 @@ class KafkaSource:
             raise ValueError(f"restore positions must be Kafka offsets (>= 0, or -2/-1), got {bad}")
 
     def stream(self, spark: Any, ctx: SourceContext) -> Any:
-        from pyspark.sql import functions as F
 
         options = {
             "kafka.bootstrap.servers": self.bootstrap_servers,
@@ -243,10 +243,44 @@ class KafkaSource:
         flagged, dead_owned = parse_kafka_records(
             raw, ctx.record_spec, ctx.max_key_groups, ctx.range_start, ctx.range_end
         )
-        observed = flagged.observe(
-            SOURCE_METRICS,
-            F.count(F.lit(1)).alias("rowsRead"),
-            F.coalesce(F.sum("_bytes"), F.lit(0)).cast("bigint").alias("bytesRead"),
-            F.coalesce(F.sum(F.when(dead_owned, 1).otherwise(0)), F.lit(0)).cast("bigint").alias("deadLetters"),
-        )
+        observed = flagged.observe(SOURCE_METRICS, *_metric_columns(dead_owned))
         return observed.where("_ok").drop("_ok", "_bytes")
+
+    def recount(self, spark: Any, ctx: SourceContext, start: dict[str, Any], end: dict[str, Any]) -> dict | None:
+        """The source metrics (``rowsRead``, ``bytesRead``, ``deadLetters``) of the records from positions
+        ``start`` to ``end`` (a committed batch's range), counted by a batch read of exactly that range with the
+        stream's own parsing. None when ``start`` is not a set of offsets (``latest``, or a timestamp)."""
+
+        begin = {str(p): int(o) for p, o in (start.get(self.topic) or {}).items()}
+        stop = {str(p): int(o) for p, o in (end.get(self.topic) or {}).items()}
+        if not stop or any(o == -1 for o in begin.values()):
+            return None
+        begin = {p: begin.get(p, -2) for p in stop}  # a partition the start does not name: from its beginning
+        if begin == stop:
+            return {"rowsRead": 0, "bytesRead": 0, "deadLetters": 0}
+        raw = (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", self.bootstrap_servers)
+            .option("subscribe", self.topic)
+            .option("startingOffsets", json.dumps({self.topic: begin}))
+            .option("endingOffsets", json.dumps({self.topic: stop}))
+            .option("failOnDataLoss", "true")
+            .load()
+        )
+        flagged, dead_owned = parse_kafka_records(
+            raw, ctx.record_spec, ctx.max_key_groups, ctx.range_start, ctx.range_end
+        )
+        row = flagged.agg(*_metric_columns(dead_owned)).first()
+        return {name: int(row[name] or 0) for name in ("rowsRead", "bytesRead", "deadLetters")}
+
+
+def _metric_columns(dead_owned: Any) -> list[Any]:
+    """The source metrics over the parsed records: all rows read, their key + value bytes, and the invalid
+    records this shard owns (the stream observes them; :meth:`KafkaSource.recount` aggregates them)."""
+    from pyspark.sql import functions as F
+
+    return [
+        F.count(F.lit(1)).alias("rowsRead"),
+        F.coalesce(F.sum("_bytes"), F.lit(0)).cast("bigint").alias("bytesRead"),
+        F.coalesce(F.sum(F.when(dead_owned, 1).otherwise(0)), F.lit(0)).cast("bigint").alias("deadLetters"),
+    ]

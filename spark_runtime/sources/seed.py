@@ -26,7 +26,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from spark_runtime.sources.journal import _arrow_type
+from spark_runtime.records import arrow_type
 from spark_runtime.storage import Loc, S3Settings, location
 
 __all__ = ["SeedDataSource", "parse_ddl", "slice_dirs"]
@@ -121,7 +121,7 @@ class SeedStreamReader(DataSourceStreamReader):
         )
         if not rows:
             return
-        schema = pa.schema([(n, _arrow_type(t)) for n, t in self.columns])
+        schema = pa.schema([(n, arrow_type(t)) for n, t in self.columns])
         if self.mode == "rows":
             arrays = []
             for name, typ in self.columns:
@@ -130,9 +130,9 @@ class SeedStreamReader(DataSourceStreamReader):
                 elif name == "key_group":
                     arrays.append(pa.array([key_group] * rows, pa.int32()))
                 elif name == self.value_column:
-                    arrays.append(table.column("value").combine_chunks().cast(_arrow_type(typ)))
+                    arrays.append(table.column("value").combine_chunks().cast(arrow_type(typ)))
                 else:
-                    arrays.append(pa.nulls(rows, _arrow_type(typ)))
+                    arrays.append(pa.nulls(rows, arrow_type(typ)))
             yield pa.RecordBatch.from_arrays(arrays, schema=schema)
         elif self.mode == "blobs":
             from spark_runtime.processor import encode_state_table
@@ -140,7 +140,7 @@ class SeedStreamReader(DataSourceStreamReader):
             blob = encode_state_table(table)
             values: dict[str, Any] = {"key_group": key_group, "partition": -1, "offset": -1, "seed": blob}
             yield pa.RecordBatch.from_arrays(
-                [pa.array([values.get(n)], _arrow_type(t)) for n, t in self.columns], schema=schema
+                [pa.array([values.get(n)], arrow_type(t)) for n, t in self.columns], schema=schema
             )
         else:  # pragma: no cover - options are built by the runtime
             raise ValueError(f"unknown seed mode {self.mode!r}")

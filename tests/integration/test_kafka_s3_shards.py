@@ -2,7 +2,8 @@
 
 - a split under load with Kafka in and out and every checkpoint, snapshot and manifest on S3: the per-key
   results equal a plain-Python reference, the children start at the parent's committed offsets, and every
-  invalid record is counted by exactly one shard;
+  invalid record is counted by exactly one shard (a batch whose progress event a stop cut off is recounted from
+  Kafka);
 - a broker restart mid-stream: nothing lost, nothing counted twice;
 - a missing topic, wrong storage credentials, an unreachable bucket: a clear error naming the field, exit 3
   with a termination message for the operator, and the recovery log untouched (a fixed setup resumes exactly).
@@ -232,6 +233,37 @@ def test_split_with_kafka_in_and_out_and_state_on_s3(spark, kafka_broker, minio,
 
 
 # ---------------------------------------------------------------- broker restart
+
+
+def test_a_batch_whose_progress_was_lost_is_recounted_from_kafka(spark, kafka_broker, minio, tmp_path):
+    """Spark posts a batch's progress, with its observed source metrics, right after committing the batch; a
+    drain's stop that lands in between loses them, and the children start after that batch. The drain recounts
+    such a batch from Kafka: forget one committed batch's progress and the recount restores the same counts."""
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path), random.Random(11), Reference()
+    events = make_events(2000, rng)
+    kafka_broker.produce(setup.topic_in, events)
+    ref.add(events)
+    shard = Running(setup.config("kt-0-16", 0, 16), spark)
+    shard.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    summary = shard.finish()
+    assert summary["deadLetters"] == ref.invalid > 0, "the only shard counts every invalid record once"
+    r = shard.runner
+    counted = dict(r.source_metrics)
+    assert counted["rowsRead"] == len(events)
+    progress = [json.loads(p.json) for p in r.query.recentProgress]
+    per_batch = {
+        int(d["batchId"]): {k: int(v) for k, v in d["observedMetrics"]["taskshard_source"].items()}
+        for d in progress
+        if d.get("numInputRows")
+    }
+    lost_batch = next(b for b, m in sorted(per_batch.items()) if b > 0 and m["deadLetters"] > 0)
+    lost = per_batch[lost_batch]
+    r._seen_progress.discard(lost_batch)
+    for name in r.source_metrics:
+        r.source_metrics[name] -= lost[name]
+    r._recount_unreported_batches()
+    assert r.source_metrics == counted, f"batch {lost_batch} recounted from Kafka: {lost}"
+    assert lost_batch in r._seen_progress
 
 
 def test_broker_restart_mid_stream_loses_and_doubles_nothing(spark, kafka_broker, minio, tmp_path):

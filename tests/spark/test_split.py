@@ -9,6 +9,7 @@ processor API), in one shared SparkSession.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,20 @@ PROCESSORS = {  # kind -> (processor, reference, sink format)
         "parquet",
     ),
 }
+
+
+def task_with_reference(make_task, kind: str) -> tuple[TaskEnv, Reference, Callable[[list], None]]:
+    """A 16-key-group task with processor ``kind`` (a key of :data:`PROCESSORS`), its reference model, and
+    ``produce(events)``, which appends events to the task's journal and to the reference alike."""
+    processor, ref_template, sink_format = PROCESSORS[kind]
+    env = make_task(processor=processor, max_key_groups=16, sink_format=sink_format)
+    ref = Reference(ref_template.kind, ref_template.field)
+
+    def produce(chunk: list) -> None:
+        env.produce(chunk)
+        ref.add_all(chunk)
+
+    return env, ref, produce
 
 
 def restore_report(env: TaskEnv, shard: str) -> dict[int, dict]:
@@ -61,14 +76,8 @@ def check_child_read_only_its_slice(env: TaskEnv, parent_manifest: dict, shard: 
 def test_split_twice_equals_reference(kind, make_task, shard_spark):
     from spark_runtime.shard import ShardRunner
 
-    processor, ref_template, sink_format = PROCESSORS[kind]
-    env = make_task(processor=processor, max_key_groups=16, sink_format=sink_format)
-    ref = Reference(ref_template.kind, ref_template.field)
+    env, ref, produce = task_with_reference(make_task, kind)
     events = list(generate_events(1600, 64, seed=5))
-
-    def produce(chunk):
-        env.produce(chunk)
-        ref.add_all(chunk)
 
     # Phase 1: the root shard [0, 16).
     root = ShardRunner(env.config(0, 16), shard_spark)
@@ -104,6 +113,7 @@ def test_split_twice_equals_reference(kind, make_task, shard_spark):
         check_child_read_only_its_slice(env, left_manifest, g.config.shard, a, b)
     summaries = [r.drain() for r in [*grand, right]]
     assert env.results() == ref.results
+    sink_format = PROCESSORS[kind][2]
     assert list(env.sink.glob(f"shard=*/batch-*.{sink_format}")), f"the sink wrote {sink_format} files"
     # The active shards' final states partition the keys: every key in exactly one shard, rows add up.
     assert sum(s["stateRows"] for s in summaries) == len(ref.results)

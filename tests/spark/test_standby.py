@@ -20,8 +20,8 @@ import pytest
 
 from spark_runtime.produce import generate_events
 
-from .conftest import Reference, TaskEnv, wait_caught_up
-from .test_split import PROCESSORS, check_child_read_only_its_slice
+from .conftest import TaskEnv, wait_caught_up
+from .test_split import PROCESSORS, check_child_read_only_its_slice, task_with_reference
 
 pytestmark = pytest.mark.spark
 
@@ -96,14 +96,8 @@ def release(runners: list[Any], threads: list[InThread]) -> None:
 def test_standby_child_waits_for_the_parent_drain_then_restores_exactly(kind, make_task, shard_spark, caplog):
     from spark_runtime.shard import ShardRunner
 
-    processor, ref_template, sink_format = PROCESSORS[kind]
-    env = make_task(processor=processor, max_key_groups=16, sink_format=sink_format)
-    ref = Reference(ref_template.kind, ref_template.field)
+    env, ref, produce = task_with_reference(make_task, kind)
     events = list(generate_events(600, 48, seed=11))
-
-    def produce(chunk):
-        env.produce(chunk)
-        ref.add_all(chunk)
 
     parent = ShardRunner(env.config(0, 16), shard_spark)
     drained = shard_dir(env, PARENT) / "drained.json"
