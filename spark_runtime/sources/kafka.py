@@ -220,7 +220,6 @@ class KafkaSource:
             raise ValueError(f"restore positions must be Kafka offsets (>= 0, or -2/-1), got {bad}")
 
     def stream(self, spark: Any, ctx: SourceContext) -> Any:
-
         options = {
             "kafka.bootstrap.servers": self.bootstrap_servers,
             "subscribe": self.topic,
@@ -250,7 +249,6 @@ class KafkaSource:
         """The source metrics (``rowsRead``, ``bytesRead``, ``deadLetters``) of the records from positions
         ``start`` to ``end`` (a committed batch's range), counted by a batch read of exactly that range with the
         stream's own parsing. None when ``start`` is not a set of offsets (``latest``, or a timestamp)."""
-
         begin = {str(p): int(o) for p, o in (start.get(self.topic) or {}).items()}
         stop = {str(p): int(o) for p, o in (end.get(self.topic) or {}).items()}
         if not stop or any(o == -1 for o in begin.values()):
