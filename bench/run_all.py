@@ -249,11 +249,12 @@ def _findings(key: str, data: dict[str, Any]) -> list[str]:
                 for n in (1, 2)
             ]
             child = _median(per_child)
+            cores = (data.get("machine") or {}).get("cores") or os.cpu_count() or 1
             out.append(
                 f"CPU work (table 4): a split keeps this machine busy for a median {busy:.0f} CPU seconds "
                 f"(idle {idle:.1f} s in all), about {child:.0f} of them in each child (JVM, JIT and Python workers, "
-                f"from its pod's start to its first batch). On {os.cpu_count()} cores that much work takes at least "
-                f"{busy / (os.cpu_count() or 1):.0f} s with no CPU stolen: the split is CPU-bound here, and the 20 s "
+                f"from its pod's start to its first batch). On {cores} cores that much work takes at least "
+                f"{busy / cores:.0f} s with no CPU stolen: the split is CPU-bound here, and the 20 s "
                 "target needs less work per split, not more overlap."
             )
         out.append(
