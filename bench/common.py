@@ -53,13 +53,6 @@ def cpu_times() -> list[int]:
         return [int(x) for x in fh.readline().split()[1:]]
 
 
-def steal_percent(before: list[int], after: list[int]) -> float | None:
-    """Share of CPU time the hypervisor took from this VM between two :func:`cpu_times` samples, in percent."""
-    delta = [b - a for a, b in zip(before, after, strict=False)]
-    total = sum(delta[:8])
-    return round(100.0 * delta[7] / total, 1) if total > 0 and len(delta) > 7 else None
-
-
 def _first_line(cmd: list[str]) -> str:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from common import cpu_times
+
 __all__ = ["JIT_THREADS", "MachineCpu", "ProcessCpuSampler", "cmdline", "proc_stat", "process_env", "shard_classifier"]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -24,9 +26,7 @@ class MachineCpu:
     """``/proc/stat`` totals in seconds: busy (user, nice, system, irq, softirq), idle (+ iowait), steal."""
 
     def __init__(self) -> None:
-        with open("/proc/stat", encoding="ascii") as fh:
-            f = [int(x) for x in fh.readline().split()[1:]]
-        f += [0] * (8 - len(f))
+        f = cpu_times() + [0] * 8
         self.busy = (f[0] + f[1] + f[2] + f[5] + f[6]) / CLK_TCK
         self.idle = (f[3] + f[4]) / CLK_TCK
         self.steal = f[7] / CLK_TCK
@@ -176,10 +176,16 @@ class ProcessCpuSampler(threading.Thread):
         return self._by_group(self.jit_first, self.jit_last)
 
     def machine(self) -> dict[str, float]:
-        """Busy, idle and steal seconds of the whole machine between the start and :meth:`finish`."""
+        """Busy, idle and steal seconds of the whole machine between the start and :meth:`finish`, and the
+        stolen share of all three in percent (``stealPercent``, None when no time passed)."""
         after = self.machine_after or MachineCpu()
+        busy = after.busy - self.machine_before.busy
+        idle = after.idle - self.machine_before.idle
+        steal = after.steal - self.machine_before.steal
+        total = busy + idle + steal
         return {
-            "busy": round(after.busy - self.machine_before.busy, 2),
-            "idle": round(after.idle - self.machine_before.idle, 2),
-            "steal": round(after.steal - self.machine_before.steal, 2),
+            "busy": round(busy, 2),
+            "idle": round(idle, 2),
+            "steal": round(steal, 2),
+            "stealPercent": round(100.0 * steal / total, 1) if total > 0 else None,
         }

@@ -59,14 +59,12 @@ from common import (  # noqa: E402
     LoadSampler,
     birth_time,
     command_line,
-    cpu_times,
     kubectl_retry,
     machine,
     mtime,
     print_table,
     pyplot,
     say,
-    steal_percent,
     wait_served,
     write_result,
 )
@@ -332,7 +330,6 @@ class Bench:
         sampler = ProcessCpuSampler(shard_classifier(labels))
         sampler.start()
         t_req = time.time()
-        cpu_before = cpu_times()
         self.timeline.custom.patch_namespaced_custom_object(
             GROUP,
             VERSION,
@@ -344,9 +341,9 @@ class Bench:
         )
         commits = [self.shard_dir(c) / "checkpoint" / "commits" / "0" for c in children]
         self.wait("both children's first committed batch", lambda: all(p.exists() for p in commits), 600)
-        steal = steal_percent(cpu_before, cpu_times())
         cpu_groups = sampler.finish()
         cpu_machine = sampler.machine()
+        steal = cpu_machine["stealPercent"]
         time.sleep(0.5)  # the watch events of that moment arrive
         tl = self.timeline
         pdir = self.shard_dir(parent)
