@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT, KeyGroupRange
+from spark_runtime.reserved_conf import Owner, reserved_conf_problems
 
 __all__ = [
     "BuiltinProcessor",
@@ -238,7 +239,9 @@ class RestoreFrom(_Model):
 
 
 class SparkSettings(_Model):
-    """Spark settings of this shard's driver. ``conf`` keys must start with ``spark.``.
+    """Spark settings of this shard's driver. ``conf`` keys must start with ``spark.``, and the keys the runtime sets
+    itself (``spark_runtime.reserved_conf``, owner runtime: ``spark.master``, the state store, s3a endpoint and
+    credentials) are refused by :class:`ShardConfig`; the keys the operator owns are expected here.
 
     Runtime tuning keys read from ``conf`` (all optional): ``spark.taskshard.maxBytesPerTrigger`` (journal
     bytes admitted per micro-batch, over all partitions; default unlimited) and
@@ -301,6 +304,9 @@ class ShardConfig(_Model):
                 f"keyGroups.end: {self.key_groups.end} must be <= maxKeyGroups ({self.max_key_groups}); "
                 f"the range [{self.key_groups.start}, {self.key_groups.end}) must lie inside [0, maxKeyGroups)"
             )
+        reserved = reserved_conf_problems(self.spark.conf, path="spark.conf", owners=(Owner.RUNTIME,))
+        if reserved:
+            raise ValueError("\n".join(reserved))
         return self
 
     @property
@@ -375,8 +381,8 @@ def _format_errors(exc: ValidationError, data: Any) -> list[str]:
         found, value = _lookup(data, loc)
         msg = err.get("msg", "invalid")
         msg = msg.removeprefix("Value error, ")
-        if not loc:  # a whole-config check: its message starts with the field path already
-            problems.append(msg)
+        if not loc:  # a whole-config check: each line of its message starts with the field path already
+            problems.extend(msg.splitlines())
         elif err.get("type") == "missing":
             problems.append(f"{path}: required field is missing")
         elif err.get("type") == "extra_forbidden":

@@ -1,7 +1,7 @@
 """The shard's SparkSession: RocksDB state store with changelog checkpointing, and sane local defaults.
 
-User ``spark.conf`` wins over every default here except the two state-store settings the runtime depends on
-(the provider and changelog checkpointing are set unless the user set them explicitly).
+User ``spark.conf`` wins over every default here; the two state-store settings the runtime depends on (the provider
+and changelog checkpointing) are reserved (``spark_runtime.reserved_conf``): the config refuses them in ``spark.conf``.
 """
 
 from __future__ import annotations

@@ -10,11 +10,14 @@ Pod contract (see docs/design-contracts.md "Shard pod <-> runtime"):
   ``/etc/taskshard-drain/requested`` (the config's ``drainRequestFile``); the file holds ``true`` once asked;
 - the runtime's JSON summary goes to ``/dev/termination-log`` and is read back from the container status;
 - ``restartPolicy: OnFailure`` (a crash restarts in place from the recovery log; a drain exits 0 and stays down),
-  ``terminationGracePeriodSeconds`` long enough to finish a micro-batch and export a snapshot.
+  ``terminationGracePeriodSeconds`` long enough to finish a micro-batch and export a snapshot;
+- every pod (driver, executor template, cleanup) meets the Pod Security Standard "restricted", with a read-only
+  root file system and an emptyDir at ``/tmp``; a hostPath storage volume is the one exception.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import hashlib
 import json
@@ -213,7 +216,9 @@ def _resources(resources: Any) -> dict[str, Any]:
     return resources.to_k8s() if resources is not None else {}
 
 
-# The "restricted" Pod Security Standard; uid/gid 10001 is the image's user (see the Dockerfile).
+# The "restricted" Pod Security Standard, on every pod the operator creates (driver, executor template, cleanup):
+# runAsNonRoot, seccomp RuntimeDefault, no privilege escalation, every capability dropped. uid/gid 10001 is the
+# image's user (see the Dockerfile). The one exception is a hostPath storage volume, which "restricted" forbids.
 POD_SECURITY_CONTEXT: dict[str, Any] = {
     "runAsNonRoot": True,
     "runAsUser": 10001,
@@ -226,6 +231,17 @@ CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
     "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
 }
+TMP_VOLUME: dict[str, Any] = {"name": "tmp", "emptyDir": {}}
+TMP_MOUNT: dict[str, Any] = {"name": "tmp", "mountPath": "/tmp"}
+"""Spark's local dirs, RocksDB's native library and Python's temp files; the root file system is read-only."""
+
+
+def _restricted(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """``pod_spec`` with :data:`POD_SECURITY_CONTEXT` and each container with :data:`CONTAINER_SECURITY_CONTEXT`
+    (fresh copies: no two pods share a nested dict)."""
+    for container in pod_spec["containers"]:
+        container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
+    return {**pod_spec, "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT)}
 
 
 def build_pod(
@@ -252,12 +268,11 @@ def build_pod(
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
         {"name": "drain", "mountPath": naming.DRAIN_DIR, "readOnly": True},
-        # Spark's local dirs, RocksDB's native library and Python's temp files; the root file system is read-only.
-        {"name": "tmp", "mountPath": "/tmp"},
+        dict(TMP_MOUNT),
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": naming.configmap_name(shard)}},
-        {"name": "tmp", "emptyDir": {}},
+        dict(TMP_VOLUME),
         {
             "name": "drain",
             "downwardAPI": {
@@ -291,7 +306,6 @@ def build_pod(
         "volumeMounts": mounts,
         "terminationMessagePath": naming.TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "File",
-        "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
     }
     if spec.spark.image_pull_policy:
         container["imagePullPolicy"] = spec.spark.image_pull_policy
@@ -308,16 +322,17 @@ def build_pod(
             "labels": naming.shard_labels(task, shard, key_groups),
             "annotations": annotations,
         },
-        "spec": {
-            "restartPolicy": "OnFailure",
-            "terminationGracePeriodSeconds": DRAIN_GRACE_SECONDS,
-            "serviceAccountName": service_account_of(spec),
-            # Local mode needs no API access; the driver talks to the apiserver only to manage executors.
-            "automountServiceAccountToken": executors,
-            "securityContext": dict(POD_SECURITY_CONTEXT),
-            "containers": [container],
-            "volumes": volumes,
-        },
+        "spec": _restricted(
+            {
+                "restartPolicy": "OnFailure",
+                "terminationGracePeriodSeconds": DRAIN_GRACE_SECONDS,
+                "serviceAccountName": service_account_of(spec),
+                # Local mode needs no API access; the driver talks to the apiserver only to manage executors.
+                "automountServiceAccountToken": executors,
+                "containers": [container],
+                "volumes": volumes,
+            }
+        ),
     }
 
 
@@ -376,22 +391,28 @@ def _spark_memory(quantity: int | str) -> str:
 
 def build_executor_pod_template(*, task: str, shard: str, key_groups: KeyGroupRange, spec: TaskSpec) -> dict[str, Any]:
     """Executor pod template (``spark.kubernetes.executor.podTemplateFile``): the storage volume, env
-    (``spec.spark.env`` and the S3 credentials; Spark adds its own env vars to the template container's), labels."""
+    (``spec.spark.env`` and the S3 credentials; Spark adds its own env vars to the template container's), labels,
+    and the driver's securityContexts and ``/tmp`` (Spark builds the executor container on the template's, so both
+    reach the executor pods; Spark's own local-dir volumes are emptyDirs)."""
     storage = _storage_volume(spec)
-    container: dict[str, Any] = {"name": "executor"}
+    container: dict[str, Any] = {"name": "executor", "volumeMounts": [dict(TMP_MOUNT)]}
     env = [*user_env(spec), *s3_credentials_env(spec)]
     if env:
         container["env"] = env
-    pod_spec: dict[str, Any] = {"containers": [container], "serviceAccountName": service_account_of(spec)}
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "serviceAccountName": service_account_of(spec),
+        "volumes": [dict(TMP_VOLUME)],
+    }
     if storage is not None:
-        pod_spec["volumes"] = [storage[0]]
-        container["volumeMounts"] = [storage[1]]
+        pod_spec["volumes"].append(storage[0])
+        container["volumeMounts"].append(storage[1])
     resources = spec.spark.executors.resources if spec.spark.executors else None
     if resources is not None:
         container["resources"] = resources.to_k8s()
     labels = naming.shard_labels(task, shard, key_groups)
     labels[naming.LABEL_COMPONENT] = naming.COMPONENT_EXECUTOR
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": labels}, "spec": pod_spec}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": labels}, "spec": _restricted(pod_spec)}
 
 
 def build_executor_service(*, task: str, shard: str, key_groups: KeyGroupRange) -> dict[str, Any]:
@@ -452,11 +473,18 @@ def build_cleanup_pod(*, task: str, spec: TaskSpec) -> dict[str, Any] | None:
         env = []
     else:
         return None
-    container: dict[str, Any] = {"name": "cleanup", "image": spec.spark.image, "command": ["python", "-c", script]}
+    container: dict[str, Any] = {
+        "name": "cleanup",
+        "image": spec.spark.image,
+        "command": ["python", "-c", script],
+        "volumeMounts": [dict(TMP_MOUNT)],
+    }
     if env:
         container["env"] = env
+    volumes = [dict(TMP_VOLUME)]
     if storage is not None and s3 is None:
-        container["volumeMounts"] = [storage[1]]
+        container["volumeMounts"].append(storage[1])
+        volumes.append(storage[0])
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -464,10 +492,12 @@ def build_cleanup_pod(*, task: str, spec: TaskSpec) -> dict[str, Any] | None:
             "name": naming.cleanup_pod_name(task),
             "labels": {naming.LABEL_TASK: task, naming.LABEL_COMPONENT: naming.COMPONENT_CLEANUP},
         },
-        "spec": {
-            "restartPolicy": "OnFailure",
-            "automountServiceAccountToken": False,
-            "containers": [container],
-            **({"volumes": [storage[0]]} if "volumeMounts" in container else {}),
-        },
+        "spec": _restricted(
+            {
+                "restartPolicy": "OnFailure",
+                "automountServiceAccountToken": False,
+                "containers": [container],
+                "volumes": volumes,
+            }
+        ),
     }

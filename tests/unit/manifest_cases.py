@@ -131,6 +131,25 @@ BAD_CASES: list[BadCase] = [
     # Task: spark
     BadCase("spark-image-missing", "Task", {"spark": {"image": None}}, "spec.spark.image"),
     BadCase("spark-conf-key-without-prefix", "Task", {"spark": {"conf": {"sql.shuffle": "4"}}}, "spec.spark.conf"),
+    # reserved keys (spark_runtime.reserved_conf): both tiers must name the key itself
+    BadCase(
+        "spark-conf-master-reserved",
+        "Task",
+        {"spark": {"conf": {"spark.master": "local[8]"}}},
+        'spec.spark.conf["spark.master"]',
+    ),
+    BadCase(
+        "spark-conf-s3a-endpoint-reserved",
+        "Task",
+        {"spark": {"conf": {"spark.hadoop.fs.s3a.endpoint": "http://elsewhere:9000"}}},
+        'spec.spark.conf["spark.hadoop.fs.s3a.endpoint"]',
+    ),
+    BadCase(
+        "spark-conf-kubernetes-namespace-reserved",
+        "Task",
+        {"spark": {"conf": {"spark.kubernetes.namespace": "other"}}},
+        'spec.spark.conf["spark.kubernetes.namespace"]',
+    ),
     BadCase(
         "spark-bad-quantity",
         "Task",

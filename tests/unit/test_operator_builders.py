@@ -12,6 +12,8 @@ from taskshard_operator import builders
 from taskshard_operator.models.task import TaskSpec
 from taskshard_operator.reconcile_shard import validate_shard_config
 
+from .pod_security import restricted_violations
+
 pytestmark = pytest.mark.unit
 
 SPEC = {
@@ -259,14 +261,19 @@ def test_executor_manifests():
         },
         "spec": {
             "serviceAccountName": "default",
+            "securityContext": builders.POD_SECURITY_CONTEXT,
             "containers": [
                 {
                     "name": "executor",
-                    "volumeMounts": [{"name": "storage", "mountPath": "/data"}],
+                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "storage", "mountPath": "/data"}],
                     "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "1Gi"}},
+                    "securityContext": builders.CONTAINER_SECURITY_CONTEXT,
                 }
             ],
-            "volumes": [{"name": "storage", "hostPath": {"path": "/srv/taskshard", "type": "DirectoryOrCreate"}}],
+            "volumes": [
+                {"name": "tmp", "emptyDir": {}},
+                {"name": "storage", "hostPath": {"path": "/srv/taskshard", "type": "DirectoryOrCreate"}},
+            ],
         },
     }
     cm = builders.build_configmap(task="orders", shard="orders-0-64", key_groups=R(0, 64), config=config, spec=s)
@@ -287,7 +294,14 @@ def test_cleanup_pod():
     pod = builders.build_cleanup_pod(task="orders", spec=spec(checkpointRetention="Delete"))
     assert pod["metadata"]["name"] == "orders-cleanup"
     assert "/data/state/orders" in pod["spec"]["containers"][0]["command"][2]
-    assert pod["spec"]["volumes"][0]["hostPath"]["path"] == "/srv/taskshard"
+    assert pod["spec"]["volumes"] == [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "storage", "hostPath": {"path": "/srv/taskshard", "type": "DirectoryOrCreate"}},
+    ]
+    assert pod["spec"]["containers"][0]["volumeMounts"] == [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "storage", "mountPath": "/data"},
+    ]
     no_volume = TaskSpec.from_k8s({**SPEC, "storage": {"path": "/data/state"}})
     assert builders.build_cleanup_pod(task="o", spec=no_volume) is None
 
@@ -298,7 +312,8 @@ def test_cleanup_pod_on_s3_deletes_the_task_prefix_with_the_secrets_credentials(
     container = pod["spec"]["containers"][0]
     assert "remove_tree('s3a://bkt/prod/orders', 'http://minio:9000')" in container["command"][2]
     assert container["env"] == CREDENTIALS_ENV
-    assert "volumes" not in pod["spec"] and "volumeMounts" not in container
+    assert pod["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {}}]  # no storage volume: S3 only
+    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
 
 
 S3_STORAGE = {"s3": {"bucket": "bkt", "endpoint": "http://minio:9000", "credentialsSecret": "taskshard-s3"}}
@@ -378,3 +393,78 @@ def test_kafka_latest_is_pinned_to_the_task_creation_time_for_every_shard():
         task="orders", namespace="ns", shard="orders-0-64", key_groups=R(0, 64), spec=earliest, task_created="x"
     )
     assert "startingTimestamp" not in config["source"]["kafka"]
+
+
+# ---------------------------------------------------------------- Pod Security "restricted"
+
+PVC_STORAGE = {"path": "/data/state", "volume": {"persistentVolumeClaim": {"claimName": "state"}}}
+RESTRICTED_SPECS = {
+    "s3-local": {"storage": S3_STORAGE},
+    "s3-executors": {"storage": S3_STORAGE, "spark": {**SPEC["spark"], "executors": EXECUTORS}},
+    "pvc-local": {"storage": PVC_STORAGE},
+    "pvc-executors": {"storage": PVC_STORAGE, "spark": {**SPEC["spark"], "executors": EXECUTORS}},
+}
+
+
+def every_pod(s: TaskSpec) -> dict[str, dict]:
+    """Every pod the operator creates for a Task ``s``; the executor template (a Pod manifest without name or
+    image: Spark fills them) only with executors, the cleanup pod only where it can reach the storage."""
+    r = R(0, 64)
+    pods = {
+        "driver": builders.build_pod(task="orders", shard="orders-0-64", key_groups=r, spec=s, template_hash="h"),
+        "cleanup": builders.build_cleanup_pod(task="orders", spec=s),
+    }
+    if builders.executor_instances(s):
+        pods["executor"] = builders.build_executor_pod_template(
+            task="orders", shard="orders-0-64", key_groups=r, spec=s
+        )
+    return {name: pod for name, pod in pods.items() if pod is not None}
+
+
+@pytest.mark.parametrize("case", sorted(RESTRICTED_SPECS))
+def test_every_pod_meets_pod_security_restricted(case):
+    s = TaskSpec.from_k8s({**SPEC, **RESTRICTED_SPECS[case], "checkpointRetention": "Delete"})
+    pods = every_pod(s)
+    assert {"driver", "cleanup"} <= set(pods)
+    for name, pod in pods.items():
+        assert restricted_violations(pod) == [], name
+        assert pod["spec"]["securityContext"] == builders.POD_SECURITY_CONTEXT, name
+        for container in pod["spec"]["containers"]:
+            assert container["securityContext"] == builders.CONTAINER_SECURITY_CONTEXT, name
+            assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"], name  # read-only root
+
+
+def test_restricted_security_contexts_are_the_standard_and_not_shared_between_pods():
+    assert builders.POD_SECURITY_CONTEXT["runAsNonRoot"] is True
+    assert builders.POD_SECURITY_CONTEXT["runAsUser"] != 0
+    assert builders.POD_SECURITY_CONTEXT["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert builders.CONTAINER_SECURITY_CONTEXT["allowPrivilegeEscalation"] is False
+    assert builders.CONTAINER_SECURITY_CONTEXT["capabilities"] == {"drop": ["ALL"]}
+    a, b = (
+        builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=spec(), template_hash="h") for _ in "ab"
+    )
+    a["spec"]["securityContext"]["seccompProfile"]["type"] = "Unconfined"
+    a["spec"]["containers"][0]["securityContext"]["capabilities"]["drop"].clear()
+    assert b["spec"]["securityContext"] == builders.POD_SECURITY_CONTEXT
+    assert b["spec"]["containers"][0]["securityContext"] == builders.CONTAINER_SECURITY_CONTEXT
+
+
+def test_hostpath_storage_is_the_one_restricted_violation():
+    """A Task on a hostPath volume cannot run in a "restricted" namespace (docs/design-contracts.md): its pods
+    fail exactly the volume-type check, nothing else."""
+    s = spec(checkpointRetention="Delete", spark__executors=EXECUTORS)
+    pods = every_pod(s)
+    assert set(pods) == {"driver", "cleanup", "executor"}
+    for name, pod in pods.items():
+        assert restricted_violations(pod) == ["restrictedVolumes: volumes ['storage'] have restricted types"], name
+
+
+def test_the_restricted_reading_refuses_a_pod_without_security_contexts():
+    """The offline checker is not vacuous: the cleanup pod as it was before securityContexts fails every check."""
+    pod = builders.build_cleanup_pod(task="orders", spec=TaskSpec.from_k8s({**SPEC, "storage": S3_STORAGE}))
+    del pod["spec"]["securityContext"]
+    del pod["spec"]["containers"][0]["securityContext"]
+    checks = {v.split(":")[0] for v in restricted_violations(pod)}
+    assert checks == {"allowPrivilegeEscalation", "runAsNonRoot", "seccompProfile", "capabilities_restricted"}
+    pod["spec"]["securityContext"] = {"runAsUser": 0, "seccompProfile": {"type": "Unconfined"}}
+    assert {v.split(":")[0] for v in restricted_violations(pod)} >= {"runAsUser", "seccompProfile"}

@@ -2,7 +2,8 @@
 
 Single-object invariants are CEL rules in the CRD and mirrored by pydantic validators here: exactly one of
 each kind (processor, source, sink, storage, volume), ``sum`` needs ``field``, ``initialShards <=
-maxKeyGroups``; ``maxKeyGroups``, ``keyField`` and ``storage`` are immutable (changing them would orphan state).
+maxKeyGroups``, no ``spark.conf`` key the protocol owns (``spark_runtime.reserved_conf``); ``maxKeyGroups``,
+``keyField`` and ``storage`` are immutable (changing them would orphan state).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
+from spark_runtime.reserved_conf import RESERVED_SPARK_CONF, reserved_conf_message, reserved_conf_problems
 
 from .base import (
     API_GROUP,
@@ -343,6 +345,14 @@ class EnvVar(K8sModel):
         return self
 
 
+def _reserved_conf_rules() -> list[dict[str, str]]:
+    """One CEL rule per key of ``RESERVED_SPARK_CONF`` (static messages cannot name a key found by a loop)."""
+    return [
+        cel(f"!('{key}' in self)", reserved_conf_message(key), reason="FieldValueForbidden")
+        for key in RESERVED_SPARK_CONF
+    ]
+
+
 class SparkSpec(K8sModel):
     """Spark settings shared by every shard's driver pod; changing them rolls the shards (last-state)."""
 
@@ -363,14 +373,17 @@ class SparkSpec(K8sModel):
     conf: dict[str, str] | None = Field(
         default=None,
         max_length=128,
-        description="Extra Spark configuration; every key starts with 'spark.'.",
+        description="Extra Spark configuration; every key starts with 'spark.'. Keys the operator or the "
+        "runtime set themselves (spark.master, the state store, s3a endpoint and credentials, executor placement) "
+        "are refused.",
         json_schema_extra={
             "additionalProperties": {"type": "string", "maxLength": 4096, "description": "A Spark conf value."},
             **validations(
                 cel(
                     "self.all(k, k.startsWith('spark.'))",
                     "spec.spark.conf: every key must start with 'spark.' (e.g. spark.sql.shuffle.partitions)",
-                )
+                ),
+                *_reserved_conf_rules(),
             ),
         },
     )
@@ -392,6 +405,9 @@ class SparkSpec(K8sModel):
         bad = [k for k in (self.conf or {}) if not k.startswith("spark.")]
         if bad:
             raise ValueError(f"spec.spark.conf: every key must start with 'spark.' (got {bad[0]!r})")
+        reserved = reserved_conf_problems(self.conf or {})
+        if reserved:
+            raise ValueError("\n".join(reserved))
         return self
 
 

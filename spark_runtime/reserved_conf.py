@@ -1,0 +1,121 @@
+"""Spark conf keys the protocol owns: a Task's ``spec.spark.conf`` may not set them.
+
+Pure Python (imports neither pyspark, pydantic nor kopf): one table read by three checks that must agree,
+
+- the Task model (``taskshard_operator.models.task.SparkSpec``) and, generated from it, one CEL rule per key on
+  ``spec.spark.conf`` in the Task CRD (the apiserver refuses the Task at admission);
+- the runtime's config (``spark_runtime.config.ShardConfig``), for the keys the runtime sets itself: the
+  operator writes the keys it owns (``Owner.OPERATOR``) into ``shard.json`` on purpose, so the runtime refuses
+  only ``Owner.RUNTIME`` keys there.
+
+Unit tests check that the table covers what the code really sets: ``spark_runtime.session.DEFAULT_CONF``'s state
+store keys, ``S3Settings.hadoop_conf()``'s keys derived from ``storage.s3`` and every key of the operator's
+``build_executor_conf``. Keys a Task may tune stay out (``spark.sql.shuffle.partitions``: the snapshots are
+indexed by key group, not by Spark partition; the s3a retry and timeout defaults; the JVM options).
+
+Message shape (field path, value, why, what to do instead)::
+
+    spec.spark.conf["spark.master"]: "local[8]" is reserved: <why>; remove the key
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["RESERVED_SPARK_CONF", "Owner", "Reserved", "reserved_conf_message", "reserved_conf_problems"]
+
+
+class Owner(StrEnum):
+    """Who sets a reserved key."""
+
+    RUNTIME = "runtime"
+    """The shard runtime, from its config (refused in a Task and in ``shard.json``)."""
+    OPERATOR = "operator"
+    """The operator, from the Task, into ``shard.json`` (refused in a Task only)."""
+
+
+@dataclass(frozen=True)
+class Reserved:
+    owner: Owner
+    why: str
+    """Who sets the key from what, so the user knows which field to change instead."""
+    secret: bool = False
+    """The value is a credential: messages never show it."""
+
+
+_STATE_STORE = "the runtime's recovery log and snapshots rely on the RocksDB state store with changelog checkpointing"
+_S3 = "the runtime sets it from spec.storage.s3.endpoint (Spark and the runtime's own S3 client must agree)"
+_S3_CREDENTIALS = (
+    "the runtime sets it from the Secret named by spec.storage.s3.credentialsSecret (never put keys in a Task)"
+)
+_EXECUTORS = "the operator sets it from spec.spark.executors to run executors as pods of the shard"
+_EXECUTOR_RESOURCES = "the operator sets it from spec.spark.executors.resources"
+_DRIVER = "the operator sets it so that executors reach the driver pod through its headless Service"
+
+RESERVED_SPARK_CONF: dict[str, Reserved] = {
+    # the runtime (spark_runtime.session, spark_runtime.storage)
+    "spark.master": Reserved(
+        Owner.RUNTIME, "the runtime sets it (local[2] without spec.spark.executors, Kubernetes with them)"
+    ),
+    "spark.sql.streaming.stateStore.providerClass": Reserved(Owner.RUNTIME, _STATE_STORE),
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": Reserved(Owner.RUNTIME, _STATE_STORE),
+    "spark.hadoop.fs.s3a.endpoint": Reserved(Owner.RUNTIME, _S3),
+    "spark.hadoop.fs.s3a.path.style.access": Reserved(Owner.RUNTIME, _S3),
+    "spark.hadoop.fs.s3a.connection.ssl.enabled": Reserved(Owner.RUNTIME, _S3),
+    "spark.hadoop.fs.s3a.endpoint.region": Reserved(
+        Owner.RUNTIME,
+        "the runtime sets it from AWS_REGION in spec.spark.env (Spark and the runtime's own S3 client must agree)",
+    ),
+    "spark.hadoop.fs.s3a.access.key": Reserved(Owner.RUNTIME, _S3_CREDENTIALS, secret=True),
+    "spark.hadoop.fs.s3a.secret.key": Reserved(Owner.RUNTIME, _S3_CREDENTIALS, secret=True),
+    "spark.hadoop.fs.s3a.aws.credentials.provider": Reserved(Owner.RUNTIME, _S3_CREDENTIALS),
+    # the operator (taskshard_operator.builders.build_executor_conf)
+    "spark.submit.deployMode": Reserved(Owner.OPERATOR, "the driver runs in client mode inside its shard pod"),
+    "spark.executor.instances": Reserved(Owner.OPERATOR, "the operator sets it from spec.spark.executors.instances"),
+    "spark.executor.memory": Reserved(Owner.OPERATOR, _EXECUTOR_RESOURCES),
+    "spark.kubernetes.executor.request.cores": Reserved(Owner.OPERATOR, _EXECUTOR_RESOURCES),
+    "spark.kubernetes.executor.limit.cores": Reserved(Owner.OPERATOR, _EXECUTOR_RESOURCES),
+    "spark.kubernetes.namespace": Reserved(Owner.OPERATOR, "the operator sets it to the Task's namespace"),
+    "spark.kubernetes.container.image": Reserved(Owner.OPERATOR, "the operator sets it from spec.spark.image"),
+    "spark.kubernetes.container.image.pullPolicy": Reserved(
+        Owner.OPERATOR, "the operator sets it from spec.spark.imagePullPolicy"
+    ),
+    "spark.kubernetes.driver.pod.name": Reserved(Owner.OPERATOR, _EXECUTORS),
+    "spark.kubernetes.authenticate.driver.serviceAccountName": Reserved(
+        Owner.OPERATOR, "the operator sets it from spec.spark.serviceAccountName"
+    ),
+    "spark.kubernetes.executor.podNamePrefix": Reserved(Owner.OPERATOR, _EXECUTORS),
+    "spark.kubernetes.executor.podTemplateFile": Reserved(
+        Owner.OPERATOR, "the operator's executor pod template carries the storage volume, env and securityContext"
+    ),
+    "spark.kubernetes.executor.label.taskshard.io/task": Reserved(Owner.OPERATOR, _EXECUTORS),
+    "spark.kubernetes.executor.label.taskshard.io/shard": Reserved(Owner.OPERATOR, _EXECUTORS),
+    "spark.kubernetes.executor.label.taskshard.io/component": Reserved(Owner.OPERATOR, _EXECUTORS),
+    "spark.driver.host": Reserved(Owner.OPERATOR, _DRIVER),
+    "spark.driver.port": Reserved(Owner.OPERATOR, _DRIVER),
+    "spark.driver.bindAddress": Reserved(Owner.OPERATOR, _DRIVER),
+    "spark.blockManager.port": Reserved(Owner.OPERATOR, _DRIVER),
+}
+"""Every reserved key, with who sets it and why. The one list: the CRD's CEL rules are generated from it."""
+
+
+def reserved_conf_message(key: str, *, path: str = "spec.spark.conf", value: str | None = None) -> str:
+    """Why ``key`` is refused: ``<path>["<key>"]: "<value>" is reserved: <why>; remove the key`` (no value part
+    when ``value`` is None, as in the CRD's static CEL message; ``"<redacted>"`` for a credential)."""
+    reserved = RESERVED_SPARK_CONF[key]
+    shown = "" if value is None else f": {json.dumps('<redacted>' if reserved.secret else value)}"
+    return f'{path}["{key}"]{shown} is reserved: {reserved.why}; remove the key'
+
+
+def reserved_conf_problems(
+    conf: Mapping[str, str], *, path: str = "spec.spark.conf", owners: Collection[Owner] = tuple(Owner)
+) -> list[str]:
+    """One message per key of ``conf`` that ``owners`` reserve, in ``conf``'s order (empty: nothing reserved)."""
+    return [
+        reserved_conf_message(key, path=path, value=value)
+        for key, value in conf.items()
+        if key in RESERVED_SPARK_CONF and RESERVED_SPARK_CONF[key].owner in owners
+    ]

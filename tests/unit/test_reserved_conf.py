@@ -1,0 +1,150 @@
+"""Reserved ``spec.spark.conf`` keys: one table (``spark_runtime.reserved_conf``), three checks that must agree
+(the CRD's CEL rules, the Task model, the runtime's config), and a table that covers what the code really sets."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from spark_runtime.config import ConfigError, parse_config
+from spark_runtime.keygroups import KeyGroupRange
+from spark_runtime.reserved_conf import RESERVED_SPARK_CONF, Owner, reserved_conf_message
+from spark_runtime.session import DEFAULT_CONF
+from spark_runtime.storage import S3Settings
+from taskshard_operator import builders
+from taskshard_operator.models.task import TaskSpec
+
+from .manifest_cases import CRDS_DIR, base_task
+
+pytestmark = pytest.mark.unit
+
+RULE = re.compile(r"^!\('([^']+)' in self\)$")
+RUNTIME_KEYS = sorted(k for k, r in RESERVED_SPARK_CONF.items() if r.owner is Owner.RUNTIME)
+OPERATOR_KEYS = sorted(k for k, r in RESERVED_SPARK_CONF.items() if r.owner is Owner.OPERATOR)
+
+
+def _conf_rules_on_disk() -> list[dict]:
+    """The CEL rules on ``spec.spark.conf`` of the Task CRD as written in crds/ (what the apiserver gets)."""
+    crd = yaml.safe_load((CRDS_DIR / "taskshard.io_tasks.yaml").read_text(encoding="utf-8"))
+    (version,) = crd["spec"]["versions"]
+    conf = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["spark"]["properties"]["conf"]
+    return conf["x-kubernetes-validations"]
+
+
+def _spec(conf: dict[str, str], **spark) -> dict:
+    spec = base_task()["spec"]
+    spec["spark"] = {**spec["spark"], **spark, "conf": conf}
+    return spec
+
+
+# ---------------------------------------------------------------- the CRD
+
+
+def test_crd_has_one_forbidding_rule_per_reserved_key_naming_it_and_why():
+    rules = {}
+    for rule in _conf_rules_on_disk():
+        m = RULE.match(rule["rule"])
+        if m:
+            rules[m.group(1)] = rule
+    assert sorted(rules) == sorted(RESERVED_SPARK_CONF), "run python hack/gen_crds.py"
+    for key, rule in rules.items():
+        assert rule["message"] == reserved_conf_message(key)
+        assert rule["message"].startswith(f'spec.spark.conf["{key}"] is reserved: ')
+        assert rule["reason"] == "FieldValueForbidden"
+    # The other rule on the map is the prefix rule; nothing else is there.
+    assert len(_conf_rules_on_disk()) == len(rules) + 1
+
+
+def test_reserved_keys_are_safe_in_a_cel_string_literal():
+    assert all(key.startswith("spark.") and "'" not in key and "\\" not in key for key in RESERVED_SPARK_CONF)
+    assert all(r.why for r in RESERVED_SPARK_CONF.values())
+
+
+# ---------------------------------------------------------------- the Task model
+
+
+@pytest.mark.parametrize("key", sorted(RESERVED_SPARK_CONF))
+def test_task_model_refuses_each_reserved_key_naming_it_and_the_value(key):
+    with pytest.raises(ValidationError) as info:
+        TaskSpec.from_k8s(_spec({"spark.sql.shuffle.partitions": "2", key: "v1"}))
+    message = str(info.value)
+    expected = reserved_conf_message(key, value="v1")
+    assert expected in message
+    assert f'spec.spark.conf["{key}"]: ' in message and RESERVED_SPARK_CONF[key].why in message
+    if RESERVED_SPARK_CONF[key].secret:
+        assert '"<redacted>"' in expected and "v1" not in expected
+    else:
+        assert '"v1"' in expected
+
+
+def test_task_model_lists_every_reserved_key_and_accepts_tuning_keys():
+    with pytest.raises(ValidationError) as info:
+        TaskSpec.from_k8s(_spec({"spark.master": "local[8]", "spark.kubernetes.namespace": "other"}))
+    assert 'spec.spark.conf["spark.master"]: "local[8]"' in str(info.value)
+    assert 'spec.spark.conf["spark.kubernetes.namespace"]: "other"' in str(info.value)
+    tuning = {
+        "spark.sql.shuffle.partitions": "8",  # state is exported per key group: any partition count restores
+        "spark.hadoop.fs.s3a.connection.timeout": "60s",
+        "spark.driver.extraJavaOptions": "-Xss32m",
+        "spark.kubernetes.executor.deleteOnTermination": "false",
+        "spark.taskshard.partitionBytes": "1048576",
+    }
+    assert TaskSpec.from_k8s(_spec(tuning)).spark.conf == tuning
+
+
+# ---------------------------------------------------------------- the table covers what the code sets
+
+
+def test_the_runtimes_protocol_keys_are_reserved_for_the_runtime():
+    state_store = {k for k in DEFAULT_CONF if k.startswith("spark.sql.streaming.stateStore.")}
+    assert state_store == {
+        "spark.sql.streaming.stateStore.providerClass",
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+    }
+    everything = S3Settings(endpoint="https://s3.example", region="eu-west-1", access_key="a", secret_key="s")
+    from_storage = set(everything.hadoop_conf()) - {  # the runtime's fail-fast defaults stay tunable
+        "spark.hadoop.fs.s3a.attempts.maximum",
+        "spark.hadoop.fs.s3a.retry.limit",
+        "spark.hadoop.fs.s3a.connection.establish.timeout",
+        "spark.hadoop.fs.s3a.connection.timeout",
+    }
+    assert state_store | from_storage | {"spark.master"} == set(RUNTIME_KEYS)
+    assert "spark.sql.shuffle.partitions" not in RESERVED_SPARK_CONF
+
+
+def test_every_key_of_build_executor_conf_is_reserved_for_the_operator():
+    executors = {"instances": 2, "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "1Gi"}}}
+    spec = TaskSpec.from_k8s(_spec({}, executors=executors, imagePullPolicy="Always"))
+    conf = builders.build_executor_conf(task="orders", namespace="ns1", shard="orders-0-64", spec=spec)
+    assert set(conf) == set(OPERATOR_KEYS)
+
+
+# ---------------------------------------------------------------- the runtime's config
+
+
+def _shard_config(conf: dict[str, str]) -> dict:
+    spec = TaskSpec.from_k8s(_spec({}))
+    config = builders.build_shard_config(
+        task="orders", namespace="ns1", shard="orders-0-64", key_groups=KeyGroupRange(0, 64), spec=spec
+    )
+    config["spark"]["conf"] = conf
+    return config
+
+
+def test_runtime_config_refuses_runtime_keys_naming_each():
+    with pytest.raises(ConfigError) as info:
+        parse_config(_shard_config({"spark.master": "local[8]", "spark.hadoop.fs.s3a.secret.key": "s3cr3t"}))
+    assert info.value.problems == [
+        reserved_conf_message("spark.master", path="spark.conf", value="local[8]"),
+        'spark.conf["spark.hadoop.fs.s3a.secret.key"]: "<redacted>" is reserved: '
+        + RESERVED_SPARK_CONF["spark.hadoop.fs.s3a.secret.key"].why
+        + "; remove the key",
+    ]
+    assert "s3cr3t" not in str(info.value)
+
+
+def test_runtime_config_accepts_the_keys_the_operator_writes():
+    parse_config(_shard_config(dict.fromkeys(OPERATOR_KEYS, "x")))
