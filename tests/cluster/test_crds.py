@@ -16,7 +16,18 @@ import pytest
 import yaml
 
 from taskshard_operator.models import Task, TaskShard
-from tests.unit.manifest_cases import BAD_CASES, CRDS_DIR, EXAMPLES_DIR, base_shard, base_task, example_files
+from tests.unit.manifest_cases import (
+    BAD_CASES,
+    CRDS_DIR,
+    EXAMPLES_DIR,
+    GOOD_CASES,
+    base_shard,
+    base_task,
+    example_files,
+    journal_source,
+    kafka_source,
+    merge_patch,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -115,6 +126,15 @@ def test_bad_manifest_is_rejected_naming_the_field(k, case):
     result = k("apply", "--dry-run=server", "-f", "-", input=json.dumps(manifest), check=False)
     assert result.returncode != 0, f"{case.id} was accepted: {result.stdout}"
     assert case.field in result.stderr, result.stderr
+    if case.message:  # a CEL messageExpression: the same text as the models' error
+        assert case.message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("case", GOOD_CASES, ids=lambda c: c.id)
+def test_good_manifest_is_accepted_and_reads_back_as_the_same_model(k, case):
+    manifest = case.manifest(name=_unique(case.id.lower())[:60])
+    stored = _create(k, manifest)
+    assert Task.from_k8s(stored).spec == Task.from_k8s(manifest).spec
 
 
 def test_task_immutable_fields_cannot_change(k):
@@ -129,6 +149,45 @@ def test_task_immutable_fields_cannot_change(k):
         assert result.returncode != 0 and field in result.stderr and "immutable" in result.stderr, result.stderr
     ok = _patch(k, "task", name, {"spec": {"spark": {"image": "taskshard/shard:0.2.0"}}})
     assert ok.returncode == 0, ok.stderr  # template edits are allowed (they roll the shards)
+
+
+def _refused(k, name: str, patch: dict, field: str, *words: str) -> None:
+    result = _patch(k, "task", name, patch)
+    assert result.returncode != 0, f"{patch} was accepted"
+    assert field in result.stderr and all(w in result.stderr for w in words), result.stderr
+
+
+def test_partitioned_by_key_and_its_partition_count_are_immutable(k):
+    journal = _unique("by-key-journal")
+    _create(k, merge_patch(base_task(journal), {"spec": journal_source(partitions=4, partitionedByKey=True)}))
+    flip = {"spec": journal_source(partitionedByKey=False)}
+    _refused(k, journal, flip, "spec.source.journal.partitionedByKey", "immutable", "create a new Task")
+    _refused(k, journal, {"spec": journal_source(partitions=8)}, "spec.source.journal.partitions", "immutable")
+    switch = {"spec": kafka_source(partitionedByKey=True, partitions=4)}
+    _refused(k, journal, switch, "spec.source", "cannot switch between journal and kafka")
+    image = _patch(k, "task", journal, {"spec": {"spark": {"image": "taskshard/shard:0.2.0"}}})
+    assert image.returncode == 0, image.stderr  # other edits pass the transition rules
+
+    kafka = _unique("by-key-kafka")
+    by_key = {"maxKeyGroups": 256, **kafka_source(partitionedByKey=True, partitions=8)}
+    _create(k, merge_patch(base_task(kafka), {"spec": by_key}))
+    _refused(k, kafka, {"spec": kafka_source(partitions=16)}, "spec.source.kafka.partitions", "immutable")
+    flip = {"spec": kafka_source(partitionedByKey=False, partitions=None)}
+    _refused(k, kafka, flip, "spec.source.kafka.partitionedByKey", "immutable")
+    stored = json.loads(k("get", "task", kafka, "-o", "json").stdout)["spec"]["source"]["kafka"]
+    assert (stored["partitionedByKey"], stored["partitions"]) == (True, 8)
+
+    plain = _unique("plain")
+    _create(k, base_task(plain))
+    flip = {"spec": journal_source(partitionedByKey=True)}
+    _refused(k, plain, flip, "spec.source.journal.partitionedByKey", "immutable")
+    switch = {"spec": kafka_source(partitionedByKey=True, partitions=4)}
+    _refused(k, plain, switch, "spec.source", "cannot switch between journal and kafka")
+    for patch in (journal_source(partitions=3), journal_source(path="/data/journal/other"), kafka_source()):
+        result = _patch(k, "task", plain, {"spec": patch})  # without the mode these stay allowed
+        assert result.returncode == 0, (patch, result.stderr)
+    flip = {"spec": kafka_source(partitionedByKey=True, partitions=4)}
+    _refused(k, plain, flip, "spec.source.kafka.partitionedByKey", "immutable")
 
 
 def _shard(k, start: int = 0, end: int = 64, **spec) -> str:

@@ -1,8 +1,9 @@
-"""Bad Task/TaskShard manifests shared by the unit tier (pydantic models) and the cluster tier (apiserver).
+"""Bad and good Task/TaskShard manifests shared by the unit tier (pydantic models) and the cluster tier (apiserver).
 
-Each case is a JSON merge patch (RFC 7386: ``None`` deletes a key) applied to a valid base manifest, plus the
-field path that both the models' ValidationError and the apiserver's rejection message must name. Using one
-table for both tiers proves the models and the CRD schema/CEL agree on what is invalid.
+Each bad case is a JSON merge patch (RFC 7386: ``None`` deletes a key) applied to a valid base manifest, plus the
+field path that both the models' ValidationError and the apiserver's rejection message must name (and, for a
+message built from the values, the exact text both must show). Each good case is a patch both must accept.
+Using one table for both tiers proves the models and the CRD schema/CEL agree on what is (in)valid.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class BadCase:
     kind: str  # "Task" or "TaskShard"
     spec_patch: dict[str, Any]
     field: str  # the field path both tiers must name, e.g. "spec.processor.field"
+    message: str | None = None  # the exact text both tiers must show, where the message carries the values
 
     def manifest(self, name: str | None = None) -> dict[str, Any]:
         base = base_task() if self.kind == "Task" else base_shard()
@@ -71,6 +73,47 @@ class BadCase:
         if name:
             obj["metadata"]["name"] = name
         return obj
+
+
+@dataclass(frozen=True)
+class GoodCase:
+    id: str
+    spec_patch: dict[str, Any]  # applied to base_task()
+
+    def manifest(self, name: str | None = None) -> dict[str, Any]:
+        obj = merge_patch(base_task(), {"spec": self.spec_patch})
+        if name:
+            obj["metadata"]["name"] = name
+        return obj
+
+
+KAFKA = {"bootstrapServers": "kafka:9092", "topic": "orders"}
+
+
+def kafka_source(**fields: Any) -> dict[str, Any]:
+    """A spec patch replacing the base task's journal by a Kafka source with ``fields``."""
+    return {"source": {"journal": None, "kafka": {**KAFKA, **fields}}}
+
+
+def journal_source(**fields: Any) -> dict[str, Any]:
+    """A spec patch setting ``fields`` on the base task's journal (path /data/journal/orders, 4 partitions)."""
+    return {"source": {"journal": fields}}
+
+
+GOOD_CASES: list[GoodCase] = [
+    GoodCase("journal-by-key-4-partitions-128-groups", journal_source(partitions=4, partitionedByKey=True)),
+    GoodCase(
+        "kafka-by-key-8-partitions-256-groups",
+        {"maxKeyGroups": 256, **kafka_source(partitionedByKey=True, partitions=8)},
+    ),
+    GoodCase(
+        "kafka-by-key-partitions-equal-groups", {"maxKeyGroups": 8, **kafka_source(partitionedByKey=True, partitions=8)}
+    ),
+    # without partitionedByKey the partition count need not divide maxKeyGroups (unchanged behaviour)
+    GoodCase("journal-3-partitions-not-by-key", journal_source(partitions=3)),
+    GoodCase("journal-by-key-false-3-partitions", journal_source(partitions=3, partitionedByKey=False)),
+    GoodCase("kafka-by-key-false-without-partitions", kafka_source(partitionedByKey=False)),
+]
 
 
 BAD_CASES: list[BadCase] = [
@@ -108,6 +151,57 @@ BAD_CASES: list[BadCase] = [
         "Task",
         {"source": {"journal": None, "kafka": {"bootstrapServers": "no port", "topic": "t"}}},
         "spec.source.kafka.bootstrapServers",
+    ),
+    # Task: source partitioned by the key (key groups nested in partitions)
+    BadCase(
+        "kafka-by-key-groups-not-a-multiple",
+        "Task",
+        kafka_source(partitionedByKey=True, partitions=3),
+        "spec.maxKeyGroups",
+        "spec.maxKeyGroups (128) must be a multiple of spec.source.kafka.partitions (3) when partitionedByKey is "
+        "true: e.g. 126 or 129, or set partitions to a divisor of 128",
+    ),
+    BadCase(
+        "journal-by-key-groups-not-a-multiple",
+        "Task",
+        {"maxKeyGroups": 100, **journal_source(partitions=8, partitionedByKey=True)},
+        "spec.maxKeyGroups",
+        "spec.maxKeyGroups (100) must be a multiple of spec.source.journal.partitions (8) when partitionedByKey is "
+        "true: e.g. 96 or 104, or set partitions to a divisor of 100",
+    ),
+    BadCase(
+        "kafka-by-key-fewer-groups-than-partitions",
+        "Task",
+        {"maxKeyGroups": 4, "initialShards": 1, **kafka_source(partitionedByKey=True, partitions=6)},
+        "spec.maxKeyGroups",
+        "spec.maxKeyGroups (4) must be a multiple of spec.source.kafka.partitions (6) when partitionedByKey is "
+        "true: e.g. 6, or set partitions to a divisor of 4",
+    ),
+    BadCase(
+        "kafka-by-key-next-multiple-past-the-limit",
+        "Task",
+        {"maxKeyGroups": 32767, **kafka_source(partitionedByKey=True, partitions=1000)},
+        "spec.maxKeyGroups",
+        "spec.maxKeyGroups (32767) must be a multiple of spec.source.kafka.partitions (1000) when partitionedByKey "
+        "is true: e.g. 32000, or set partitions to a divisor of 32767",
+    ),
+    BadCase(
+        "kafka-by-key-without-partitions",
+        "Task",
+        kafka_source(partitionedByKey=True),
+        "spec.source.kafka.partitions",
+    ),
+    BadCase(
+        "kafka-partitions-without-by-key",
+        "Task",
+        kafka_source(partitions=8),
+        "spec.source.kafka.partitions",
+    ),
+    BadCase(
+        "kafka-partitions-too-many",
+        "Task",
+        {"maxKeyGroups": 20002, **kafka_source(partitionedByKey=True, partitions=10001)},
+        "spec.source.kafka.partitions",
     ),
     BadCase(
         "sink-directory-and-kafka",

@@ -129,6 +129,9 @@ def test_transition_rules_cover_the_immutable_fields():
         (tasks, "<root>.spec.maxKeyGroups"),
         (tasks, "<root>.spec.keyField"),
         (tasks, "<root>.spec.storage"),
+        (tasks, "<root>.spec.source"),  # no journal <-> kafka switch with partitionedByKey
+        (tasks, "<root>.spec.source.journal"),  # partitionedByKey, and partitions with it
+        (tasks, "<root>.spec.source.kafka"),
         (shards, "<root>.spec.keyGroups"),
         (shards, "<root>.spec.taskRef"),
         (shards, "<root>.spec.restoreFrom"),

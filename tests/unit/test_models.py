@@ -23,7 +23,17 @@ from taskshard_operator.models import (
     TaskSpec,
 )
 
-from .manifest_cases import BAD_CASES, base_shard, base_task, example_files, load_example, merge_patch
+from .manifest_cases import (
+    BAD_CASES,
+    GOOD_CASES,
+    base_shard,
+    base_task,
+    example_files,
+    journal_source,
+    kafka_source,
+    load_example,
+    merge_patch,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -170,6 +180,44 @@ def test_models_reject_bad_manifests_naming_the_field(case):
     with pytest.raises(ValidationError) as info:
         model.from_k8s(case.manifest())
     assert case.field in _paths_and_messages(info.value), str(info.value)
+    if case.message:
+        assert case.message in _paths_and_messages(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("case", GOOD_CASES, ids=lambda c: c.id)
+def test_models_accept_good_manifests(case):
+    task = Task.from_k8s(case.manifest())
+    assert Task.from_k8s(task.to_k8s()) == task
+
+
+@pytest.mark.parametrize(
+    ("patch", "partitions"),
+    [
+        ({}, None),
+        (journal_source(partitionedByKey=True), 4),
+        (journal_source(partitionedByKey=False), None),
+        ({"maxKeyGroups": 256, **kafka_source(partitionedByKey=True, partitions=8)}, 8),
+        (kafka_source(), None),
+    ],
+    ids=["journal", "journal-by-key", "journal-by-key-false", "kafka-by-key", "kafka"],
+)
+def test_nested_partitions_only_with_partitioned_by_key(patch, partitions):
+    source = Task.from_k8s(merge_patch(base_task(), {"spec": patch})).spec.source
+    assert source.nested_partitions == partitions
+
+
+def test_partitioned_by_key_false_is_left_out_of_the_dump():
+    """The default keeps the dump (template hash, shard config) of a Task that does not use the mode unchanged."""
+    plain = Task.from_k8s(base_task())
+    explicit = Task.from_k8s(merge_patch(base_task(), {"spec": journal_source(partitionedByKey=False)}))
+    assert explicit == plain and explicit.to_k8s() == plain.to_k8s()
+    assert "partitionedByKey" not in plain.to_k8s()["spec"]["source"]["journal"]
+    nested = Task.from_k8s(merge_patch(base_task(), {"spec": journal_source(partitionedByKey=True)}))
+    assert nested.to_k8s()["spec"]["source"]["journal"] == {
+        "path": "/data/journal/orders",
+        "partitions": 4,
+        "partitionedByKey": True,
+    }
 
 
 def _paths_and_messages(error: ValidationError) -> str:

@@ -395,6 +395,73 @@ def test_kafka_latest_is_pinned_to_the_task_creation_time_for_every_shard():
     assert "startingTimestamp" not in config["source"]["kafka"]
 
 
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (
+            {"journal": {"path": "/data/journal/orders", "partitions": 4, "partitionedByKey": True}},
+            {"journal": {"path": "/data/journal/orders", "partitions": 4, "partitionedByKey": True}},
+        ),
+        (
+            {"kafka": {"bootstrapServers": "k:9092", "topic": "orders", "partitionedByKey": True, "partitions": 8}},
+            {
+                "kafka": {
+                    "bootstrapServers": "k:9092",
+                    "topic": "orders",
+                    "startingOffsets": "earliest",
+                    "partitionedByKey": True,
+                    "partitions": 8,
+                }
+            },
+        ),
+        (
+            {
+                "kafka": {
+                    "bootstrapServers": "k:9092",
+                    "topic": "orders",
+                    "startingOffsets": "latest",
+                    "partitionedByKey": True,
+                    "partitions": 8,
+                }
+            },
+            {
+                "kafka": {
+                    "bootstrapServers": "k:9092",
+                    "topic": "orders",
+                    "startingOffsets": "latest",
+                    "startingTimestamp": 1795329601000,
+                    "partitionedByKey": True,
+                    "partitions": 8,
+                }
+            },
+        ),
+    ],
+    ids=["journal", "kafka", "kafka-latest"],
+)
+def test_shard_config_carries_partitioned_by_key_and_partitions(source, expected):
+    s = TaskSpec.from_k8s({**SPEC, "source": source})
+    config = builders.build_shard_config(
+        task="orders",
+        namespace="ns",
+        shard="orders-0-64",
+        key_groups=R(0, 64),
+        spec=s,
+        task_created="2026-11-22T06:40:01Z",
+    )
+    assert config["source"] == expected
+    validate_shard_config(config)  # the runtime's config model accepts both fields
+
+
+def test_partitioned_by_key_false_changes_neither_config_nor_template_hash():
+    """A Task that does not use the mode gets the config and hash it had before the field existed (no roll)."""
+    explicit = spec(source={"journal": {"path": "/data/journal/orders", "partitions": 4, "partitionedByKey": False}})
+    assert builders.template_hash(explicit) == builders.template_hash(spec())
+    config = builders.build_shard_config(
+        task="orders", namespace="ns", shard="orders-0-64", key_groups=R(0, 64), spec=explicit
+    )
+    assert config["source"] == {"journal": {"path": "/data/journal/orders", "partitions": 4}}
+
+
 # ---------------------------------------------------------------- Pod Security "restricted"
 
 PVC_STORAGE = {"path": "/data/state", "volume": {"persistentVolumeClaim": {"claimName": "state"}}}

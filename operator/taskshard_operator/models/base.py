@@ -38,13 +38,25 @@ QUANTITY_PATTERN = (
 """Kubernetes' resource.Quantity syntax (as controller-gen emits it)."""
 
 
-def cel(rule: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
+def cel(
+    rule: str,
+    message: str,
+    *,
+    field_path: str | None = None,
+    reason: str | None = None,
+    message_expression: str | None = None,
+) -> dict[str, str]:
     """One ``x-kubernetes-validations`` entry. ``message`` names the field and says what is valid.
 
     ``field_path`` is relative to the object the rule sits on (e.g. ``.split.at``); ``reason`` is one of
     ``FieldValueInvalid`` (default), ``FieldValueRequired``, ``FieldValueForbidden``, ``FieldValueDuplicate``.
+    ``message_expression`` is a CEL string expression (same variables as ``rule``) for a message that names the
+    offending values; the apiserver shows it instead of ``message``, which stays as the fallback should the
+    expression fail.
     """
     entry = {"rule": rule, "message": message}
+    if message_expression:
+        entry["messageExpression"] = message_expression
     if field_path:
         entry["fieldPath"] = field_path
     if reason:

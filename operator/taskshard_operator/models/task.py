@@ -2,8 +2,10 @@
 
 Single-object invariants are CEL rules in the CRD and mirrored by pydantic validators here: exactly one of
 each kind (processor, source, sink, storage, volume), ``sum`` needs ``field``, ``initialShards <=
-maxKeyGroups``, no ``spark.conf`` key the protocol owns (``spark_runtime.reserved_conf``); ``maxKeyGroups``,
-``keyField`` and ``storage`` are immutable (changing them would orphan state).
+maxKeyGroups``, no ``spark.conf`` key the protocol owns (``spark_runtime.reserved_conf``), with
+``partitionedByKey`` a ``maxKeyGroups`` that is a multiple of the source's partition count (and, for Kafka, that
+count declared); ``maxKeyGroups``, ``keyField``, ``storage``, ``partitionedByKey`` and, with it, the partition
+count are immutable (changing them would orphan or re-key state).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
 from spark_runtime.reserved_conf import RESERVED_SPARK_CONF, reserved_conf_message, reserved_conf_problems
@@ -57,6 +59,8 @@ ABS_PATH = r"^/\S*$"
 PYTHON_REF = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 KAFKA_TOPIC = r"^[A-Za-z0-9._-]+$"
 KAFKA_SERVERS = r"^[^,\s]+:[0-9]+(,[^,\s]+:[0-9]+)*$"
+JOURNAL_PARTITIONS_LIMIT = 1024
+KAFKA_PARTITIONS_LIMIT = 10000
 
 
 def _exactly_one(obj: K8sModel, path: str, *names: str) -> None:
@@ -136,17 +140,166 @@ class ProcessorSpec(K8sModel):
         return self
 
 
-class JournalSource(K8sModel):
+# ---------------------------------------------------------------- key groups nested in partitions
+#
+# With ``partitionedByKey: true`` (every record of a key is in one partition of the source), P partitions and
+# G = maxKeyGroups, partition p holds the key groups [p*G/P, (p+1)*G/P) and a shard reads only the partitions whose
+# block meets its range (spark_runtime.keygroups). So G must be a multiple of P (admission: CEL on TaskSpec, twin
+# in TaskSpec._check), and the flag and P are immutable (transition rules on the source objects): changing either
+# would move keys to other key groups, i.e. re-key all state.
+
+
+def _cel_partitioned(obj: str) -> str:
+    """CEL: the journal or kafka object ``obj`` declares ``partitionedByKey: true``."""
+    return f"(has({obj}.partitionedByKey) && {obj}.partitionedByKey)"
+
+
+def _cel_any_partitioned(source: str) -> str:
+    """CEL: the source object ``source`` (journal or kafka) is partitioned by the key."""
+    return (
+        f"(has({source}.journal) && {_cel_partitioned(source + '.journal')}) || "
+        f"(has({source}.kafka) && {_cel_partitioned(source + '.kafka')})"
+    )
+
+
+def _near_multiples(max_key_groups: int, partitions: int) -> list[int]:
+    """The multiples of ``partitions`` next to ``max_key_groups`` that are valid maxKeyGroups (one or two)."""
+    lower = max_key_groups // partitions * partitions
+    return [v for v in (lower, lower + partitions) if 0 < v <= MAX_KEY_GROUPS_LIMIT]
+
+
+def not_a_multiple_message(max_key_groups: int, kind: str, partitions: int) -> str:
+    """The error of a ``maxKeyGroups`` that ``partitions`` does not divide (CEL builds the same text: see
+    :func:`_multiple_rule`), e.g. ``spec.maxKeyGroups (128) must be a multiple of spec.source.kafka.partitions
+    (3) when partitionedByKey is true: e.g. 126 or 129, or set partitions to a divisor of 128``."""
+    near = " or ".join(map(str, _near_multiples(max_key_groups, partitions)))
+    return (
+        f"spec.maxKeyGroups ({max_key_groups}) must be a multiple of spec.source.{kind}.partitions ({partitions}) "
+        f"when partitionedByKey is true: e.g. {near}, or set partitions to a divisor of {max_key_groups}"
+    )
+
+
+def _multiple_rule(kind: str) -> dict[str, str]:
+    """The TaskSpec rule: with ``source.<kind>.partitionedByKey``, maxKeyGroups is a multiple of its partitions.
+
+    The messageExpression is :func:`not_a_multiple_message` in CEL: the multiples of P around G are
+    ``lower = G - G % P`` and ``lower + P``; only the valid ones are shown (``lower`` is 0 when G < P, and when
+    ``lower + P`` passes the limit ``lower`` is positive, since P <= 10000 < limit). It uses ``format``, not
+    ``+`` and ``string()``: the apiserver estimates a converted int as an unbounded string and refuses the
+    concatenation's cost.
+    """
+    src, g = f"self.source.{kind}", "self.maxKeyGroups"
+    p = f"{src}.partitions"
+    lower = f"{g} - {g} % {p}"
+    near = (
+        f"{g} < {p} ? '%d'.format([{p}]) : {lower} + {p} > {MAX_KEY_GROUPS_LIMIT} ? '%d'.format([{lower}]) "
+        f": '%d or %d'.format([{lower}, {lower} + {p}])"
+    )
+    return cel(
+        f"!has({src}) || !{_cel_partitioned(src)} || !has({p}) || {g} % {p} == 0",
+        f"spec.maxKeyGroups must be a multiple of spec.source.{kind}.partitions when partitionedByKey is true "
+        "(each partition holds maxKeyGroups / partitions key groups): choose a multiple of partitions, or set "
+        "partitions to a divisor of maxKeyGroups",
+        field_path=".maxKeyGroups",
+        message_expression=(
+            f"'spec.maxKeyGroups (%d) must be a multiple of spec.source.{kind}.partitions (%d) when "
+            "partitionedByKey is true: e.g. %s, or set partitions to a divisor of %d'"
+            f".format([{g}, {p}, {near}, {g}])"
+        ),
+    )
+
+
+def _immutable_partitioning_rules(kind: str, default_partitions: int, instead: str) -> list[dict[str, str]]:
+    """Transition rules on ``spec.source.<kind>``: ``partitionedByKey`` never changes, and while it is true
+    neither does ``partitions``. On the object, not the fields: ``oldSelf`` of a field exists only when the old
+    object had the field, and the partition count is immutable only together with the flag."""
+    new, old = _cel_partitioned("self"), _cel_partitioned("oldSelf")
+    count = "(has({0}.partitions) ? {0}.partitions : " + str(default_partitions) + ")"
+    why = "which key groups each partition holds, so changing it would re-key all state"
+    return [
+        cel(
+            f"{new} == {old}",
+            f"spec.source.{kind}.partitionedByKey is immutable: it decides {why}; create a new Task instead",
+            field_path=".partitionedByKey",
+        ),
+        cel(
+            f"!({new} && {old}) || {count.format('self')} == {count.format('oldSelf')}",
+            f"spec.source.{kind}.partitions is immutable while partitionedByKey is true: the partition count "
+            f"decides {why}; {instead}",
+            field_path=".partitions",
+        ),
+    ]
+
+
+class _PartitionedSource(K8sModel):
+    """Base of the source kinds that may be partitioned by the key.
+
+    ``partitionedByKey: false`` (the default) is left out of :meth:`to_k8s`: a Task that does not use the mode
+    keeps the template hash and shard config it had before the field existed (an operator upgrade rolls no
+    shard) and runs on runtimes that predate the field. ``True`` is always written.
+    """
+
+    partitioned_by_key: bool = False
+
+    @model_serializer(mode="wrap")
+    def _omit_unpartitioned(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if not self.partitioned_by_key:
+            data.pop("partitionedByKey", None)
+            data.pop("partitioned_by_key", None)
+        return data
+
+
+class JournalSource(_PartitionedSource):
     """A directory of append-only JSON-lines partition files (the embedded journal)."""
+
+    model_config = {
+        "json_schema_extra": validations(*_immutable_partitioning_rules("journal", 1, "create a new Task instead"))
+    }
 
     path: str = Field(
         min_length=2, max_length=4096, pattern=ABS_PATH, description="Absolute path of the journal directory."
     )
-    partitions: int = Field(default=1, ge=1, le=1024, description="Number of partition files (1..1024).")
+    partitions: int = Field(
+        default=1,
+        ge=1,
+        le=JOURNAL_PARTITIONS_LIMIT,
+        description=f"Number of partition files (1..{JOURNAL_PARTITIONS_LIMIT}). Immutable with partitionedByKey.",
+    )
+    partitioned_by_key: bool = Field(
+        default=False,
+        description="True when every record of a key is in one partition file (the journal's producer writes them "
+        "so): partition p then holds the key groups [p*maxKeyGroups/partitions, (p+1)*maxKeyGroups/partitions) "
+        "and a shard reads only the files whose block meets its range. maxKeyGroups must be a multiple of "
+        "partitions. Immutable, and so are partitions while it is true.",
+    )
 
 
-class KafkaSource(K8sModel):
+class KafkaSource(_PartitionedSource):
     """A Kafka topic."""
+
+    model_config = {
+        "json_schema_extra": validations(
+            cel(
+                f"!{_cel_partitioned('self')} || has(self.partitions)",
+                "spec.source.kafka.partitions is required when spec.source.kafka.partitionedByKey is true: the "
+                "topic's partition count is part of the key-group mapping (a shard refuses to run, reason "
+                "PartitionCountChanged, when the topic's real count differs)",
+                field_path=".partitions",
+                reason="FieldValueRequired",
+            ),
+            cel(
+                f"!has(self.partitions) || {_cel_partitioned('self')}",
+                "spec.source.kafka.partitions is only used with spec.source.kafka.partitionedByKey: true; remove "
+                "it, or set partitionedByKey: true if the topic is keyed by the key field",
+                field_path=".partitions",
+                reason="FieldValueForbidden",
+            ),
+            *_immutable_partitioning_rules(
+                "kafka", 0, "for a topic with another partition count, create a new Task instead"
+            ),
+        )
+    }
 
     bootstrap_servers: str = Field(
         max_length=2048, pattern=KAFKA_SERVERS, description="Comma-separated host:port list of Kafka brokers."
@@ -155,12 +308,53 @@ class KafkaSource(K8sModel):
     starting_offsets: Literal["earliest", "latest"] = Field(
         default="earliest", description="Where a fresh task starts reading: earliest or latest."
     )
+    partitioned_by_key: bool = Field(
+        default=False,
+        description="True when the topic is keyed by the key field (every record of a key in one partition): "
+        "partition p then holds the key groups [p*maxKeyGroups/partitions, (p+1)*maxKeyGroups/partitions) and a "
+        "shard reads only the partitions whose block meets its range. Needs partitions; maxKeyGroups must be a "
+        "multiple of it. Immutable.",
+    )
+    partitions: int | None = Field(
+        default=None,
+        ge=1,
+        le=KAFKA_PARTITIONS_LIMIT,
+        description=f"The topic's partition count (1..{KAFKA_PARTITIONS_LIMIT}), required with and only allowed "
+        "with partitionedByKey: it is part of the key-group mapping, so a shard refuses to run (reason "
+        "PartitionCountChanged) when the topic's real count differs. Immutable.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> KafkaSource:
+        if self.partitioned_by_key and self.partitions is None:
+            raise ValueError(
+                "spec.source.kafka.partitions is required when spec.source.kafka.partitionedByKey is true: the "
+                "topic's partition count is part of the key-group mapping (a shard refuses to run, reason "
+                "PartitionCountChanged, when the topic's real count differs)"
+            )
+        if self.partitions is not None and not self.partitioned_by_key:
+            raise ValueError(
+                "spec.source.kafka.partitions is only used with spec.source.kafka.partitionedByKey: true; remove "
+                "it, or set partitionedByKey: true if the topic is keyed by the key field"
+            )
+        return self
 
 
 class SourceSpec(K8sModel):
     """Where events come from: exactly one of journal or kafka."""
 
-    model_config = {"json_schema_extra": validations(_one_of_rule("spec.source", "journal", "kafka"))}
+    model_config = {
+        "json_schema_extra": validations(
+            _one_of_rule("spec.source", "journal", "kafka"),
+            cel(
+                f"has(self.journal) == has(oldSelf.journal) || "
+                f"!({_cel_any_partitioned('self')} || {_cel_any_partitioned('oldSelf')})",
+                "spec.source cannot switch between journal and kafka when either has partitionedByKey: true: the "
+                "partitions decide which key groups each holds, so the switch would re-key all state; create a new "
+                "Task instead",
+            ),
+        )
+    }
 
     journal: JournalSource | None = Field(default=None, description="Read a local journal directory.")
     kafka: KafkaSource | None = Field(default=None, description="Read a Kafka topic.")
@@ -169,6 +363,16 @@ class SourceSpec(K8sModel):
     def _check(self) -> SourceSpec:
         _exactly_one(self, "spec.source", "journal", "kafka")
         return self
+
+    @property
+    def kind(self) -> Literal["journal", "kafka"]:
+        return "journal" if self.journal is not None else "kafka"
+
+    @property
+    def nested_partitions(self) -> int | None:
+        """The partition count key groups nest in (``partitionedByKey: true``), else None."""
+        chosen = self.journal or self.kafka
+        return chosen.partitions if chosen is not None and chosen.partitioned_by_key else None
 
 
 class DirectorySink(K8sModel):
@@ -427,7 +631,9 @@ class TaskSpec(K8sModel):
                 "!has(self.initialShards) || self.initialShards <= self.maxKeyGroups",
                 "spec.initialShards must be at most spec.maxKeyGroups (each shard needs one key group or more)",
                 field_path=".initialShards",
-            )
+            ),
+            _multiple_rule("journal"),
+            _multiple_rule("kafka"),
         )
     }
 
@@ -476,6 +682,9 @@ class TaskSpec(K8sModel):
             raise ValueError(
                 f"spec.initialShards: {self.initial_shards} must be at most spec.maxKeyGroups ({self.max_key_groups})"
             )
+        partitions = self.source.nested_partitions
+        if partitions is not None and self.max_key_groups % partitions:
+            raise ValueError(not_a_multiple_message(self.max_key_groups, self.source.kind, partitions))
         return self
 
 
