@@ -122,11 +122,16 @@ def restore_report(shard_dir: Path) -> dict[str, Any]:
 
 
 def sink_rows(root: Path, shard: str) -> int:
-    f = root / "out" / f"shard={shard}" / "batch-0.jsonl"
-    if not f.exists():
-        return 0
-    with open(f, "rb") as fh:
-        return sum(1 for _ in fh)
+    """Rows of the child's batch 0 output, published or still pending (the sink publishes on the next batch or
+    at the shard's stop)."""
+    from spark_runtime.layout import SinkPaths
+
+    paths = SinkPaths.of(root / "out", shard)
+    for f in (paths.batch_file(0, "jsonl"), paths.pending_file(0, "jsonl")):
+        if f.exists():
+            with open(f, "rb") as fh:
+                return sum(1 for _ in fh)
+    return 0
 
 
 def cleanup_child(root: Path, shard: str) -> None:

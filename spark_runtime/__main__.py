@@ -83,7 +83,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except RestoreError as exc:
         log.error("cannot restore: %s", exc)
         _write_termination_message(
-            config.termination_message_path, {"event": "failed", "shard": config.shard, "error": str(exc)}
+            config.termination_message_path,
+            {"event": "failed", "shard": config.shard, "reason": exc.reason, "error": str(exc)},
         )
         return 2
     except ShardFailed as exc:

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT, KeyGroupRange
+from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT, InvalidRangeError, KeyGrouping, KeyGroupRange
 from spark_runtime.reserved_conf import Owner, reserved_conf_problems
 
 __all__ = [
@@ -127,6 +127,9 @@ class JournalSource(_Model):
 
     path: str = Field(min_length=1, max_length=4096)
     partitions: int = Field(default=1, ge=1, le=1024)
+    partitioned_by_key: bool = False
+    """Key groups nested in partitions (:mod:`spark_runtime.keygroups`): the journal's own producer keeps one key
+    in one partition, so a shard reads only the partition files whose key-group block meets its range."""
 
 
 class KafkaSource(_Model):
@@ -138,6 +141,26 @@ class KafkaSource(_Model):
     topic: str = Field(min_length=1, max_length=249)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     starting_timestamp: int | None = Field(default=None, ge=0)
+    partitioned_by_key: bool = False
+    """Records of one key are always in one partition (keyed by the key field): key groups nest in partitions
+    and a shard reads only the partitions whose block meets its range (``partitions`` is then required)."""
+    partitions: int | None = Field(default=None, ge=1, le=10000)
+    """The topic's partition count, part of the key-group mapping with ``partitionedByKey``: a topic whose count
+    differs stops the shard (``PartitionCountChanged``) before anything is processed under a wrong mapping."""
+
+    @model_validator(mode="after")
+    def _check(self) -> KafkaSource:
+        if self.partitioned_by_key and self.partitions is None:
+            raise ValueError(
+                "source.kafka.partitions is required with partitionedByKey: true (the topic's partition count is "
+                "part of the key-group mapping)"
+            )
+        if self.partitions is not None and not self.partitioned_by_key:
+            raise ValueError(
+                f"source.kafka.partitions ({self.partitions}) is only used with partitionedByKey: true; remove it "
+                "or set partitionedByKey"
+            )
+        return self
 
 
 class SourceSpec(_Model):
@@ -148,6 +171,16 @@ class SourceSpec(_Model):
     def _check(self) -> SourceSpec:
         _exactly_one(journal=self.journal, kafka=self.kafka)
         return self
+
+    @property
+    def nested_partitions(self) -> int | None:
+        """The partition count key groups are nested in (``partitionedByKey``), else None."""
+        spec = self.journal or self.kafka
+        return spec.partitions if spec is not None and spec.partitioned_by_key else None
+
+    @property
+    def field_path(self) -> str:
+        return "source.journal" if self.journal is not None else "source.kafka"
 
 
 # ---------------------------------------------------------------- sink
@@ -304,6 +337,11 @@ class ShardConfig(_Model):
                 f"keyGroups.end: {self.key_groups.end} must be <= maxKeyGroups ({self.max_key_groups}); "
                 f"the range [{self.key_groups.start}, {self.key_groups.end}) must lie inside [0, maxKeyGroups)"
             )
+        if self.source.nested_partitions is not None:
+            try:
+                KeyGrouping(self.max_key_groups, self.source.nested_partitions)
+            except InvalidRangeError as exc:
+                raise ValueError(f"{self.source.field_path}.partitionedByKey: {exc}") from None
         reserved = reserved_conf_problems(self.spark.conf, path="spark.conf", owners=(Owner.RUNTIME,))
         if reserved:
             raise ValueError("\n".join(reserved))
@@ -313,6 +351,16 @@ class ShardConfig(_Model):
     def range(self) -> KeyGroupRange:
         """The shard's key-group range as a :class:`KeyGroupRange`."""
         return self.key_groups.to_range()
+
+    @property
+    def key_grouping(self) -> KeyGrouping:
+        """How records map to key groups: nested in the source's partitions with ``partitionedByKey``."""
+        return KeyGrouping(self.max_key_groups, self.source.nested_partitions)
+
+    @property
+    def partitions_to_read(self) -> list[int] | None:
+        """The source partitions this shard reads (None: all of them)."""
+        return self.key_grouping.partitions_to_read(self.range)
 
     @property
     def trigger_ms(self) -> int:

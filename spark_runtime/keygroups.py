@@ -33,6 +33,17 @@ Spark's ``hash(NULL)`` is the seed, 42 (null inputs are skipped, not propagated)
 routes a null-key record by it: records whose key is null or missing go to the shard's dead-letter output,
 because every shard would otherwise have to agree on owning them.
 
+Key groups nested in partitions
+-------------------------------
+For a source partitioned by the key (every record of a key lands in one partition: a Kafka topic keyed by the
+key field, the journal's own producer), a Task may declare ``partitionedByKey``. With ``P`` partitions and
+``G = maxKeyGroups`` (a multiple of ``P``), partition ``p`` holds the contiguous block of ``B = G / P`` key
+groups ``[p * B, (p + 1) * B)``, and a record's key group is ``p * B + pmod(hash(key), B)``
+(:func:`nested_key_group`, Spark SQL :func:`nested_key_group_sql`). A shard then reads only the partitions whose
+block meets its range (:func:`partitions_for_range`): read amplification about 1 instead of the shard count. This
+is Flink's "already keyed stream" applied to our ranges. A record's key group depends on its partition, so the
+mapping holds only while one key stays in one partition and the partition count stays ``P``.
+
 Ranges
 ------
 Ranges are half-open ``[start, end)`` everywhere. A range of size 1 cannot be split; the default split
@@ -53,12 +64,17 @@ __all__ = [
     "InvalidRangeError",
     "KeyGroupError",
     "KeyGroupRange",
+    "KeyGrouping",
     "SplitError",
     "TilingError",
     "check_tiling",
     "initial_ranges",
     "key_group",
     "key_group_sql",
+    "nested_block_size",
+    "nested_key_group",
+    "nested_key_group_sql",
+    "partitions_for_range",
     "range_for_shard",
     "spark_hash_int",
     "spark_hash_long",
@@ -214,6 +230,94 @@ def key_group_sql(column: str, max_key_groups: int) -> str:
         raise KeyGroupError(f"column: {column!r} is invalid; it must be a non-empty column name")
     quoted = "`" + column.replace("`", "``") + "`"
     return f"pmod(hash({quoted}), {max_key_groups})"
+
+
+# --- key groups nested in partitions ---
+
+
+def nested_block_size(max_key_groups: int, partitions: int) -> int:
+    """``B = max_key_groups / partitions``, the key groups of one partition's block. ``InvalidRangeError`` (saying
+    which values are valid) unless ``partitions`` divides ``max_key_groups``."""
+    _check_max_key_groups(max_key_groups)
+    if not _is_int(partitions) or partitions < 1:
+        raise InvalidRangeError(f"partitions: {partitions!r} is invalid; it must be a positive integer")
+    if max_key_groups % partitions:
+        lower = max_key_groups - max_key_groups % partitions
+        upper = lower + partitions
+        near = " or ".join(str(v) for v in (lower, upper) if 0 < v <= MAX_KEY_GROUPS_LIMIT)
+        raise InvalidRangeError(
+            f"maxKeyGroups: {max_key_groups} is not a multiple of the source's {partitions} partitions; with "
+            f"partitionedByKey each partition holds maxKeyGroups / partitions key groups, so use a multiple of "
+            f"{partitions} (e.g. {near}) or a partition count that divides {max_key_groups}"
+        )
+    return max_key_groups // partitions
+
+
+def nested_key_group(key: str | int | None, partition: int, max_key_groups: int, partitions: int) -> int:
+    """The key group of ``key`` read from ``partition`` of a source partitioned by the key:
+    ``partition * B + pmod(hash(key), B)`` with ``B = max_key_groups / partitions``; equals
+    :func:`nested_key_group_sql` in Spark. Keys are hashed as in :func:`key_group`."""
+    block = nested_block_size(max_key_groups, partitions)
+    if not _is_int(partition) or not 0 <= partition < partitions:
+        raise InvalidRangeError(f"partition: {partition!r} is outside 0..{partitions - 1}")
+    return partition * block + key_group(key, block)
+
+
+def nested_key_group_sql(column: str, partition_column: str, max_key_groups: int, partitions: int) -> str:
+    """Spark SQL text for :func:`nested_key_group`, e.g.
+    ``(CAST(`partition` AS INT) * 32 + pmod(hash(`key`), 32))``."""
+    block = nested_block_size(max_key_groups, partitions)
+    if not isinstance(partition_column, str) or not partition_column:
+        raise KeyGroupError(f"partition_column: {partition_column!r} is invalid; it must be a non-empty column name")
+    quoted = "`" + partition_column.replace("`", "``") + "`"
+    return f"(CAST({quoted} AS INT) * {block} + {key_group_sql(column, block)})"
+
+
+def partitions_for_range(key_groups: KeyGroupRange, max_key_groups: int, partitions: int) -> list[int]:
+    """The partitions whose key-group block meets ``key_groups`` (ascending): a shard of a source partitioned by the
+    key reads exactly these. A range inside one block gives one partition; both halves of a split inside a block
+    read that partition."""
+    block = nested_block_size(max_key_groups, partitions)
+    if key_groups.end > max_key_groups:
+        raise InvalidRangeError(f"keyGroups: {key_groups} extends past maxKeyGroups ({max_key_groups})")
+    return list(range(key_groups.start // block, (key_groups.end - 1) // block + 1))
+
+
+@dataclass(frozen=True)
+class KeyGrouping:
+    """How a Task maps records to key groups: ``pmod(hash(key), maxKeyGroups)`` (``partitions`` None: every shard
+    reads every partition), or nested in ``partitions`` partitions (the source is partitioned by the key)."""
+
+    max_key_groups: int
+    partitions: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.partitions is None:
+            _check_max_key_groups(self.max_key_groups)
+        else:
+            nested_block_size(self.max_key_groups, self.partitions)
+
+    @property
+    def nested(self) -> bool:
+        return self.partitions is not None
+
+    def of(self, key: str | int | None, partition: int) -> int:
+        """The key group of ``key`` read from ``partition``."""
+        if self.partitions is None:
+            return key_group(key, self.max_key_groups)
+        return nested_key_group(key, partition, self.max_key_groups, self.partitions)
+
+    def sql(self, column: str = "key", partition_column: str = "partition") -> str:
+        """The Spark SQL expression of :meth:`of` over ``column`` and ``partition_column``."""
+        if self.partitions is None:
+            return key_group_sql(column, self.max_key_groups)
+        return nested_key_group_sql(column, partition_column, self.max_key_groups, self.partitions)
+
+    def partitions_to_read(self, key_groups: KeyGroupRange) -> list[int] | None:
+        """The partitions a shard over ``key_groups`` reads; None for every partition (not nested)."""
+        if self.partitions is None:
+            return None
+        return partitions_for_range(key_groups, self.max_key_groups, self.partitions)
 
 
 # --- ranges ---

@@ -8,6 +8,8 @@ docs/design-contracts.md::
         progress.json                   last committed batch: id, time, source positions, counts
         lineage.json                    range, parent and restore manifest (written at start)
         standby.json                    a split child's standby: when it began, was warm, saw the parent drained
+        start-positions.json            a fresh shard's concrete start positions (Kafka earliest/latest resolved
+                                        once, before its first query; written once, read on every start)
         drain-requested                 drain marker: the journal source admits no new data once it exists
         drained.json                    the termination summary of a finished drain (a drained shard never
                                         processes again; a restart re-reports this and exits 0)
@@ -18,7 +20,10 @@ docs/design-contracts.md::
 
 Sink directory (``sink.directory.path``)::
 
-    <sink>/shard=<shard>/batch-<id>.jsonl | .parquet           results of micro-batch <id> of <shard>
+    <sink>/shard=<shard>/batch-<id>.jsonl | .parquet           results of micro-batch <id> of <shard>, published
+                                                               (renamed into place) only once <id> is committed
+    <sink>/shard=<shard>/_pending/batch-<id>.jsonl | .parquet  written by foreachBatch before the commit; hidden
+                                                               from readers (a leading "_"), see spark_runtime.sink
     <sink>/_dead_letters/shard=<shard>/p<N>-<start>-<end>.jsonl dead letters of journal partition N,
                                                                byte range [start, end)
 """
@@ -27,13 +32,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spark_runtime.storage import Loc, location
 
-__all__ = ["ShardPaths", "SinkPaths", "read_json", "write_atomic", "write_json_atomic"]
+__all__ = [
+    "ShardPaths",
+    "SinkPaths",
+    "batch_file_name",
+    "parse_batch_file_name",
+    "read_json",
+    "write_atomic",
+    "write_json_atomic",
+]
 
 
 def snapshot_name(batch_id: int) -> str:
@@ -86,6 +100,10 @@ class ShardPaths:
         return self.shard_dir / "standby.json"
 
     @property
+    def start_positions(self) -> Loc:
+        return self.shard_dir / "start-positions.json"
+
+    @property
     def restore_report_dir(self) -> Loc:
         return self.shard_dir / "restore"
 
@@ -107,6 +125,20 @@ class ShardPaths:
         return ShardPaths(self.root, self.task, name)
 
 
+_BATCH_FILE = re.compile(r"batch-(\d+)\.(jsonl|parquet)")
+
+
+def batch_file_name(batch_id: int, fmt: str) -> str:
+    """``batch-7.jsonl``: the name of a batch's results file, pending or published."""
+    return f"batch-{batch_id}.{fmt}"
+
+
+def parse_batch_file_name(name: str) -> tuple[int, str] | None:
+    """``(7, "jsonl")`` for ``batch-7.jsonl``; None for any other name (temporary files, directories)."""
+    m = _BATCH_FILE.fullmatch(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
 @dataclass(frozen=True)
 class SinkPaths:
     """Paths of one shard under the sink directory."""
@@ -123,7 +155,16 @@ class SinkPaths:
         return self.root / f"shard={self.shard}"
 
     def batch_file(self, batch_id: int, fmt: str) -> Path:
-        return self.results_dir / f"batch-{batch_id}.{fmt}"
+        """The published results of committed batch ``batch_id`` (what any reader of the sink reads)."""
+        return self.results_dir / batch_file_name(batch_id, fmt)
+
+    @property
+    def pending_dir(self) -> Path:
+        """Batches written but not known committed yet; Spark, Hadoop and pyarrow skip ``_``-prefixed paths."""
+        return self.results_dir / "_pending"
+
+    def pending_file(self, batch_id: int, fmt: str) -> Path:
+        return self.pending_dir / batch_file_name(batch_id, fmt)
 
     @property
     def dead_letter_dir(self) -> Path:

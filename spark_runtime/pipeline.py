@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_runtime.config import BuiltinProcessor, ShardConfig
-from spark_runtime.keygroups import key_group_sql
 from spark_runtime.processor import load_processor, result_column_type, state_columns
 from spark_runtime.records import RecordSpec
 
@@ -90,9 +89,11 @@ def make_plan(config: ShardConfig) -> Plan:
 
 
 def key_group_column(config: ShardConfig, column: str = "key") -> Any:
+    """The key group of each record: ``pmod(hash(key), maxKeyGroups)``, or nested in the source's partitions
+    (needs the ``partition`` column) with ``partitionedByKey``."""
     from pyspark.sql import functions as F
 
-    return F.expr(key_group_sql(column, config.max_key_groups)).cast("int")
+    return F.expr(config.key_grouping.sql(column, "partition")).cast("int")
 
 
 def build_output_frame(spark: Any, config: ShardConfig, plan: Plan, events: Any, seed: dict[str, Any] | None) -> Any:
@@ -113,10 +114,19 @@ def build_output_frame(spark: Any, config: ShardConfig, plan: Plan, events: Any,
             delta = F.lit(1).cast("bigint")
         else:
             delta = F.col(f"`{plan.delta_expr_field}`").cast("double")
-        deltas = mine.select("key", delta.alias("delta"))
+        if config.key_grouping.nested:
+            # A key's group depends on its partition, which the aggregation would drop: group by both (one key
+            # is in one partition, so this is still one row per key), and the state key carries the group.
+            deltas = mine.select("key", "key_group", delta.alias("delta"))
+            ddl = f"key string, key_group int, delta {delta_type}"
+        else:
+            deltas = mine.select("key", delta.alias("delta"))
+            ddl = f"key string, delta {delta_type}"
         if seed is not None:
-            seeds = seed_stream(spark, mode="rows", schema_ddl=f"key string, delta {delta_type}", **seed)
-            deltas = seeds.unionByName(deltas)
+            deltas = seed_stream(spark, mode="rows", schema_ddl=ddl, **seed).unionByName(deltas)
+        if config.key_grouping.nested:
+            agg = deltas.groupBy("key", "key_group").agg(F.sum("delta").alias("result"))
+            return agg.select("key", "key_group", "result")
         agg = deltas.groupBy("key").agg(F.sum("delta").alias("result"))
         return agg.select("key", kg.alias("key_group"), "result")
 
@@ -192,8 +202,14 @@ def export_state(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Any, b
     st = spark.read.format("statestore").option("batchId", batch_id).load(str(checkpoint))
     if plan.kind == "builtin":
         value_field = st.schema["value"].dataType.fields[0].name
-        rows = st.select(F.col("key.key").alias("key"), F.col(f"value.`{value_field}`").alias("value"))
-        rows = rows.withColumn("key_group", key_group_column(config))
+        value = F.col(f"value.`{value_field}`").alias("value")
+        if config.key_grouping.nested:  # the state key carries the group (it depends on the record's partition)
+            rows = st.select(
+                F.col("key.key").alias("key"), value, F.col("key.key_group").cast("int").alias("key_group")
+            )
+        else:
+            rows = st.select(F.col("key.key").alias("key"), value)
+            rows = rows.withColumn("key_group", key_group_column(config))
     else:
         blobs = st.select(F.col("key.key_group").alias("key_group"), _blob_column(st).alias("blob"))
         schema = plan.state_schema + ", key_group int"

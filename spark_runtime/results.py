@@ -1,26 +1,35 @@
 """The final per-key results of a task: read a sink directory plus the shard lineage.
 
-Every shard writes ``<sink>/shard=<shard>/batch-<id>.*`` with the updated results of each micro-batch. A key's
-latest result is the one from the deepest shard of its lineage (a child starts from its parent's state, so
-its results supersede the parent's) and, within a shard, the highest batch id. Batches a parent wrote after
-its drain's last committed batch (possible only when a drain had to stop mid-batch) are ignored: that work was
-redone by the children.
+Every shard publishes ``<sink>/shard=<shard>/batch-<id>.*`` with the updated results of each committed
+micro-batch (:mod:`spark_runtime.sink`: a batch is written under ``_pending/`` and renamed into place once
+committed, so any reader of the directory sees committed batches only, each once). A key's latest result is the
+one from the deepest shard of its lineage (a child starts from its parent's state, so its results supersede the
+parent's) and, within a shard, the highest batch id. Batches of a parent after its drain's last committed batch
+are ignored: that work was redone by the children (the sink never publishes them; the rule also covers sinks
+written before batches were published on commit).
+
+A running shard publishes its latest committed batch only when its next batch starts (or it stops). Given the
+storage root, :func:`final_results` also reads each shard's pending batches up to the last commit in its
+recovery log, so it is current as soon as a batch commits; a plain read of the directory lags by that batch.
 
 Lineage comes from ``<storage>/<task>/shards/<shard>/lineage.json`` (written by each shard at start) and the
-drain manifests; pass ``lineage`` explicitly to read a sink without the storage directory.
+drain manifests; pass ``lineage`` explicitly to read a sink without the storage directory (published batches
+only).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from spark_runtime.checkpoint import last_committed_batch
+from spark_runtime.layout import SinkPaths, parse_batch_file_name
 from spark_runtime.storage import Loc, location
 
-__all__ = ["final_results", "final_results_from_records", "read_lineage", "read_sink"]
+__all__ = ["final_results", "final_results_from_records", "read_committed", "read_lineage", "read_sink"]
 
 
 def read_lineage(storage: Loc | str | os.PathLike[str], task: str) -> dict[str, dict[str, Any]]:
@@ -50,24 +59,58 @@ def _depth(shard: str, lineage: dict[str, dict[str, Any]]) -> int:
     return depth
 
 
-def read_sink(sink: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every output record under ``sink`` (JSON lines and Parquet), in no particular order."""
+def read_committed(storage: Loc | str | os.PathLike[str], task: str) -> dict[str, int]:
+    """``{shard: last committed batch id}`` from each shard's recovery log (-1: nothing committed yet)."""
+    root = storage if isinstance(storage, Loc) else location(storage)
+    return {d.name: last_committed_batch(d / "checkpoint") for d in (root / task / "shards").child_dirs()}
+
+
+def read_sink(sink: str | os.PathLike[str], committed: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+    """Every published output record under ``sink`` (JSON lines and Parquet), in no particular order: what a
+    plain Spark or pandas read of the directory sees. With ``committed`` (``{shard: last committed batch}``, see
+    :func:`read_committed`), also the records of each shard's committed batches not published yet."""
     records: list[dict[str, Any]] = []
     root = Path(sink)
     if not root.is_dir():
         return records
     for shard_dir in sorted(root.glob("shard=*")):
-        for f in sorted(shard_dir.iterdir()):
-            if f.name.startswith("."):
-                continue
-            if f.suffix == ".jsonl":
-                with open(f, encoding="utf-8") as fh:
-                    records.extend(json.loads(line) for line in fh if line.strip())
-            elif f.suffix == ".parquet":
-                import pyarrow.parquet as pq
-
-                records.extend(pq.read_table(f).to_pylist())
+        shard = shard_dir.name.partition("=")[2]
+        # Pending before published: a batch renamed in between is then found at least once (and read once).
+        files: dict[str, Path] = {}
+        last = (committed or {}).get(shard, -1)
+        pending_dir = SinkPaths(root, shard).pending_dir
+        if last >= 0 and pending_dir.is_dir():
+            for f in pending_dir.iterdir():
+                parsed = parse_batch_file_name(f.name)
+                if parsed is not None and parsed[0] <= last:
+                    files[f.name] = f
+        for f in shard_dir.iterdir():
+            if f.is_file() and not f.name.startswith((".", "_")):
+                files[f.name] = f
+        for name in sorted(files):
+            records.extend(_read_results_file(files[name], shard_dir / name))
     return records
+
+
+def _read_results_file(path: Path, published: Path) -> list[dict[str, Any]]:
+    """The records of one results file; a pending file renamed away meanwhile is read at its published name."""
+    try:
+        return _read_records(path)
+    except FileNotFoundError:
+        if path == published:
+            raise
+        return _read_records(published)
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    if path.suffix == ".jsonl":
+        with open(path, encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    return []
 
 
 def final_results(
@@ -78,12 +121,13 @@ def final_results(
     lineage: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """``{key: result}`` of a sink directory: the latest result per key across the lineage (see the module
-    docstring)."""
+    docstring). With ``storage`` and ``task``, committed batches a running shard has not published yet count."""
     if lineage is None:
         if storage is None or task is None:
             raise ValueError("final_results needs storage and task, or an explicit lineage")
         lineage = read_lineage(storage, task)
-    return final_results_from_records(read_sink(sink), lineage)
+    committed = read_committed(storage, task) if storage is not None and task is not None else None
+    return final_results_from_records(read_sink(sink, committed), lineage)
 
 
 def final_results_from_records(records: Iterable[dict[str, Any]], lineage: dict[str, dict[str, Any]]) -> dict[str, Any]:

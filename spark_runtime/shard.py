@@ -32,7 +32,8 @@ present repeats the drain from the step it reached):
    new micro-batch starts (the running one, if any, finishes).
 2. Wait for the batch boundary: no trigger active and every planned batch committed.
 3. Stop the query (nothing is running, so nothing is interrupted).
-4. Read the last committed batch ``N`` and its source end positions from the checkpoint.
+4. Read the last committed batch ``N`` and its source end positions (concrete) from the checkpoint; the
+   directory sink publishes its batches up to ``N`` and deletes the output of any later, uncommitted one.
 5. Export the state at ``N`` (Spark's State Data Source) as Parquet partitioned by key group into
    ``snapshots/batch-N/state`` (a temporary directory renamed into place). Before any commit (N = -1) the
    state is the seed, so a restored shard copies its slice of the parent's snapshot.
@@ -64,8 +65,9 @@ from spark_runtime.snapshot import (
     load_manifest,
     snapshot_stats,
     utc_now,
+    verify_snapshot,
 )
-from spark_runtime.sources import SourceContext, make_source
+from spark_runtime.sources import GuardsBatches, ResolvesStartPositions, SourceContext, make_source
 from spark_runtime.sources.seed import is_seed_offset, parquet_files, slice_dirs
 from spark_runtime.storage import Loc, check_storage, location, s3_settings_from, storage_root
 
@@ -76,6 +78,9 @@ log = logging.getLogger("taskshard.shard")
 RESTART_BACKOFF_SECONDS = 2.0
 IN_PROCESS_RESTARTS = 3
 """How often a failed query is restarted in-process (from its checkpoint) before the shard gives up (exit 1)."""
+GUARD_INTERVAL_SECONDS = 10.0
+"""How often ``poll()`` asks a guarding source (:class:`~spark_runtime.sources.GuardsBatches`) whether its mapping
+still holds while no batch runs (Kafka ``assign`` never sees an added partition, so no batch would notice)."""
 S3_LIST_INTERVAL_SECONDS = 5.0
 """With storage on S3, how often ``poll()`` lists the commit log when no new batch was reported."""
 STANDBY_POLL_SECONDS = 0.2
@@ -152,7 +157,7 @@ class ShardRunner:
             )
         self.dead_letter_dir = dead_letter_dir
         self.plan: Plan = make_plan(config)
-        self.source = make_source(config.source)
+        self.source = make_source(config.source, config.partitions_to_read)
         self.spark = spark
         self.available_now = available_now
         self.drain_timeout = drain_timeout
@@ -188,6 +193,9 @@ class ShardRunner:
         self._batches_from: int | None = None
         """The last batch committed before this runner's first query start (its later batches are its own)."""
         self.restarts_left = IN_PROCESS_RESTARTS
+        self._guarded_at = time.monotonic()
+        self._stop_problem: EnvironmentProblem | None = None
+        """Set when the source's batch guard stopped the query (e.g. ``PartitionCountChanged``); never retried."""
 
     # ---------------------------------------------------------------- requests
 
@@ -267,9 +275,13 @@ class ShardRunner:
                 state_format=self.plan.state_format,
                 state_schema=self.plan.state_schema,
             )
-            self.source.validate_positions(manifest["positions"])
+            own_positions = self.source.validate_positions(manifest["positions"])
+            verified = verify_snapshot(
+                manifest, location(manifest["snapshot"]["path"], self.s3), cfg.key_groups.start, cfg.key_groups.end
+            )
+            log.info("shard %s: snapshot slice verified against the manifest: %s", cfg.shard, verified)
             self.restore_manifest = manifest
-            self.start_positions = dict(manifest["positions"])
+            self.start_positions = own_positions  # nested: only the partitions this shard reads
             self.seed_options = {
                 "state_dir": location(manifest["snapshot"]["path"], self.s3),
                 "start": cfg.key_groups.start,
@@ -391,6 +403,7 @@ class ShardRunner:
 
             self.spark = spark_session(cfg.spark.master, self.spark_conf())
         self._preflight()
+        self._pin_start_positions()
         conf = cfg.spark.conf
         ctx = SourceContext(
             shard=cfg.shard,
@@ -404,6 +417,8 @@ class ShardRunner:
             max_bytes_per_trigger=int(conf.get("spark.taskshard.maxBytesPerTrigger", "0")) or None,
             partition_bytes=int(conf.get("spark.taskshard.partitionBytes", str(32 * 1024 * 1024))),
             max_records_per_trigger=int(conf.get("spark.taskshard.maxRecordsPerTrigger", "0")) or None,
+            grouping=cfg.key_grouping,
+            read_partitions=cfg.partitions_to_read,
         )
         self._source_ctx = ctx
         events = self.source.stream(self.spark, ctx)
@@ -412,7 +427,7 @@ class ShardRunner:
             out.writeStream.outputMode("update")
             .queryName(f"taskshard-{cfg.shard}-{uuid.uuid4().hex[:6]}")
             .option("checkpointLocation", self.paths.checkpoint.uri())
-            .foreachBatch(self.sink)
+            .foreachBatch(self._write_batch)
         )
         writer = (
             writer.trigger(availableNow=True)
@@ -437,6 +452,53 @@ class ShardRunner:
             if resumed
             else (f"restored from {cfg.restore_from.manifest}" if cfg.restore_from else "fresh"),
         )
+
+    def _guard_while_idle(self) -> None:
+        """Every :data:`GUARD_INTERVAL_SECONDS`, the source's guard; a mapping that no longer holds stops the query
+        and raises (the pod exits 3 with the reason), as it would before the next batch."""
+        if not isinstance(self.source, GuardsBatches) or time.monotonic() - self._guarded_at < GUARD_INTERVAL_SECONDS:
+            return
+        self._guarded_at = time.monotonic()
+        try:
+            self.source.before_batch(self.spark, self.last_committed + 1)
+        except EnvironmentProblem as problem:
+            self._stop_problem = problem
+            self.stop()
+            raise
+
+    def _write_batch(self, df: Any, batch_id: int) -> None:
+        """``foreachBatch``: the source's guard (a mapping that no longer holds stops the shard before anything of
+        the batch is written or committed), then the sink."""
+        if isinstance(self.source, GuardsBatches):
+            try:
+                self.source.before_batch(self.spark, int(batch_id))
+            except EnvironmentProblem as problem:
+                self._stop_problem = problem
+                raise
+        self.sink(df, batch_id)
+
+    def _pin_start_positions(self) -> None:
+        """A fresh shard of a source whose start depends on when it is asked (Kafka's ``earliest``/``latest``)
+        resolves it once, persists it (``start-positions.json``) and starts its query exactly there; every later
+        start reads the same file. So the positions of batch -1, which a drain before the first commit hands to
+        the children, are concrete offsets, never "latest" as each child would see it. A split child already
+        starts at its parent's positions."""
+        if self.start_positions is not None or not isinstance(self.source, ResolvesStartPositions):
+            return
+        pinned = self.paths.start_positions
+        if pinned.exists():
+            positions = pinned.read_json()
+        else:
+            if self.spark is None:
+                from spark_runtime.session import spark_session
+
+                self.spark = spark_session(self.config.spark.master, self.spark_conf())
+            positions = self.source.resolve_start_positions(self.spark)
+            self.source.validate_positions(positions)
+            self.paths.shard_dir.mkdir()
+            pinned.write_json(positions)
+            log.info("shard %s: start positions resolved and pinned: %s", self.config.shard, positions)
+        self.start_positions = dict(positions)
 
     def spark_conf(self) -> dict[str, str]:
         """The session's conf: s3a settings for ``storage.s3`` (credentials from the environment), then the
@@ -479,6 +541,8 @@ class ShardRunner:
         if check_failure:
             exc = self.query.exception()
             if exc is not None:
+                if self._stop_problem is not None:  # the source's guard stopped the batch: not transient
+                    raise self._stop_problem
                 if self.restarts_left <= 0:
                     raise ShardFailed(f"streaming query failed: {exc}")
                 # Same as a pod restart, without a new JVM: resume from the recovery log (exact). Covers
@@ -493,6 +557,7 @@ class ShardRunner:
                 time.sleep(RESTART_BACKOFF_SECONDS)
                 self._start_query()
                 return
+        self._guard_while_idle()
         new_dead = self.dead_letters.refresh() if self.dead_letters is not None else 0
         if new_dead:
             log.warning("%d new dead letters (total %d) in %s", new_dead, self.dead_letter_total, self.dead_letter_dir)
@@ -539,11 +604,9 @@ class ShardRunner:
     def positions_at(self, batch_id: int) -> dict[str, Any]:
         """The source's end positions of committed ``batch_id`` (the start positions when -1)."""
         if batch_id < 0:
+            self._pin_start_positions()  # no-op once pinned, and for a child (its parent's positions)
             if self.start_positions is not None:
                 return dict(self.start_positions)
-            initial = getattr(self.source, "initial_positions", None)
-            if initial is not None:
-                return initial()
             return {name: 0 for name in getattr(self.source, "positions_names", lambda: [])()}
         for entry in read_offsets(self.paths.checkpoint, batch_id):
             if entry is not None and not is_seed_offset(entry) and self.source.owns_offset(entry):
@@ -640,9 +703,12 @@ class ShardRunner:
                 raise ShardFailed(f"streaming query failed before the drain: {exc}")
             self.poll_after_stop()
             self._recount_unreported_batches()
-        # Step 4: the last committed batch and its positions.
+        # Step 4: the last committed batch and its positions (concrete: a child resumes exactly there).
         batch_id = last_committed_batch(self.paths.checkpoint)
+        if isinstance(self.sink, DirectorySinkWriter):  # publish batches <= N; drop an interrupted batch's file
+            self.sink.publish_committed(batch_id)
         positions = self.positions_at(batch_id)
+        self.source.validate_positions(positions)
         # Step 5: the key-group-indexed snapshot.
         snap_dir = self.paths.snapshot_dir(batch_id)
         state_dir = self.paths.state_dir(batch_id)
@@ -768,3 +834,5 @@ class ShardRunner:
         """Stop the query without draining (tests; a crash-like stop)."""
         if self.query is not None and self.query.isActive:
             self.query.stop()
+        if isinstance(self.sink, DirectorySinkWriter):  # the committed batches become visible, nothing else
+            self.sink.publish_committed(last_committed_batch(self.paths.checkpoint))

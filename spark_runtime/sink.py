@@ -1,10 +1,55 @@
 """The sinks (the embedded directory, exactly-once per shard; Kafka, effectively once) and the dead-letter counter.
 
-``foreachBatch`` hands the sink micro-batch ``<id>``'s updated results ``(key, key_group, result)``; the sink
-writes them to ``<sink>/shard=<shard>/batch-<id>.<jsonl|parquet>`` with a temporary file and a rename. Spark
-calls it again for the same id only when replaying that batch after a failure, with the same input and the
-same prior state, so the rewrite produces the same file: output is exactly-once per shard. Each record is
+Directory sink: write pending, publish on commit
+------------------------------------------------
+
+``foreachBatch`` hands the sink micro-batch ``N``'s updated results ``(key, key_group, result)`` *before* Spark
+commits batch ``N``. A batch that never commits (the query stopped mid-batch by a drain, whose children redo it
+from the parent's last committed positions; a crash, after which Spark replays it) must never be visible as
+results, or a plain ``spark.read.json(<sink>)`` / pandas read counts its records twice. So the writer keeps two
+names per batch (:class:`spark_runtime.layout.SinkPaths`)::
+
+    <sink>/shard=<shard>/_pending/batch-<N>.<jsonl|parquet>   written by foreachBatch(N): hidden, not yet committed
+    <sink>/shard=<shard>/batch-<N>.<jsonl|parquet>            published: batch N is committed
+
+and the directory holds only published batches, each once. Each record is
 ``{"key", "key_group", "shard", "result", "batch"}``.
+
+``foreachBatch(N)`` (:meth:`DirectorySinkWriter.__call__`):
+
+1. Publish: Spark starts batch ``N`` of a query only after committing ``N - 1``, so every pending batch ``< N``
+   is committed: rename it into ``batch-<id>``. Pending files ``>= N`` are dropped (an earlier, interrupted
+   attempt of ``N``, rewritten in step 2; nothing later can exist).
+2. Write ``_pending/batch-N`` all-or-nothing (a temporary file and a rename), if the batch updated any key.
+
+When the shard stops (step 4 of a drain, and :meth:`spark_runtime.shard.ShardRunner.stop`), the runner calls
+:meth:`DirectorySinkWriter.publish_committed` with the last batch in the commit log: pending batches up to it
+are published, later ones (the batch a stop interrupted) deleted. A drained parent's sink therefore holds
+exactly its committed batches; its children write their own ``shard=<child>`` directories.
+
+Why this design: Spark's and Hadoop's file listing skip every path whose name starts with ``_`` or ``.`` (and
+pyarrow datasets, hence ``pandas.read_parquet``, do the same), so ``_pending/`` is invisible to a plain read of
+the sink, recursive or with partition discovery. ``os.replace`` within one local directory tree is atomic, and a
+batch is one complete file in either format (the JSON lines concatenated from Spark's part files; one Parquet
+file written by pyarrow, whose footer holds no path), so renaming it changes nothing in it. Spark's own file-sink
+log (``_spark_metadata``) was the alternative: only Spark readers honour it, only when reading the exact
+directory the log belongs to (every shard of a task shares one sink directory, with one query per shard), and it
+is not a ``foreachBatch`` sink.
+
+Exactly once: Spark calls ``foreachBatch(N)`` again only when replaying uncommitted batch ``N`` (same input
+offsets, same prior state), so a replay rewrites the same pending file. What a crash leaves behind:
+
+- before commit ``N``: ``_pending/batch-N`` (hidden); the restart replays ``N`` and rewrites it;
+- after commit ``N``, before ``N + 1`` starts: a committed batch still pending; published by the next
+  ``foreachBatch`` or stop of the shard;
+- in the middle of a publish: some batches renamed, the rest pending; publishing again is idempotent.
+
+Visibility: a running shard publishes batch ``N`` when batch ``N + 1`` starts or when the shard stops. A plain
+read while shards run sees a committed prefix (a shard's latest committed batch may still be pending); after a
+drain or stop it sees every committed batch. :func:`spark_runtime.results.final_results` given the storage root
+also reads pending batches up to each shard's last commit (from its recovery log), so it is current at once.
+``query.stop()`` waits for a running ``foreachBatch`` (unless ``spark.sql.streaming.stopTimeout`` is set); one
+that outlived it could only leave a file in ``_pending/``: hidden, and dropped by a resumed shard's first batch.
 """
 
 from __future__ import annotations
@@ -18,7 +63,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from spark_runtime.layout import SinkPaths, write_atomic
+from spark_runtime.layout import SinkPaths, parse_batch_file_name, write_atomic
 
 __all__ = ["DeadLetterCounter", "DirectorySinkWriter", "KafkaSinkWriter", "OUTPUT_COLUMNS"]
 
@@ -28,7 +73,7 @@ OUTPUT_COLUMNS = ["key", "key_group", "shard", "result", "batch"]
 """The columns of every output record, in order."""
 FAULT_ENV = "TASKSHARD_FAULT_KILL_AFTER_SINK_BATCH"
 """Fault injection for crash tests: SIGKILL this process right after writing the named batch's output
-(before Spark commits the batch), the worst moment for exactly-once."""
+(pending, before Spark commits the batch), the worst moment for exactly-once."""
 
 
 def _fault_batch() -> int | None:
@@ -44,7 +89,8 @@ def _maybe_fault(kill_after: int | None, batch_id: int) -> None:
 
 
 class DirectorySinkWriter:
-    """The ``foreachBatch`` function of the directory sink."""
+    """The ``foreachBatch`` function of the directory sink, and the publisher of its committed batches (see the
+    module docstring)."""
 
     def __init__(self, paths: SinkPaths, fmt: str, shard: str) -> None:
         self.paths = paths
@@ -55,12 +101,49 @@ class DirectorySinkWriter:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         batch_id = int(batch_id)
+        # Step 1: Spark runs batch N only after committing N - 1: publish everything below N.
+        self.publish_committed(batch_id - 1)
+        # Step 2: batch N, pending until it is known committed.
         if self.fmt == "jsonl":
             rows = self.write_jsonl(df, batch_id)
         else:
             rows = self.write_parquet(df, batch_id)
         self.rows_written += rows
         _maybe_fault(self._kill_after, batch_id)
+
+    def publish_committed(self, last_committed: int) -> list[int]:
+        """Publish every pending batch ``<= last_committed`` (rename ``_pending/batch-<id>`` to ``batch-<id>``)
+        and delete the pending files of later batches, which were never committed (a replay or the children
+        redo them). Also removes temporary files a killed write left. Idempotent; returns the published ids.
+
+        ``last_committed`` must come from the commit log (or be ``N - 1`` inside ``foreachBatch(N)``), and no
+        write of this shard may be running (``foreachBatch`` calls of one query are sequential, and
+        ``query.stop()`` waits for the running one)."""
+        pending_dir = self.paths.pending_dir
+        try:
+            names = sorted(os.listdir(pending_dir))
+        except FileNotFoundError:
+            return []
+        published = []
+        for name in names:
+            path = pending_dir / name
+            parsed = parse_batch_file_name(name)
+            if parsed is None:  # a temporary file or directory of a killed write
+                if name.startswith("."):
+                    if path.is_dir():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink(missing_ok=True)
+                continue
+            batch_id, fmt = parsed
+            if batch_id <= last_committed:
+                os.replace(path, self.paths.batch_file(batch_id, fmt))
+                published.append(batch_id)
+            else:
+                path.unlink(missing_ok=True)
+        if published:
+            log.debug("shard %s: published sink batches %s", self.shard, published)
+        return published
 
     def _with_columns(self, df: Any, batch_id: int) -> Any:
         from pyspark.sql import functions as F
@@ -71,8 +154,8 @@ class DirectorySinkWriter:
 
     def write_jsonl(self, df: Any, batch_id: int) -> int:
         """Spark's JSON writer (parallel, native) into a temporary directory, then its part files concatenated
-        into one file that replaces ``batch-<id>.jsonl`` atomically."""
-        tmp_dir = self.paths.results_dir / f".batch-{batch_id}-{uuid.uuid4().hex[:8]}"
+        into one file that replaces ``_pending/batch-<id>.jsonl`` atomically."""
+        tmp_dir = self.paths.pending_dir / f".batch-{batch_id}-{uuid.uuid4().hex[:8]}"
         self._with_columns(df, batch_id).write.option("ignoreNullFields", "false").json(str(tmp_dir))
         try:
             parts = sorted(p for p in tmp_dir.iterdir() if p.name.startswith("part-"))
@@ -81,19 +164,20 @@ class DirectorySinkWriter:
                 data += b"\n"
             rows = data.count(b"\n")
             if rows:
-                write_atomic(self.paths.batch_file(batch_id, "jsonl"), data)
+                write_atomic(self.paths.pending_file(batch_id, "jsonl"), data)
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
         return rows
 
     def write_parquet(self, df: Any, batch_id: int) -> int:
+        """One Parquet file (pyarrow) that replaces ``_pending/batch-<id>.parquet`` atomically."""
         import pyarrow.parquet as pq
 
         table = self._with_columns(df, batch_id).toArrow()
         if table.num_rows:
             buf = io.BytesIO()
             pq.write_table(table, buf)
-            write_atomic(self.paths.batch_file(batch_id, "parquet"), buf.getvalue())
+            write_atomic(self.paths.pending_file(batch_id, "parquet"), buf.getvalue())
         return table.num_rows
 
 

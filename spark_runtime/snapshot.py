@@ -13,16 +13,25 @@
       "stateFormat": "builtin-count/v1",              # restore only into the same format
       "stateSchema": "key string, value bigint",      # snapshot columns (key_group is the partition column)
       "snapshot": {"path": ".../state", "format": "parquet", "partitionColumn": "key_group",
-                   "keyGroups": [3, 9, ...], "files": 57, "bytes": 81234},
+                   "keyGroups": [3, 9, ...], "files": 57, "bytes": 81234, "rows": 5000,
+                   "keyGroupFiles": {"3": {"rows": 41, "files": {"part-0.parquet":
+                                     {"bytes": 1422, "rows": 41, "sha256": "9f2c..."}}}, ...}},
       "checkpoint": ".../checkpoint",
       "parent": {"shard": "...", "manifest": "..."} | null,
       "deadLetters": 2,
       "createdAt": "2026-11-22T02:41:00Z"
     }
+
+Verified restores: ``keyGroupFiles`` lists, per key group of the snapshot, every Parquet file with its size,
+row count and SHA-256. Before it processes anything a child checks its slice against it
+(:func:`verify_snapshot`): a key-group directory that is missing or not listed, a missing or extra part file, or
+a file whose size or checksum differs refuses the restore (:class:`RestoreError`, reason ``SnapshotMismatch``,
+naming the key group and the file; exit 2). A snapshot is never restored on trust.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from typing import Any
@@ -30,13 +39,27 @@ from typing import Any
 from spark_runtime.sources.seed import parquet_files, slice_dirs
 from spark_runtime.storage import Loc, location
 
-__all__ = ["MANIFEST_VERSION", "RestoreError", "check_restore", "load_manifest", "snapshot_stats", "utc_now"]
+__all__ = [
+    "MANIFEST_VERSION",
+    "RestoreError",
+    "check_restore",
+    "load_manifest",
+    "snapshot_stats",
+    "utc_now",
+    "verify_snapshot",
+]
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+"""Version 2 added ``snapshot.keyGroupFiles`` (verified restores); a child refuses any other version."""
 
 
 class RestoreError(ValueError):
-    """A child cannot restore from the named manifest (the message says why and what would be valid)."""
+    """A child cannot restore from the named manifest (the message says why and what would be valid).
+    ``reason`` goes into the termination message, and from there onto the TaskShard's Degraded condition."""
+
+    def __init__(self, message: str, reason: str = "RestoreRefused") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def utc_now() -> str:
@@ -54,7 +77,11 @@ def load_manifest(manifest: Loc | str | os.PathLike[str]) -> dict[str, Any]:
         )
     data = manifest.read_json()
     if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
-        raise RestoreError(f"restoreFrom.manifest: {manifest.uri()!r} is not a version-{MANIFEST_VERSION} manifest")
+        raise RestoreError(
+            f"restoreFrom.manifest: {manifest.uri()!r} is not a version-{MANIFEST_VERSION} manifest (version "
+            f"{data.get('version') if isinstance(data, dict) else None!r}); a manifest without per-key-group "
+            "checksums cannot be verified: drain the parent again with this runtime"
+        )
     return data
 
 
@@ -91,14 +118,65 @@ def check_restore(
 
 
 def snapshot_stats(state_dir: Loc) -> dict[str, Any]:
-    dirs = slice_dirs(state_dir, 0, 1 << 31)
-    files = [f for d in dirs.values() for f in parquet_files(d)]
+    """The manifest's ``snapshot`` figures of the snapshot in ``state_dir``: totals and ``keyGroupFiles`` (per
+    key group its files with size, rows and SHA-256). Reads every file once (the checksum needs the bytes)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = sum(pq.read_metadata(f.path, filesystem=f.fs).num_rows for f in files)
+    groups: dict[str, Any] = {}
+    for kg, directory in slice_dirs(state_dir, 0, 1 << 31).items():
+        files: dict[str, Any] = {}
+        for f in sorted(parquet_files(directory), key=lambda f: f.name):
+            data = f.read_bytes()
+            rows = pq.read_metadata(pa.BufferReader(data)).num_rows
+            files[f.name] = {"bytes": len(data), "rows": rows, "sha256": hashlib.sha256(data).hexdigest()}
+        groups[str(kg)] = {"rows": sum(m["rows"] for m in files.values()), "files": files}
+    every = [m for g in groups.values() for m in g["files"].values()]
     return {
-        "keyGroups": sorted(dirs),
-        "files": len(files),
-        "bytes": sum(f.size() for f in files),
-        "rows": rows,
+        "keyGroups": sorted(int(kg) for kg in groups),
+        "files": len(every),
+        "bytes": sum(m["bytes"] for m in every),
+        "rows": sum(m["rows"] for m in every),
+        "keyGroupFiles": groups,
     }
+
+
+def verify_snapshot(manifest: dict[str, Any], state_dir: Loc, start: int, end: int) -> dict[str, int]:
+    """Check the key groups ``[start, end)`` of the snapshot in ``state_dir`` against ``manifest``'s
+    ``keyGroupFiles``; raise :class:`RestoreError` (reason ``SnapshotMismatch``, the key group and file named)
+    for a missing or unlisted key-group directory, a missing or extra part file, or a size or SHA-256 that
+    differs. Returns ``{"keyGroups", "files", "bytes"}`` verified."""
+    listed = (manifest.get("snapshot") or {}).get("keyGroupFiles")
+    where = state_dir.uri()
+    if not isinstance(listed, dict):
+        raise RestoreError(f"snapshot: the manifest lists no files per key group for {where}", "SnapshotMismatch")
+    want = {int(kg): group for kg, group in listed.items() if start <= int(kg) < end}
+    found = slice_dirs(state_dir, start, end)
+
+    def refuse(kg: int, what: str) -> RestoreError:
+        return RestoreError(
+            f"snapshot: key group {kg} of {where} does not match the parent's manifest: {what}; the snapshot was "
+            "changed or lost after the parent wrote it (storage lifecycle rules, a wrong volume), so restoring "
+            "it would give wrong state",
+            "SnapshotMismatch",
+        )
+
+    verified = {"keyGroups": 0, "files": 0, "bytes": 0}
+    for kg in sorted(set(want) | set(found)):
+        if kg not in found:
+            raise refuse(kg, f"its directory key_group={kg} is missing ({len(want[kg]['files'])} files listed)")
+        if kg not in want:
+            raise refuse(kg, f"its directory key_group={kg} exists but the manifest lists no state for it")
+        files = {f.name: f for f in parquet_files(found[kg])}
+        expected = want[kg]["files"]
+        if set(files) != set(expected):
+            missing, extra = sorted(set(expected) - set(files)), sorted(set(files) - set(expected))
+            raise refuse(kg, f"missing files {missing}, files not in the manifest {extra}")
+        for name, meta in sorted(expected.items()):
+            data = files[name].read_bytes()
+            if len(data) != meta["bytes"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+                raise refuse(kg, f"file {name} has {len(data)} bytes and another checksum (listed: {meta['bytes']})")
+            verified["files"] += 1
+            verified["bytes"] += len(data)
+        verified["keyGroups"] += 1
+    return verified

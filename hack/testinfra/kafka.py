@@ -260,6 +260,9 @@ class KafkaBroker:
     def delete_topic(self, name: str) -> None:
         delete_topic(self.bootstrap_servers, name)
 
+    def add_partitions(self, name: str, total: int) -> None:
+        add_partitions(self.bootstrap_servers, name, total)
+
 
 # ---- client helpers ------------------------------------------------------------------------------------------
 def _admin(bootstrap: str):
@@ -285,6 +288,19 @@ def create_topic(
         )
 
     wait_until(ready, timeout=timeout, what=f"topic {name} to have leaders")
+
+
+def add_partitions(bootstrap: str, name: str, total: int, timeout: float = 30) -> None:
+    """Grow topic ``name`` to ``total`` partitions (Kafka can only add partitions) and wait for their leaders."""
+    ck = _confluent()
+    admin = _admin(bootstrap)
+    admin.create_partitions([ck.admin.NewPartitions(name, total)])[name].result(timeout)
+
+    def ready() -> bool:
+        t = admin.list_topics(name, timeout=5).topics.get(name)
+        return bool(t and len(t.partitions) == total and all(p.leader >= 0 for p in t.partitions.values()))
+
+    wait_until(ready, timeout=timeout, what=f"topic {name} to have {total} partitions with leaders")
 
 
 def delete_topic(bootstrap: str, name: str, timeout: float = 30) -> None:

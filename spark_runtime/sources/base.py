@@ -31,15 +31,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from spark_runtime.keygroups import KeyGrouping
 from spark_runtime.records import RecordSpec
 from spark_runtime.storage import Loc
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Source", "SourceContext"]
+__all__ = ["GuardsBatches", "ResolvesStartPositions", "Source", "SourceContext"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,15 @@ class SourceContext:
     max_bytes_per_trigger: int | None = None
     partition_bytes: int = 32 * 1024 * 1024
     max_records_per_trigger: int | None = None
+    grouping: KeyGrouping | None = None
+    """How records map to key groups (None: ``pmod(hash(key), max_key_groups)``); nested in partitions with a
+    source partitioned by the key, which then reads only ``read_partitions``."""
+    read_partitions: list[int] | None = None
+    """The partitions this shard reads (None: every partition)."""
+
+    @property
+    def key_grouping(self) -> KeyGrouping:
+        return self.grouping or KeyGrouping(self.max_key_groups)
 
 
 class Source(Protocol):
@@ -81,3 +91,30 @@ class Source(Protocol):
     def validate_positions(self, positions: dict[str, Any]) -> None:
         """Raise ``ValueError`` when ``positions`` (from a parent's manifest) cannot start this source."""
         ...
+
+
+@runtime_checkable
+class ResolvesStartPositions(Protocol):
+    """A source whose fresh start depends on *when* it is asked (Kafka's ``earliest``/``latest``).
+
+    The runtime asks once per shard, before the shard's first query, persists the answer
+    (``ShardPaths.start_positions``) and starts the query exactly there; a drain before the first commit puts
+    the same concrete positions into its manifest. A source without this capability starts at fixed positions
+    (the journal: byte 0 of every partition file)."""
+
+    def resolve_start_positions(self, spark: SparkSession) -> dict[str, Any]:
+        """Concrete positions (no symbolic offsets) where a shard that committed nothing starts."""
+        ...
+
+
+@runtime_checkable
+class GuardsBatches(Protocol):
+    """A source that must confirm, before each micro-batch is written, that the key-group mapping still holds
+    (key groups nested in partitions: the partition count is part of the mapping).
+
+    The runtime calls :meth:`before_batch` at the start of ``foreachBatch``, before anything of the batch is
+    written or committed; it raises :class:`spark_runtime.problems.EnvironmentProblem` (reason
+    ``PartitionCountChanged``) to stop the shard. A batch's records were all in the source when the batch was
+    planned, which is before this check, so a count found unchanged here held for every record of the batch."""
+
+    def before_batch(self, spark: SparkSession, batch_id: int) -> None: ...

@@ -16,6 +16,12 @@ always a line boundary: a partial trailing line (a writer mid-append) waits for 
 
 The journal is append-only: a file that shrinks below a committed position is an error, never silently
 re-read. Writers append whole lines (see :mod:`spark_runtime.produce`).
+
+Partitioned by key (``partitionedByKey``): the journal's producer puts every event of a key into partition
+``crc32(key) % partitions``, so key groups nest in partitions (:mod:`spark_runtime.keygroups`) and a shard reads
+only the files of ``readPartitions``; its positions name exactly those files. A partition file beyond the
+declared count (``p<partitions>.jsonl``: a producer writing with another count, which moves keys between
+partitions) stops the shard before the next batch is written (``PartitionCountChanged``).
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from spark_runtime.records import RecordSpec, arrow_type, dead_letter_key_group, parse_lines, parse_lines_arrow
+from spark_runtime.keygroups import KeyGrouping
+from spark_runtime.problems import EnvironmentProblem
+from spark_runtime.records import RecordSpec, arrow_type, parse_lines, parse_lines_arrow
 from spark_runtime.sources.base import SourceContext
 from spark_runtime.storage import S3Settings, location
 
@@ -136,6 +144,10 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.spec = RecordSpec.from_json(options["recordspec"])
         self.shard = options["shard"]
         self.max_key_groups = int(options["maxkeygroups"])
+        nested = options.get("nestedpartitions") or ""
+        self.grouping = KeyGrouping(self.max_key_groups, int(nested) if nested else None)
+        read = options.get("readpartitions") or ""
+        self.read_partitions = [int(p) for p in read.split(",")] if read else list(range(self.partitions_n))
         self.range_start = int(options["rangestart"])
         self.range_end = int(options["rangeend"])
         self.dead_letter_dir = Path(options["deadletterdir"])
@@ -148,7 +160,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ---- driver side (Spark runs these in a Python worker next to the driver)
 
     def _names(self) -> list[str]:
-        return [partition_file(i) for i in range(self.partitions_n)]
+        return [partition_file(i) for i in self.read_partitions]
 
     def initialOffset(self) -> dict:
         if self.start_positions is not None:
@@ -170,7 +182,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _complete_ends(self, start: dict, limit: ReadLimit) -> dict:
         budget = None
         if isinstance(limit, ReadMaxBytes):
-            budget = max(1, int(limit.max_bytes) // self.partitions_n)
+            budget = max(1, int(limit.max_bytes) // len(self.read_partitions))
         out = {}
         for name in self._names():
             begin = int(start.get(name, 0))
@@ -255,7 +267,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         owned = []
         for d in dead:
-            kg = dead_letter_key_group(d, self.max_key_groups)
+            kg = self.grouping.of(d.key, piece.index)  # its key's group, or the null key's without one
             if self.range_start <= kg < self.range_end:
                 owned.append(d.to_record(shard=self.shard, partition=piece.index, key_group=kg))
         if not owned:
@@ -284,12 +296,46 @@ class JournalSource:
     kind = "journal"
     supports_drain_marker = True
 
-    def __init__(self, path: str | os.PathLike[str], partitions: int) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        partitions: int,
+        *,
+        read_partitions: list[int] | None = None,
+        nested: bool = False,
+    ) -> None:
         self.path = Path(path).absolute()
         self.partitions = partitions
+        self.nested = nested
+        self.read_partitions = list(range(partitions)) if read_partitions is None else list(read_partitions)
 
     def positions_names(self) -> list[str]:
-        return [partition_file(i) for i in range(self.partitions)]
+        """The partition files this shard reads (all of them unless key groups nest in partitions)."""
+        return [partition_file(i) for i in self.read_partitions]
+
+    def check(self, spark: Any = None) -> None:
+        """Preflight: with key groups nested in partitions, no partition file beyond the declared count."""
+        self.before_batch(spark, -1)
+
+    def before_batch(self, spark: Any, batch_id: int) -> None:
+        """See :class:`spark_runtime.sources.base.GuardsBatches`: a nested shard stops when a partition file
+        beyond ``partitions`` exists (the producer's count changed, so keys moved between partitions)."""
+        if not self.nested:
+            return
+        extra = sorted(
+            (partition_index(p.name) for p in self.path.glob("p*.jsonl") if _FILE_RE.match(p.name)),
+        )
+        extra = [i for i in extra if i >= self.partitions]
+        if extra:
+            raise EnvironmentProblem(
+                "PartitionCountChanged",
+                "source.journal.partitions",
+                f"source.journal.partitions: journal {self.path} now has partition files up to "
+                f"p{extra[-1]}.jsonl ({extra[-1] + 1} partitions), but the Task's key groups are nested in "
+                f"{self.partitions}; keys may have moved between partitions, so this shard stops before batch "
+                f"{batch_id if batch_id >= 0 else 0} rather than process under a wrong mapping (create a new Task "
+                "for the new partition count)",
+            )
 
     def owns_offset(self, offset: dict[str, Any]) -> bool:
         return isinstance(offset, dict) and bool(offset) and all(_FILE_RE.match(k) for k in offset)
@@ -297,17 +343,22 @@ class JournalSource:
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": str(self.path), "partitions": self.partitions}
 
-    def validate_positions(self, positions: dict[str, Any]) -> None:
+    def validate_positions(self, positions: dict[str, Any]) -> dict[str, Any]:
+        """Check ``positions`` (a manifest's, or this shard's own) and return the part this shard reads: every
+        file it reads must be named, and no file outside the journal's partitions. A nested child reads a subset
+        of its parent's files."""
         want = set(self.positions_names())
+        every = {partition_file(i) for i in range(self.partitions)}
         got = set(positions)
-        if want != got:
+        if not want <= got or not got <= every:
             raise ValueError(
-                f"restore positions name partitions {sorted(got)} but source.journal.partitions is "
-                f"{self.partitions} ({sorted(want)}); a child must read the parent's partitions"
+                f"restore positions name partitions {sorted(got)} but this shard reads {sorted(want)} of "
+                f"source.journal.partitions {self.partitions}; a child must read (a part of) the parent's partitions"
             )
         bad = {k: v for k, v in positions.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}
         if bad:
             raise ValueError(f"restore positions must be non-negative byte offsets, got {bad}")
+        return {name: positions[name] for name in self.positions_names()}
 
     def stream(self, spark: Any, ctx: SourceContext) -> Any:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -318,6 +369,8 @@ class JournalSource:
             "recordSpec": ctx.record_spec.to_json(),
             "shard": ctx.shard,
             "maxKeyGroups": str(ctx.max_key_groups),
+            "nestedPartitions": str(ctx.key_grouping.partitions or ""),
+            "readPartitions": ",".join(str(p) for p in self.read_partitions),
             "rangeStart": str(ctx.range_start),
             "rangeEnd": str(ctx.range_end),
             "deadLetterDir": str(ctx.dead_letter_dir),

@@ -1,12 +1,18 @@
-"""The Kafka source: every shard reads all partitions of the topic and keeps its key groups natively.
+"""The Kafka source: a shard reads the partitions that can hold its key groups and keeps its key groups natively.
 
-Design (see spark_runtime/README.md, "Kafka"): Kafka's partitioning is the producers' business and independent
-of key groups, so a shard cannot read "its" partitions. Each shard subscribes to the whole topic with Spark's
-Kafka connector and filters ``pmod(hash(key), maxKeyGroups)`` in Spark right after parsing (no Python on the
-path). The price is read amplification: with N shards every record is fetched N times (measured in
-docs/benchmarks.md). The alternative, a routing job that re-partitions the topic by key group, halves nothing
-for small N and adds a second topic, a second exactly-once hop and a second failure domain; it is the right
-trade only for many shards on a large topic and is left for later.
+Design (see spark_runtime/README.md, "Kafka"), two modes:
+
+- **Partitioned by key** (``partitionedByKey: true`` with the topic's ``partitions``): every record of a key is
+  in one partition (the producer keys records by the key field, as Kafka's default partitioner does), so key
+  groups nest in partitions (:mod:`spark_runtime.keygroups`): partition ``p`` holds key groups
+  ``[p * B, (p + 1) * B)``. A shard assigns exactly the partitions whose block meets its range; read
+  amplification is about 1. The partition count is part of the mapping: a topic whose count differs from the
+  declared one stops the shard at its preflight and before every batch is written (``PartitionCountChanged``,
+  :meth:`KafkaSource.before_batch`), so nothing is processed under a wrong mapping.
+- **Read everything** (default): Kafka's partitioning is the producers' business and independent of key groups,
+  so each shard subscribes to the whole topic and filters ``pmod(hash(key), maxKeyGroups)`` in Spark right after
+  parsing (no Python on the path). The price is read amplification: with N shards every record is fetched N
+  times (measured in docs/benchmarks.md).
 
 Parsing is native too (Spark's VARIANT functions), with exactly the record contract of
 :mod:`spark_runtime.records`: the value is one JSON object; the key field must be a JSON string (used as is)
@@ -15,12 +21,17 @@ optional). Invalid records are not processed; the shard that owns the key group 
 key, ``pmod(hash(NULL), n)``, as for the journal) counts them in the observed metric ``deadLetters``. They stay
 in the topic at their partition/offset, which Kafka's retention keeps.
 
-Positions: Spark's Kafka offsets ``{"<topic>": {"<partition>": <next offset>}}``. A restored child starts
-with ``startingOffsets`` = the parent's committed positions (per partition), so it reads exactly the records
-the parent did not commit. A fresh shard with ``startingOffsets: latest`` starts at the operator-set
-``startingTimestamp`` (the Task's creation time; partitions with no later record at their end), so all shards
-of a task agree on where "latest" was, however far apart they start. (Record timestamps are the producers'
-CreateTime unless the topic uses LogAppendTime; with skewed producer clocks use ``earliest``.)
+Positions: Spark's Kafka offsets ``{"<topic>": {"<partition>": <next offset>}}``, always **concrete** (never
+Kafka's symbolic ``-2``/``-1``). A restored child starts with ``startingOffsets`` = the parent's committed
+positions (per partition), so it reads exactly the records the parent did not commit. A fresh shard resolves
+its start once, before its first query (:meth:`KafkaSource.resolve_start_positions`, Kafka's ``ListOffsets``):
+``earliest`` is each partition's first offset; ``latest`` is the first offset at or after the operator-set
+``startingTimestamp`` (the Task's creation time; a partition with no later record: its end), so all shards of a
+task agree on where "latest" was, however far apart they start. The runtime persists that answer
+(``start-positions.json``) and starts the query exactly there, so a drain before the first commit hands its
+children concrete offsets too: a child never starts at *its own* "latest" and skips what was produced in
+between. (Record timestamps are the producers' CreateTime unless the topic uses LogAppendTime; with skewed
+producer clocks use ``earliest``.)
 
 Drain: the drain marker cannot hold the connector back (``supports_drain_marker`` is false): the runtime stops
 between triggers, and the snapshot is still the last *committed* batch.
@@ -36,12 +47,12 @@ import json
 import re
 from typing import Any
 
-from spark_runtime.keygroups import key_group_sql
+from spark_runtime.keygroups import KeyGrouping
 from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.records import RecordSpec
 from spark_runtime.sources.base import SourceContext
 
-__all__ = ["KafkaSource", "kafka_topic_partitions", "parse_kafka_records"]
+__all__ = ["KafkaSource", "kafka_start_offsets", "kafka_topic_partitions", "parse_kafka_records"]
 
 SOURCE_METRICS = "taskshard_source"
 _INTEGER_TYPES = r"^(BIGINT|INT|SMALLINT|TINYINT|DECIMAL\(\d+,0\))$"
@@ -57,10 +68,15 @@ def _path(name: str) -> str:
     raise ValueError(f"field {name!r}: the Kafka source cannot address a field name with both kinds of quotes")
 
 
-def parse_kafka_records(raw: Any, spec: RecordSpec, max_key_groups: int, start: int, end: int) -> tuple[Any, Any]:
+def parse_kafka_records(
+    raw: Any, spec: RecordSpec, grouping: KeyGrouping | int, start: int, end: int
+) -> tuple[Any, Any]:
     """``(flagged, dead_owned)`` for a Kafka DataFrame ``raw``: ``flagged`` has the source contract's columns
     plus ``_ok`` (the record is valid) and ``_bytes`` (key + value bytes fetched); ``dead_owned`` is a boolean
-    column, true for the invalid records this shard owns (it counts them)."""
+    column, true for the invalid records this shard owns (it counts them). ``grouping``: the Task's
+    :class:`KeyGrouping` (an int: ``maxKeyGroups``, not nested)."""
+    if not isinstance(grouping, KeyGrouping):
+        grouping = KeyGrouping(grouping)
     from pyspark.sql import functions as F
 
     parsed = raw.select(
@@ -101,7 +117,7 @@ def parse_kafka_records(raw: Any, spec: RecordSpec, max_key_groups: int, start: 
     if spec.raw_value:
         columns.append(F.col("_raw").alias("value"))
     flagged = parsed.select(*columns, F.coalesce(ok, F.lit(False)).alias("_ok"), F.col("_bytes"))
-    kg = F.expr(key_group_sql("key", max_key_groups))
+    kg = F.expr(grouping.sql("key", "partition"))
     dead_owned = (~F.col("_ok")) & kg.between(start, end - 1)
     return flagged, dead_owned
 
@@ -123,12 +139,8 @@ def kafka_topic_partitions(spark: Any, servers: str, topic: str, field: str, *, 
         )
     from py4j.protocol import Py4JJavaError
 
-    props = jvm.java.util.Properties()
-    props.setProperty("bootstrap.servers", servers)
-    props.setProperty("request.timeout.ms", str(timeout_s * 1000))
-    props.setProperty("default.api.timeout.ms", str(timeout_s * 1000))
     seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
-    admin = admin_cls.create(props)
+    admin = _admin(spark, servers, timeout_s)
     try:
         try:
             names = admin.listTopics().names().get(timeout_s, seconds)
@@ -150,6 +162,62 @@ def kafka_topic_partitions(spark: Any, servers: str, topic: str, field: str, *, 
         return int(desc.get(timeout_s, seconds).get(topic).partitions().size())
     finally:
         admin.close(jvm.java.time.Duration.ofSeconds(2))
+
+
+def _admin(spark: Any, servers: str, timeout_s: int) -> Any:
+    """A Kafka admin client on the driver's JVM (close it after use)."""
+    jvm = spark._jvm
+    props = jvm.java.util.Properties()
+    props.setProperty("bootstrap.servers", servers)
+    props.setProperty("request.timeout.ms", str(timeout_s * 1000))
+    props.setProperty("default.api.timeout.ms", str(timeout_s * 1000))
+    return jvm.org.apache.kafka.clients.admin.Admin.create(props)
+
+
+def kafka_start_offsets(
+    spark: Any,
+    servers: str,
+    topic: str,
+    partitions: list[int],
+    starting_offsets: str,
+    starting_timestamp: int | None,
+    *,
+    timeout_s: int = 15,
+) -> dict[str, int]:
+    """Concrete start offsets ``{"<partition>": offset}`` of ``partitions`` of ``topic`` (Kafka's
+    ``ListOffsets``): ``earliest`` gives each partition's first offset; ``latest`` with ``starting_timestamp``
+    (epoch ms) the first offset whose record timestamp is at or after it, or the partition's end when it has no
+    such record (Spark's ``startingOffsetsByTimestampStrategy: latest``); ``latest`` without one the end."""
+    jvm = spark._jvm
+    spec_cls = jvm.org.apache.kafka.clients.admin.OffsetSpec
+    partition_cls = jvm.org.apache.kafka.common.TopicPartition
+    seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
+
+    def list_offsets(admin: Any, wanted: dict[int, Any]) -> dict[int, int]:
+        request = jvm.java.util.HashMap()
+        for p, spec in wanted.items():
+            request.put(partition_cls(topic, p), spec)
+        answer = admin.listOffsets(request).all().get(timeout_s, seconds)
+        return {p: int(answer.get(partition_cls(topic, p)).offset()) for p in wanted}
+
+    admin = _admin(spark, servers, timeout_s)
+    try:
+        if starting_offsets == "earliest":
+            first = {p: spec_cls.earliest() for p in partitions}
+        elif starting_timestamp is not None:
+            first = {p: spec_cls.forTimestamp(int(starting_timestamp)) for p in partitions}
+        else:
+            first = {p: spec_cls.latest() for p in partitions}
+        offsets = list_offsets(admin, first)
+        no_record = {p: spec_cls.latest() for p, o in offsets.items() if o < 0}  # nothing at or after the time
+        if no_record:
+            offsets.update(list_offsets(admin, no_record))
+    finally:
+        admin.close(jvm.java.time.Duration.ofSeconds(2))
+    bad = {p: o for p, o in offsets.items() if o < 0}
+    if bad:  # pragma: no cover - Kafka answers an end offset for every existing partition
+        raise RuntimeError(f"Kafka gave no start offset for partitions {bad} of {topic!r}")
+    return {str(p): o for p, o in sorted(offsets.items())}
 
 
 def _java_error(exc: Any) -> str:
@@ -174,22 +242,66 @@ class KafkaSource:
         topic: str,
         starting_offsets: str = "earliest",
         starting_timestamp: int | None = None,
+        *,
+        declared_partitions: int | None = None,
+        read_partitions: list[int] | None = None,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.starting_offsets = starting_offsets
         self.starting_timestamp = starting_timestamp
+        self.declared_partitions = declared_partitions
+        """With key groups nested in partitions: the partition count the mapping is built on; else None."""
+        self.read_partitions = read_partitions
+        """The partitions this shard assigns (nested); None: it subscribes to the whole topic."""
         self.partitions: int | None = None
 
     def check(self, spark: Any) -> None:
-        """Preflight (raises :class:`EnvironmentProblem`): the brokers answer and the topic exists."""
+        """Preflight (raises :class:`EnvironmentProblem`): the brokers answer, the topic exists and, with key
+        groups nested in partitions, it has the declared partition count."""
         self.partitions = kafka_topic_partitions(spark, self.bootstrap_servers, self.topic, "source.kafka.topic")
+        self._check_partition_count(self.partitions, "before its first batch")
 
-    def initial_positions(self) -> dict[str, Any]:
-        """The positions of a shard that committed nothing: Kafka's ``-2`` (earliest) or ``-1`` (latest) per
-        partition, which Spark's ``startingOffsets`` JSON accepts."""
-        code = -2 if self.starting_offsets == "earliest" else -1
-        return {self.topic: {str(p): code for p in range(self.partitions or 0)}}
+    def before_batch(self, spark: Any, batch_id: int) -> None:
+        """See :class:`spark_runtime.sources.base.GuardsBatches`: a nested shard stops when the topic's
+        partition count is no longer the declared one. One metadata request per batch."""
+        if self.declared_partitions is None:
+            return
+        count = kafka_topic_partitions(spark, self.bootstrap_servers, self.topic, "source.kafka.topic")
+        self._check_partition_count(count, f"before writing batch {batch_id}")
+
+    def _check_partition_count(self, count: int, when: str) -> None:
+        if self.declared_partitions is None or count == self.declared_partitions:
+            return
+        raise EnvironmentProblem(
+            "PartitionCountChanged",
+            "source.kafka.partitions",
+            f"source.kafka.partitions: topic {self.topic!r} has {count} partitions, but the Task's key groups are "
+            f"nested in {self.declared_partitions} (partitionedByKey); keys may have moved between partitions, so "
+            f"the shard stopped {when} rather than process under a wrong mapping (nothing of that batch was "
+            "written or committed); create a new Task for the new partition count",
+        )
+
+    def _partitions_read(self) -> list[int]:
+        if self.read_partitions is not None:
+            return list(self.read_partitions)
+        return list(range(self.partitions or 0))
+
+    def resolve_start_positions(self, spark: Any) -> dict[str, Any]:
+        """Where a fresh shard starts, as concrete offsets per partition (see the module docstring); runs the
+        preflight first when it has not run. The runtime asks once per shard and persists the answer."""
+        if self.partitions is None:
+            self.check(spark)
+        assert self.partitions is not None
+        offsets = kafka_start_offsets(
+            spark,
+            self.bootstrap_servers,
+            self.topic,
+            self._partitions_read(),
+            self.starting_offsets,
+            self.starting_timestamp if self.starting_offsets == "latest" else None,
+        )
+        return {self.topic: offsets}
 
     def owns_offset(self, offset: dict[str, Any]) -> bool:
         return isinstance(offset, dict) and set(offset) == {self.topic}
@@ -202,7 +314,9 @@ class KafkaSource:
             "partitions": self.partitions,
         }
 
-    def validate_positions(self, positions: dict[str, Any]) -> None:
+    def validate_positions(self, positions: dict[str, Any]) -> dict[str, Any]:
+        """Check ``positions`` (a manifest's, or this shard's own; concrete offsets only) and return the part this
+        shard reads: with key groups nested in partitions, exactly its partitions (each must be named)."""
         if set(positions) != {self.topic}:
             raise ValueError(
                 f"restore positions are of topics {sorted(positions)} but source.kafka.topic is {self.topic!r}; "
@@ -214,21 +328,33 @@ class KafkaSource:
         bad = {
             k: v
             for k, v in per_partition.items()
-            if not re.match(r"^\d+$", str(k)) or not isinstance(v, int) or isinstance(v, bool) or v < -2
+            if not re.match(r"^\d+$", str(k)) or not isinstance(v, int) or isinstance(v, bool) or v < 0
         }
         if bad:
-            raise ValueError(f"restore positions must be Kafka offsets (>= 0, or -2/-1), got {bad}")
+            raise ValueError(
+                f"positions of {self.topic!r} must be concrete Kafka offsets (>= 0 per partition), got {bad}; "
+                "symbolic ones (-2 earliest, -1 latest) would mean a different record to each reader"
+            )
+        if self.read_partitions is None:
+            return {self.topic: dict(per_partition)}
+        missing = [p for p in self.read_partitions if str(p) not in per_partition]
+        if missing:
+            raise ValueError(
+                f"positions of {self.topic!r} name partitions {sorted(per_partition, key=int)} but this shard reads "
+                f"{self.read_partitions} (missing {missing}); a child must read a part of its parent's partitions"
+            )
+        return {self.topic: {str(p): per_partition[str(p)] for p in self.read_partitions}}
 
     def stream(self, spark: Any, ctx: SourceContext) -> Any:
         options = {
             "kafka.bootstrap.servers": self.bootstrap_servers,
-            "subscribe": self.topic,
+            **self._topic_option(),
             # A gap in the topic (retention deleted records the shard never read) must stop the shard, not be
             # skipped silently.
             "failOnDataLoss": "true",
         }
         # Only a query's first start uses these; afterwards its checkpoint holds the positions.
-        if ctx.start_positions is not None:  # a split child: exactly the parent's committed offsets
+        if ctx.start_positions is not None:  # the parent's committed offsets, or this shard's resolved start
             options["startingOffsets"] = json.dumps(ctx.start_positions)
         elif self.starting_offsets == "latest" and self.starting_timestamp is not None:
             # Every shard of the task from the same instant (the Task's creation), not from its own start.
@@ -240,10 +366,16 @@ class KafkaSource:
             options["maxOffsetsPerTrigger"] = str(ctx.max_records_per_trigger)
         raw = spark.readStream.format("kafka").options(**options).load()
         flagged, dead_owned = parse_kafka_records(
-            raw, ctx.record_spec, ctx.max_key_groups, ctx.range_start, ctx.range_end
+            raw, ctx.record_spec, ctx.key_grouping, ctx.range_start, ctx.range_end
         )
         observed = flagged.observe(SOURCE_METRICS, *_metric_columns(dead_owned))
         return observed.where("_ok").drop("_ok", "_bytes")
+
+    def _topic_option(self) -> dict[str, str]:
+        """``assign`` exactly the partitions this shard reads (nested), else ``subscribe`` to the topic."""
+        if self.read_partitions is None:
+            return {"subscribe": self.topic}
+        return {"assign": json.dumps({self.topic: list(self.read_partitions)})}
 
     def recount(self, spark: Any, ctx: SourceContext, start: dict[str, Any], end: dict[str, Any]) -> dict | None:
         """The source metrics (``rowsRead``, ``bytesRead``, ``deadLetters``) of the records from positions
@@ -259,14 +391,14 @@ class KafkaSource:
         raw = (
             spark.read.format("kafka")
             .option("kafka.bootstrap.servers", self.bootstrap_servers)
-            .option("subscribe", self.topic)
+            .options(**self._topic_option())
             .option("startingOffsets", json.dumps({self.topic: begin}))
             .option("endingOffsets", json.dumps({self.topic: stop}))
             .option("failOnDataLoss", "true")
             .load()
         )
         flagged, dead_owned = parse_kafka_records(
-            raw, ctx.record_spec, ctx.max_key_groups, ctx.range_start, ctx.range_end
+            raw, ctx.record_spec, ctx.key_grouping, ctx.range_start, ctx.range_end
         )
         row = flagged.agg(*_metric_columns(dead_owned)).first()
         return {name: int(row[name] or 0) for name in ("rowsRead", "bytesRead", "deadLetters")}

@@ -435,6 +435,9 @@ def test_latest_starts_every_shard_at_the_task_creation_time(spark, kafka_broker
     }
     first = Running(setup.config("kt-0-8", 0, 8, source=source), spark)
     first.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    # The start was resolved once, to concrete offsets, and pinned before the first query.
+    pinned = first.runner.paths.start_positions.read_json()[setup.topic_in]
+    assert pinned.keys() == {"0", "1"} and all(o >= 0 for o in pinned.values())
     more = make_events(200, rng, invalid_every=0)
     kafka_broker.produce(setup.topic_in, more)
     ref.add(more)
@@ -446,3 +449,153 @@ def test_latest_starts_every_shard_at_the_task_creation_time(spark, kafka_broker
     first.finish()
     second.finish()
     check_results(setup, ref)
+
+
+def test_latest_split_before_the_first_commit_loses_nothing(spark, kafka_broker, minio, tmp_path):
+    """A ``latest`` Task split before its parent committed anything (its pod was slow to start): the drain's
+    manifest carries concrete offsets, the first at or after the Task's creation, not Kafka's symbolic ``-1``,
+    so the children count every record produced after the Task's creation, including those produced before the
+    split and between the split and their own start (a symbolic "latest" would start each child at its own end
+    and skip them all)."""
+    from spark_runtime.shard import ShardRunner
+
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path, partitions=3), random.Random(13), Reference()
+    kafka_broker.produce(setup.topic_in, make_events(200, rng, invalid_every=0))  # before the Task: not counted
+    before_task = kafka_broker.end_offsets(setup.topic_in)
+    time.sleep(1.0)  # record timestamps: the Task is created strictly after the records above
+    source = {
+        "kafka": {
+            "bootstrapServers": kafka_broker.bootstrap_servers,
+            "topic": setup.topic_in,
+            "startingOffsets": "latest",
+            "startingTimestamp": int(time.time() * 1000),
+        }
+    }
+    time.sleep(0.5)
+    before_split = make_events(300, rng, invalid_every=0)
+    kafka_broker.produce(setup.topic_in, before_split)
+    ref.add(before_split)
+    parent = ShardRunner(setup.config("kt-0-16", 0, 16, source=source), spark)
+    assert parent.prepare()
+    summary = parent.drain()  # the split request came before the parent's first batch
+    assert summary["event"] == "drained" and summary["batchId"] == -1
+    manifest = location(summary["manifest"], parent.s3).read_json()
+    concrete = {setup.topic_in: {str(p): o for p, o in before_task.items()}}
+    assert manifest["positions"] == concrete == parent.paths.start_positions.read_json()
+    between = make_events(300, rng, invalid_every=0)  # after the split, before the children start
+    kafka_broker.produce(setup.topic_in, between)
+    ref.add(between)
+    restore = {"parent": "kt-0-16", "manifest": summary["manifest"]}
+    children = [
+        Running(setup.config(n, a, b, restore, source=source), spark)
+        for n, a, b in (("kt-0-8", 0, 8), ("kt-8-16", 8, 16))
+    ]
+    end = kafka_broker.end_offsets(setup.topic_in)
+    for child in children:
+        child.wait_caught_up(end)
+        assert child.runner.start_positions == concrete
+        assert not child.runner.paths.start_positions.exists(), "a child starts at its parent's positions"
+    for child in children:
+        child.finish()
+    check_results(setup, ref)
+    assert len(ref.sums) > 100
+
+
+# ---------------------------------------------------------------- key groups nested in partitions
+
+
+def _nested_source(setup: Setup, partitions: int) -> dict:
+    return {
+        "kafka": {
+            "bootstrapServers": setup.broker.bootstrap_servers,
+            "topic": setup.topic_in,
+            "partitionedByKey": True,
+            "partitions": partitions,
+        }
+    }
+
+
+def _own(end: dict[int, int], shard: Running) -> dict[int, int]:
+    return {p: end[p] for p in shard.runner.source.read_partitions}
+
+
+def test_a_key_partitioned_topic_is_read_once_through_two_splits(spark, kafka_broker, minio, tmp_path):
+    """A topic keyed by the key field (the producer's default partitioner keeps one key in one partition),
+    declared ``partitionedByKey``: each shard assigns only the partitions whose key-group block meets its range,
+    so the rows read add up to the rows produced (read amplification 1); a split inside a block makes both
+    children read that partition; results equal the reference after two splits."""
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path, partitions=4), random.Random(23), Reference()
+    source = _nested_source(setup, 4)  # 16 key groups: partition p holds [4p, 4p + 4)
+    first = make_events(2000, rng)
+    kafka_broker.produce(setup.topic_in, first)
+    ref.add(first)
+    root = Running(setup.config("kt-0-16", 0, 16, source=source), spark)
+    root.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    summary = root.finish()
+    assert root.runner.source.read_partitions == [0, 1, 2, 3]
+    assert root.runner.source_metrics["rowsRead"] == len(first)
+
+    restore = {"parent": "kt-0-16", "manifest": summary["manifest"]}
+    left, right = (
+        Running(setup.config(n, a, b, restore, source=source), spark)
+        for n, a, b in (("kt-0-8", 0, 8), ("kt-8-16", 8, 16))
+    )
+    assert left.runner.source.read_partitions == [0, 1] and right.runner.source.read_partitions == [2, 3]
+    second = make_events(1500, rng)
+    kafka_broker.produce(setup.topic_in, second)
+    ref.add(second)
+    end = kafka_broker.end_offsets(setup.topic_in)
+    for child in (left, right):
+        child.wait_caught_up(_own(end, child))
+    left_summary = left.finish()
+    # Rows read by both children = rows produced after the parent's drain: every record fetched once.
+    assert left.runner.source_metrics["rowsRead"] + right.runner.source_metrics["rowsRead"] == len(second)
+
+    # Split [0, 8) at 2, inside partition 0's block [0, 4): both grandchildren read partition 0.
+    restore = {"parent": "kt-0-8", "manifest": left_summary["manifest"]}
+    grand = [
+        Running(setup.config(n, a, b, restore, source=source), spark)
+        for n, a, b in (("kt-0-2", 0, 2), ("kt-2-8", 2, 8))
+    ]
+    assert grand[0].runner.source.read_partitions == [0] and grand[1].runner.source.read_partitions == [0, 1]
+    third = make_events(1000, rng)
+    kafka_broker.produce(setup.topic_in, third)
+    ref.add(third)
+    end = kafka_broker.end_offsets(setup.topic_in)
+    for shard in (*grand, right):
+        shard.wait_caught_up(_own(end, shard))
+    summaries = [summary, left_summary] + [s.finish() for s in (*grand, right)]
+    check_results(setup, ref)
+    assert sum(s["deadLetters"] for s in summaries) == ref.invalid, "each invalid record counted by one shard"
+
+
+def test_a_partition_added_to_a_key_partitioned_topic_stops_the_shard(spark, kafka_broker, minio, tmp_path):
+    """Adding a partition moves keys between partitions (the partitioner hashes modulo the count): a shard whose
+    key groups are nested in the declared count stops with ``PartitionCountChanged`` before it writes a batch
+    under the new mapping, and a restart refuses at its preflight; nothing it committed is lost."""
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path, partitions=2), random.Random(29), Reference()
+    source = _nested_source(setup, 2)
+    before = make_events(800, rng, invalid_every=0)
+    kafka_broker.produce(setup.topic_in, before)
+    ref.add(before)
+    shard = Running(setup.config("kt-0-16", 0, 16, source=source), spark)
+    shard.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    committed = shard.runner.last_committed
+    output_before = len(setup.output_records())
+    kafka_broker.add_partitions(setup.topic_in, 3)
+    kafka_broker.produce(setup.topic_in, make_events(600, rng, invalid_every=0))  # some land in partitions 0, 1
+    shard.thread.join(120)
+    assert not shard.thread.is_alive(), "the shard must stop by itself"
+    problem = shard.error
+    assert isinstance(problem, EnvironmentProblem), problem
+    assert problem.reason == "PartitionCountChanged" and problem.field == "source.kafka.partitions"
+    assert "has 3 partitions" in str(problem) and "nested in 2" in str(problem)
+    from spark_runtime.checkpoint import last_committed_batch
+
+    assert last_committed_batch(shard.runner.paths.checkpoint) == committed, "no batch under the new mapping"
+    assert len(setup.output_records()) == output_before, "nothing written under the new mapping"
+    # What was committed before the change is exact.
+    results = final_results_from_records(setup.output(), read_lineage(setup.storage(), setup.task))
+    assert results == {k: pytest.approx(v) for k, v in ref.sums.items()}
+    with pytest.raises(EnvironmentProblem, match="has 3 partitions"):
+        ShardRunner(setup.config("kt-0-16", 0, 16, source=source), spark).start()

@@ -89,6 +89,7 @@ class TaskEnv:
     conf: dict[str, str] = field(default_factory=dict)
     trigger: str = "300 milliseconds"
     sink_format: str = "jsonl"
+    partitioned_by_key: bool = False
 
     @property
     def journal(self) -> Path:
@@ -112,7 +113,13 @@ class TaskEnv:
             "maxKeyGroups": self.max_key_groups,
             "keyGroups": {"start": start, "end": end},
             "processor": self.processor,
-            "source": {"journal": {"path": str(self.journal), "partitions": self.partitions}},
+            "source": {
+                "journal": {
+                    "path": str(self.journal),
+                    "partitions": self.partitions,
+                    "partitionedByKey": self.partitioned_by_key,
+                }
+            },
             "sink": {"directory": {"path": str(self.sink), "format": self.sink_format}},
             "storage": {"path": str(self.storage)},
             "restoreFrom": restore,
@@ -165,7 +172,8 @@ def make_task(tmp_path) -> Callable[..., TaskEnv]:
 
 
 def wait_caught_up(env: TaskEnv, runners: list[Any], timeout: float = 120.0) -> None:
-    """Poll in-process runners until each has committed a batch whose positions reach the journal's end."""
+    """Poll in-process runners until each has committed a batch whose positions reach the journal's end (of the
+    partition files the runner reads: all of them, or its own with ``partitionedByKey``)."""
     target = env.journal_ends()
     deadline = time.monotonic() + timeout
     pending = list(runners)
@@ -173,7 +181,7 @@ def wait_caught_up(env: TaskEnv, runners: list[Any], timeout: float = 120.0) -> 
         for r in list(pending):
             r.poll()
             prog = env.progress(r.config.shard)
-            if prog and prog["positions"] == target:
+            if prog and prog["positions"] == {name: target[name] for name in r.source.positions_names()}:
                 pending.remove(r)
         time.sleep(0.2)
     assert not pending, f"shards {[r.config.shard for r in pending]} did not catch up to {target} in {timeout}s"

@@ -135,3 +135,34 @@ def test_key_group_sql_quotes_odd_column_names(spark):
     df = spark.createDataFrame([("abc",)], StructType([StructField("we`ird key", StringType())]))
     row = df.selectExpr(f"{key_group_sql('we`ird key', 128)} AS kg").collect()[0]
     assert row.kg == key_group("abc", 128)
+
+
+NESTED = [(128, 4), (128, 128), (96, 3), (4096, 8), (MAX_KEY_GROUPS_LIMIT, 16), (7, 7)]
+"""(maxKeyGroups, partitions) pairs for the nested mapping (partitions divide maxKeyGroups)."""
+
+
+def test_nested_key_groups_match_spark(spark):
+    """``nested_key_group(k, p, G, P) == partition * (G/P) + pmod(hash(k), G/P)`` in Spark, for the same keys
+    (unicode, empty, NUL, 64 KiB, integers as text, null), each in a partition of its own choosing."""
+    from spark_runtime.keygroups import nested_key_group, nested_key_group_sql
+
+    keys: list[str | None] = [*string_keys(), None, "x" * 2048]
+    rng = random.Random(15)
+    rows_in = [(i, k, rng.randrange(MAX_KEY_GROUPS_LIMIT)) for i, k in enumerate(keys)]
+    df = spark.createDataFrame(rows_in, "i bigint, key string, r int")
+    columns = []
+    for g, p in NESTED:
+        columns.append(f"{nested_key_group_sql('key', f'p_{g}_{p}', g, p)} AS kg_{g}_{p}")
+    with_partitions = df.selectExpr("i", "key", *[f"pmod(r, {p}) AS p_{g}_{p}" for g, p in NESTED])
+    rows = with_partitions.selectExpr("i", *[f"p_{g}_{p}" for g, p in NESTED], *columns).collect()
+    mismatches = []
+    for row in rows:
+        key = keys[row.i]
+        for g, p in NESTED:
+            partition = row[f"p_{g}_{p}"]
+            want = nested_key_group(key, partition, g, p)
+            if want != row[f"kg_{g}_{p}"]:
+                mismatches.append(((key or "")[:30], g, p, partition, want, row[f"kg_{g}_{p}"]))
+            if not partition * (g // p) <= want < (partition + 1) * (g // p):
+                mismatches.append(((key or "")[:30], g, p, partition, want, "outside the partition's block"))
+    assert len(rows) == len(keys) and not mismatches, f"{len(mismatches)} mismatches, first: {mismatches[:5]}"

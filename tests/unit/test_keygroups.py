@@ -295,3 +295,74 @@ def test_tiling_messages():
         check_tiling([KeyGroupRange(0, 10)], 8)
     with pytest.raises(TilingError, match=r"overlap \[4, 6\) between \[0, 6\) and \[4, 8\)"):
         check_tiling([KeyGroupRange(4, 8), KeyGroupRange(0, 6)], 8)
+
+
+# ---------------------------------------------------------------- key groups nested in partitions
+
+
+def test_nested_key_group_puts_each_partition_in_its_own_block():
+    from spark_runtime.keygroups import nested_key_group
+
+    for p in range(4):
+        groups = {nested_key_group(f"k{i}", p, 128, 4) for i in range(2000)}
+        assert groups == set(range(p * 32, (p + 1) * 32)), "every group of the block, none outside it"
+    # Within the block the key decides, as pmod(hash(key), B): the same key in another partition shifts by B.
+    assert nested_key_group("k7", 2, 128, 4) == 64 + key_group("k7", 32)
+    assert nested_key_group(7, 1, 128, 4) == nested_key_group("7", 1, 128, 4)
+    assert nested_key_group(None, 3, 128, 4) == 96 + 42 % 32
+
+
+def test_nested_mapping_needs_a_multiple_and_says_which_values_are_valid():
+    from spark_runtime.keygroups import nested_block_size, nested_key_group
+
+    assert nested_block_size(128, 4) == 32 and nested_block_size(128, 128) == 1
+    with pytest.raises(InvalidRangeError, match=r"maxKeyGroups: 128 is not a multiple of .* 3 partitions.*126 or 129"):
+        nested_block_size(128, 3)
+    with pytest.raises(InvalidRangeError, match="not a multiple"):
+        nested_block_size(4, 8)  # more partitions than key groups
+    with pytest.raises(InvalidRangeError, match=r"partition: 4 is outside 0..3"):
+        nested_key_group("k", 4, 128, 4)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "partitions"),
+    [
+        (0, 128, [0, 1, 2, 3]),  # the root shard reads everything
+        (0, 32, [0]),  # exactly one block
+        (32, 64, [1]),
+        (96, 128, [3]),  # the last block
+        (5, 6, [0]),  # one key group
+        (31, 33, [0, 1]),  # a range crossing a block edge
+        (31, 32, [0]),  # ends on the edge
+        (32, 33, [1]),  # starts on the edge
+        (16, 32, [0]),  # both halves of a split inside block 0 read partition 0
+        (0, 16, [0]),
+        (40, 127, [1, 2, 3]),
+    ],
+)
+def test_a_range_maps_to_the_partitions_whose_blocks_it_meets(start, end, partitions):
+    from spark_runtime.keygroups import KeyGrouping, partitions_for_range
+
+    assert partitions_for_range(KeyGroupRange(start, end), 128, 4) == partitions
+    assert KeyGrouping(128, 4).partitions_to_read(KeyGroupRange(start, end)) == partitions
+    assert KeyGrouping(128).partitions_to_read(KeyGroupRange(start, end)) is None, "not nested: read everything"
+
+
+def test_the_partitions_of_a_tiling_cover_each_partition_and_a_range_owns_every_key_it_reads():
+    from spark_runtime.keygroups import KeyGrouping, initial_ranges
+
+    g = KeyGrouping(96, 3)
+    for shards in (1, 2, 3, 5, 8, 96):
+        read = [g.partitions_to_read(r) for r in initial_ranges(shards, 96)]
+        assert {p for ps in read for p in ps} == {0, 1, 2}
+        for r, ps in zip(initial_ranges(shards, 96), read, strict=True):
+            # Every key group of the range lives in a partition the shard reads.
+            assert {kg // 32 for kg in range(r.start, r.end)} == set(ps)
+
+
+def test_nested_sql_text():
+    from spark_runtime.keygroups import KeyGrouping, nested_key_group_sql
+
+    assert nested_key_group_sql("key", "partition", 128, 4) == "(CAST(`partition` AS INT) * 32 + pmod(hash(`key`), 32))"
+    assert KeyGrouping(128).sql() == key_group_sql("key", 128)
+    assert KeyGrouping(128, 4).sql("k", "p") == "(CAST(`p` AS INT) * 32 + pmod(hash(`k`), 32))"

@@ -184,3 +184,39 @@ def test_frozen(make_config):
     with pytest.raises(Exception):  # noqa: B017 - pydantic raises its ValidationError for frozen models
         cfg.task = "x"  # type: ignore[misc]
     assert isinstance(copy.deepcopy(cfg), ShardConfig)
+
+
+def test_partitioned_by_key_maps_a_range_to_its_partitions(make_config):
+    cfg = parse_config(make_config(source__journal__partitionedByKey=True))
+    assert cfg.key_grouping.nested and cfg.key_grouping.partitions == 4
+    assert cfg.partitions_to_read == [0, 1], "[0, 64) over 4 blocks of 32"
+    kafka = {"bootstrapServers": "b:9092", "topic": "t", "partitionedByKey": True, "partitions": 8}
+    cfg = parse_config(make_config(source={"kafka": kafka}, keyGroups={"start": 40, "end": 50}))
+    assert cfg.partitions_to_read == [2, 3]
+    assert parse_config(make_config()).partitions_to_read is None, "not nested: every partition"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (
+            {"journal": {"path": "/j", "partitions": 3, "partitionedByKey": True}},
+            "source.journal.partitionedByKey: maxKeyGroups: 128 is not a multiple of the source's 3 partitions",
+        ),
+        (
+            {"kafka": {"bootstrapServers": "b:9092", "topic": "t", "partitionedByKey": True}},
+            "source.kafka.partitions is required with partitionedByKey: true",
+        ),
+        (
+            {"kafka": {"bootstrapServers": "b:9092", "topic": "t", "partitions": 4}},
+            "source.kafka.partitions (4) is only used with partitionedByKey: true",
+        ),
+        (
+            {"kafka": {"bootstrapServers": "b:9092", "topic": "t", "partitionedByKey": True, "partitions": 5}},
+            "e.g. 125 or 130",
+        ),
+    ],
+)
+def test_partitioned_by_key_needs_a_consistent_partition_count(make_config, source, expected):
+    problems = problems_of(make_config(source=source))
+    assert any(expected in p for p in problems), problems

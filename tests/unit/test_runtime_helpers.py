@@ -78,7 +78,7 @@ def test_checkpoint_reader(tmp_path):
 @pytest.fixture
 def manifest():
     return {
-        "version": 1,
+        "version": 2,
         "task": "t",
         "shard": "t-0-16",
         "maxKeyGroups": 16,
@@ -111,7 +111,7 @@ def test_restore_checks(manifest, tmp_path):
     with pytest.raises(RestoreError, match="has not finished draining"):
         load_manifest(tmp_path / "missing.json")
     (tmp_path / "m.json").write_text(json.dumps({"version": 99}))
-    with pytest.raises(RestoreError, match="version-1"):
+    with pytest.raises(RestoreError, match="not a version-2 manifest .version 99.*per-key-group checksums"):
         load_manifest(tmp_path / "m.json")
 
 

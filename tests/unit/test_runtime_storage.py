@@ -89,11 +89,12 @@ def test_kafka_positions_are_checked_against_the_topic():
     assert src.owns_offset({"orders": {"0": 5}}) and not src.owns_offset({"p0.jsonl": 3})
     with pytest.raises(ValueError, match="source.kafka.topic is 'orders'"):
         src.validate_positions({"other": {"0": 1}})
-    with pytest.raises(ValueError, match="Kafka offsets"):
+    with pytest.raises(ValueError, match="concrete Kafka offsets"):
         src.validate_positions({"orders": {"0": -7}})
-    src.partitions = 3
-    assert src.initial_positions() == {"orders": {"0": -2, "1": -2, "2": -2}}
-    assert KafkaSource("h:1", "t", "latest").initial_positions() == {"t": {}}
+    # Symbolic offsets (-2 earliest, -1 latest) mean a different record to each reader: never in a manifest.
+    for symbolic in (-1, -2):
+        with pytest.raises(ValueError, match=r"concrete Kafka offsets .*'1': " + str(symbolic)):
+            src.validate_positions({"orders": {"0": 5, "1": symbolic}})
 
 
 def test_journal_with_kafka_sink_needs_local_storage_for_dead_letters():
