@@ -318,6 +318,9 @@ class ShardConfig(_Model):
     task: str = Field(min_length=1, max_length=253, pattern=NAME)
     shard: str = Field(min_length=1, max_length=253, pattern=NAME)
     namespace: str = Field(default="default", min_length=1, max_length=253)
+    task_uid: str | None = Field(default=None, min_length=1, max_length=128)
+    """The Task's ``metadata.uid`` (set by the operator): the identity its storage directory must hold
+    (:mod:`spark_runtime.identity`); None skips the check."""
     max_key_groups: int = Field(ge=1, le=MAX_KEY_GROUPS_LIMIT)
     key_groups: KeyGroupsSpec
     key_field: str = Field(default="key", min_length=1, max_length=256)

@@ -54,6 +54,7 @@ from typing import Any
 
 from spark_runtime.checkpoint import last_committed_batch, last_planned_batch, read_offsets
 from spark_runtime.config import ConfigError, ShardConfig
+from spark_runtime.identity import claim_task_storage
 from spark_runtime.layout import ShardPaths, SinkPaths
 from spark_runtime.pipeline import Plan, build_output_frame, export_state, make_plan
 from spark_runtime.problems import EnvironmentProblem
@@ -238,9 +239,12 @@ class ShardRunner:
         return files + int(self.source_metrics["deadLetters"])
 
     def check_environment(self) -> None:
-        """Preflight: storage is writable (every start); the source and sink exist (first start of the process,
-        needs Spark). Raises :class:`spark_runtime.problems.EnvironmentProblem` before anything is processed."""
+        """Preflight: storage is writable and holds this Task's state, not another's (every start,
+        :mod:`spark_runtime.identity`); the source and sink exist (first start of the process, needs Spark).
+        Raises :class:`spark_runtime.problems.EnvironmentProblem` before anything is processed."""
         check_storage(self.storage)
+        cfg = self.config
+        claim_task_storage(self.paths.task_dir, task=cfg.task, namespace=cfg.namespace, uid=cfg.task_uid)
 
     def prepare(self) -> bool:
         """Everything before Spark: the drained check, the restore checks, ``lineage.json``. Returns False for

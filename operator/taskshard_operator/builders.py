@@ -115,12 +115,14 @@ def build_shard_config(
     spec: TaskSpec,
     restore_from: dict[str, str] | None = None,
     task_created: str | None = None,
+    task_uid: str | None = None,
 ) -> dict[str, Any]:
     """The runtime's ``shard.json`` (validated against ``spark_runtime.config.ShardConfig`` by the caller).
 
     Paths (source, sink, storage) are the Task's, as the pod sees them under the storage volume's mount path.
     ``task_created`` (the Task's ``metadata.creationTimestamp``) pins ``source.kafka.startingOffsets: latest`` to
-    one instant for every shard (``source.kafka.startingTimestamp``, epoch ms).
+    one instant for every shard (``source.kafka.startingTimestamp``, epoch ms). ``task_uid`` (the Task's
+    ``metadata.uid``) is the identity the Task's storage directory must hold (``spark_runtime.identity``).
     """
     data = spec.to_k8s()
     source = data["source"]
@@ -138,6 +140,7 @@ def build_shard_config(
         "task": task,
         "shard": shard,
         "namespace": namespace,
+        **({"taskUid": task_uid} if task_uid else {}),
         "maxKeyGroups": spec.max_key_groups,
         "keyGroups": {"start": key_groups.start, "end": key_groups.end},
         "keyField": spec.key_field,
@@ -453,10 +456,11 @@ def drain_summary_uri(task: str, spec: TaskSpec, shard: str) -> str:
     return f"{task_storage_uri(task, spec)}/shards/{shard}/drained.json"
 
 
-def build_cleanup_pod(*, task: str, spec: TaskSpec) -> dict[str, Any] | None:
+def build_cleanup_pod(*, task: str, spec: TaskSpec, task_uid: str | None = None) -> dict[str, Any] | None:
     """A one-shot pod that deletes the task's storage (``checkpointRetention: Delete``): ``<storage.path>/<task>``
     on the mounted volume, or every object under ``s3a://<bucket>/<prefix>/<task>/`` with the credentials of
-    ``storage.s3.credentialsSecret`` (``spark_runtime.storage.remove_tree``).
+    ``storage.s3.credentialsSecret`` (``spark_runtime.identity.remove_task_state``: never a directory whose
+    ``identity.json`` names another Task's UID than ``task_uid``).
 
     None when the storage is a filesystem path without a volume (nothing the operator can mount).
     """
@@ -464,15 +468,15 @@ def build_cleanup_pod(*, task: str, spec: TaskSpec) -> dict[str, Any] | None:
     s3 = spec.storage.s3
     target = task_storage_uri(task, spec)
     if s3 is not None:
-        script = (
-            f"from spark_runtime.storage import remove_tree; print('removed', remove_tree({target!r}, {s3.endpoint!r}))"
-        )
-        env = s3_credentials_env(spec)
+        endpoint, env = s3.endpoint, s3_credentials_env(spec)
     elif storage is not None and spec.storage.path is not None:
-        script = f"import shutil; shutil.rmtree({target!r}, ignore_errors=True); print('removed', {target!r})"
-        env = []
+        endpoint, env = None, []
     else:
         return None
+    script = (
+        "from spark_runtime.identity import remove_task_state; "
+        f"print(remove_task_state({target!r}, {task_uid!r}, {endpoint!r}))"
+    )
     container: dict[str, Any] = {
         "name": "cleanup",
         "image": spec.spark.image,

@@ -2,7 +2,8 @@
 
 - :func:`plan_split`: accept, refuse or ignore a shard's ``spec.split`` request.
 - :func:`plan_task_shards`: which initial shards a Task still needs, and whether its active shards tile
-  ``[0, maxKeyGroups)``.
+  ``[0, maxKeyGroups)`` (when they would not, it creates nothing).
+- :func:`range_conflicts`: the shards that own part of a shard's range (it starts no pod while any exists).
 - :func:`plan_roll`: which shard to roll next after a template change (one at a time).
 - :func:`task_phase`: the Task's phase summarised from its shards.
 
@@ -158,7 +159,24 @@ def plan_task_shards(*, task: str, max_key_groups: int, initial_shards: int, sha
         error = None
     except TilingError as e:
         error = str(e)
-    return TaskPlan(create=create, tiling_error=error)
+    # Tiling is an invariant, not a report: a creation that would not tile (an edited initialShards, a stray
+    # TaskShard) is not made, so no key group gets a second owner.
+    return TaskPlan(create=() if error else create, tiling_error=error)
+
+
+def range_conflicts(shard: ShardView, shards: Iterable[ShardView]) -> list[ShardView]:
+    """The other shards that own key groups of ``shard``'s range (ascending): ``shard`` must not start a pod while
+    any exists, or those key groups would be processed twice. A split child overlaps only its own parent, which
+    it waits for on standby (processing nothing until the parent's drain summary exists): not a conflict."""
+    r = shard.key_groups
+    return sorted(
+        (
+            s
+            for s in owners(shards)
+            if s.name not in (shard.name, shard.parent) and s.key_groups.start < r.end and r.start < s.key_groups.end
+        ),
+        key=lambda s: s.key_groups,
+    )
 
 
 def plan_roll(target_hash: str, shards: Iterable[ShardView]) -> str | None:

@@ -52,6 +52,7 @@ from taskshard_operator.kube import Kube
 from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.models.task import TaskSpec
 from taskshard_operator.phases import check_transition, parse_phase
+from taskshard_operator.views import shard_views
 
 P = ShardPhase
 
@@ -252,6 +253,7 @@ def _ensure_config(ctx: ShardContext) -> bool:
         spec=ctx.spec,
         restore_from=ctx.restore_from,
         task_created=((ctx.task or {}).get("metadata") or {}).get("creationTimestamp"),
+        task_uid=((ctx.task or {}).get("metadata") or {}).get("uid"),
     )
     try:
         validate_shard_config(config)
@@ -346,7 +348,10 @@ def _reconcile_active(ctx: ShardContext) -> None:
     if not _ensure_config(ctx):
         return
 
-    # Step C: the pod. Missing -> create (a replacement waits for the back-off); finished -> replace.
+    # Step C: the pod. Missing -> create (a replacement waits for the back-off); finished -> replace. Never for a
+    # range another shard owns (a stray or overlapping TaskShard): those key groups would be processed twice.
+    if not pod.exists and _refuse_overlap(ctx):
+        return
     if not pod.exists:
         replacement = ctx.status.get("pod") is not None
         restarts = int(ctx.status.get("restarts") or 0) + (1 if replacement else 0)
@@ -535,6 +540,34 @@ def _credentials_secret(spec: TaskSpec) -> str | None:
     """``spec.storage.s3.credentialsSecret``, or None."""
     s3 = spec.storage.s3
     return s3.credentials_secret if s3 is not None else None
+
+
+def _refuse_overlap(ctx: ShardContext) -> bool:
+    """True (and status says why) when another shard of the Task owns key groups of this shard's range, so no pod
+    may start for it (:func:`taskshard_operator.planner.range_conflicts`). One LIST, made only before creating a
+    pod, not on every pass."""
+    views = shard_views(ctx.kube, ctx.namespace, ctx.task_name)
+    me = next((v for v in views if v.name == ctx.name), None)
+    conflicts = planner.range_conflicts(me, views) if me is not None else []
+    if not conflicts:
+        return False
+    owned = ", ".join(f"{c.name} {c.key_groups}" for c in conflicts)
+    message = (
+        f"not starting: key groups of {ctx.key_groups} are owned by {owned}; two shards would process them twice. "
+        f"Delete the TaskShard that should not exist (kubectl delete taskshard NAME)"
+    )
+    if not _degraded_shows(ctx, "RangeOverlap", owned):
+        ctx.emit(ctx.shard, "Warning", "RangeOverlap", message)
+    ctx.write(
+        {
+            "conditions": [
+                ctx.cond(st.READY, False, "RangeOverlap", message),
+                ctx.cond(st.DEGRADED, True, "RangeOverlap", message),
+            ]
+        },
+        phase=P.FAILED if ctx.phase == P.FAILED else P.PENDING,
+    )
+    return True
 
 
 def _degraded_shows(ctx: ShardContext, reason: str, text: str) -> bool:

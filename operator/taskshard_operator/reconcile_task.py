@@ -5,7 +5,8 @@
 1. validate the spec; an invalid one becomes ``phase: Failed`` with a Ready condition naming the field (no crash
    loop, nothing else is touched);
 2. create the missing initial TaskShards (``initial_ranges(initialShards, maxKeyGroups)``, owned by the Task;
-   409 = created before);
+   409 = created before), but only when the active shards and the new ones tile ``[0, maxKeyGroups)``; otherwise
+   nothing is created and ``Tiled=False`` names the gap or overlap (with a Warning event);
 3. roll the template: when the Task's template hash changed, tell the next Running shard (key-group order) to
    run it by annotating it ``taskshard.io/template-hash``; one shard at a time, the next only after the previous
    one's new pod runs (the shard's reconciler does the last-state restart);
@@ -26,43 +27,12 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import builders, naming, planner
 from taskshard_operator import status as st
 from taskshard_operator.kube import Kube
 from taskshard_operator.models.task import CheckpointRetention, TaskPhase, TaskSpec
-from taskshard_operator.phases import parse_phase
 from taskshard_operator.reconcile_shard import Emit, _first_error
-
-
-def shard_views(kube: Kube, namespace: str, task: str) -> list[planner.ShardView]:
-    """The Task's shards with their pods, as the planners see them."""
-    selector = naming.shard_selector(task)
-    pods = {}
-    for pod in kube.list_pods(namespace, selector):
-        shard = (pod["metadata"].get("labels") or {}).get(naming.LABEL_SHARD)
-        if shard:
-            pods[shard] = st.pod_view(pod)
-    views = []
-    for shard in kube.list_custom(naming.SHARD_PLURAL, namespace, selector):
-        if shard["spec"].get("taskRef", {}).get("name") != task:
-            continue
-        name = shard["metadata"]["name"]
-        kg = shard["spec"]["keyGroups"]
-        pod = pods.get(name, st.PodView(exists=False))
-        views.append(
-            planner.ShardView(
-                name=name,
-                key_groups=KeyGroupRange(kg["start"], kg["end"]),
-                phase=parse_phase((shard.get("status") or {}).get("phase")),
-                restored=bool(shard["spec"].get("restoreFrom")),
-                wanted_hash=(shard["metadata"].get("annotations") or {}).get(naming.ANNOTATION_TEMPLATE_HASH),
-                pod_hash=pod.template_hash if pod.exists else None,
-                pod_ready=pod.running and not pod.deleting,
-                parent=(shard["spec"].get("restoreFrom") or {}).get("parent"),
-            )
-        )
-    return sorted(views, key=lambda v: v.key_groups)
+from taskshard_operator.views import shard_views
 
 
 def _write_status(kube: Kube, task: dict[str, Any], patch: dict[str, Any]) -> None:
@@ -125,6 +95,15 @@ def reconcile_task(kube: Kube, namespace: str, name: str, *, emit: Emit) -> None
             emit(task, "Normal", "ShardCreated", f"created TaskShard {body['metadata']['name']} for {r}")
     if plan.create:
         views = shard_views(kube, namespace, name)
+    tiling_was = st.get_condition(status.get("conditions"), st.TILED) or {}
+    if plan.tiling_error and tiling_was.get("message") != plan.tiling_error:
+        emit(
+            task,
+            "Warning",
+            "TilingBroken",
+            f"the active shards of {name} do not tile [0, {spec.max_key_groups}): {plan.tiling_error}; the operator "
+            "creates no shard and starts no pod over an owned range until they do",
+        )
 
     # Step 3: roll one shard at a time.
     nxt = planner.plan_roll(target, views)
@@ -219,7 +198,7 @@ def delete_task(kube: Kube, namespace: str, name: str, body: dict[str, Any], *, 
     if spec.checkpoint_retention != CheckpointRetention.DELETE:
         emit(body, "Normal", "CheckpointsRetained", f"checkpoints of {name} kept (checkpointRetention: Retain)")
         return
-    cleanup = builders.build_cleanup_pod(task=name, spec=spec)
+    cleanup = builders.build_cleanup_pod(task=name, spec=spec, task_uid=(body.get("metadata") or {}).get("uid"))
     if cleanup is None:
         emit(
             body,

@@ -144,9 +144,12 @@ def test_task_immutable_fields_cannot_change(k):
         ({"spec": {"maxKeyGroups": 256}}, "spec.maxKeyGroups"),
         ({"spec": {"keyField": "other"}}, "spec.keyField"),
         ({"spec": {"storage": {"path": "/data/elsewhere"}}}, "spec.storage"),
+        ({"spec": {"initialShards": 4}}, "spec.initialShards"),
     ]:
         result = _patch(k, "task", name, patch)
         assert result.returncode != 0 and field in result.stderr and "immutable" in result.stderr, result.stderr
+    # The refusal says how to scale instead.
+    assert "spec.split.requested: true" in _patch(k, "task", name, {"spec": {"initialShards": 3}}).stderr
     ok = _patch(k, "task", name, {"spec": {"spark": {"image": "taskshard/shard:0.2.0"}}})
     assert ok.returncode == 0, ok.stderr  # template edits are allowed (they roll the shards)
 

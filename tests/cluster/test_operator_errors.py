@@ -75,3 +75,55 @@ def test_unreachable_bucket_and_missing_secret_show_on_the_shard_status(kubectl,
 
     cond = wait_for(missing_secret_shown, timeout=120, what="nosecret-0-16 Degraded with reason SecretMissing")
     assert "no-such-secret" in cond["message"] and "spec.storage.s3.credentialsSecret" in cond["message"]
+
+
+def test_overlapping_shards_are_refused_not_run(kubectl, operator_process, tmp_path):  # noqa: F811
+    """Tiling is enforced on the real apiserver and operator: editing initialShards of a live Task is refused
+    with the field named, and a TaskShard made by hand (no labels, only a taskRef) over owned key groups gets no
+    pod; it says RangeOverlap and the Task says Tiled=False naming the overlap."""
+    from testinfra.common import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"  # the pods fail fast at their preflight: no Spark job needed
+    task = s3_task("tiles", tmp_path, endpoint, "no-secret-needed")
+    task["spec"]["initialShards"] = 2
+    task["spec"]["storage"]["s3"].pop("credentialsSecret")
+    apply(kubectl, task)
+    wait_for(
+        lambda: (
+            {s["metadata"]["name"] for s in get_json(kubectl, "taskshards")["items"]} >= {"tiles-0-8", "tiles-8-16"}
+        ),
+        timeout=120,
+        what="the two initial shards",
+    )
+    edit = kubectl("patch", "task", "tiles", "--type", "merge", "-p", '{"spec":{"initialShards":4}}', check=False)
+    assert edit.returncode != 0 and "spec.initialShards" in edit.stderr and "split" in edit.stderr, edit.stderr
+    stray = {
+        "apiVersion": "taskshard.io/v1alpha1",
+        "kind": "TaskShard",
+        "metadata": {"name": "stray"},
+        "spec": {"taskRef": {"name": "tiles"}, "keyGroups": {"start": 4, "end": 12}},
+    }
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(stray))
+
+    def refused():
+        cond = degraded(kubectl, "stray")
+        return cond if cond.get("reason") == "RangeOverlap" else None
+
+    cond = wait_for(refused, timeout=120, what="the stray TaskShard refused with RangeOverlap")
+    assert "tiles-0-8 [0, 8)" in cond["message"] and "tiles-8-16 [8, 16)" in cond["message"]
+
+    def tiled_false():
+        conds = (get_json(kubectl, "task", "tiles").get("status") or {}).get("conditions") or []
+        tiled = next((c for c in conds if c["type"] == "Tiled"), {})
+        return tiled if tiled.get("status") == "False" else None
+
+    assert "overlap" in wait_for(tiled_false, timeout=120, what="Tiled=False on the Task")["message"]
+    pods = {p["metadata"]["name"] for p in get_json(kubectl, "pods")["items"]}
+    assert "stray-driver" not in pods and {"tiles-0-8-driver", "tiles-8-16-driver"} <= pods
+    assert {s["metadata"]["name"] for s in get_json(kubectl, "taskshards")["items"]} == {
+        "tiles-0-8",
+        "tiles-8-16",
+        "stray",
+    }, "the refused edit created nothing"
+    kubectl("delete", "taskshard", "stray")
+    kubectl("delete", "task", "tiles", "--wait=false")

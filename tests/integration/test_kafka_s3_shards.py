@@ -599,3 +599,29 @@ def test_a_partition_added_to_a_key_partitioned_topic_stops_the_shard(spark, kaf
     assert results == {k: pytest.approx(v) for k, v in ref.sums.items()}
     with pytest.raises(EnvironmentProblem, match="has 3 partitions"):
         ShardRunner(setup.config("kt-0-16", 0, 16, source=source), spark).start()
+
+
+# ---------------------------------------------------------------- storage identity
+
+
+def test_two_tasks_of_one_name_never_share_state_on_a_bucket(spark, kafka_broker, minio, tmp_path):  # spark: S3 env
+    """Same Task name in two namespaces on one bucket and prefix, and a Task re-created over retained storage
+    (a new UID): the second is refused before it reads or writes anything, naming the owner; deleting it with
+    ``checkpointRetention: Delete`` keeps the first Task's state; deleting the first removes it."""
+    from spark_runtime.identity import StorageOwnedByAnotherTask, remove_task_state
+    from spark_runtime.shard import ShardRunner
+
+    setup = Setup(kafka_broker, minio, tmp_path, partitions=1)
+    first = ShardRunner(setup.config("kt-0-16", 0, 16, namespace="team-a", taskUid="uid-a"))
+    assert first.prepare()
+    identity = first.paths.task_dir / "identity.json"
+    assert identity.read_json()["uid"] == "uid-a"
+    for namespace, uid in (("team-b", "uid-b"), ("team-a", "uid-recreated")):
+        other = ShardRunner(setup.config("kt-0-16", 0, 16, namespace=namespace, taskUid=uid))
+        with pytest.raises(StorageOwnedByAnotherTask, match=f"Task team-a/{setup.task} .uid uid-a"):
+            other.prepare()
+    task_uri = first.paths.task_dir.uri()
+    assert remove_task_state(task_uri, "uid-b", minio.endpoint).startswith("kept")
+    assert first.paths.lineage.exists(), "the other Task's cleanup deleted nothing"
+    assert remove_task_state(task_uri, "uid-a", minio.endpoint).startswith("removed")
+    assert not identity.exists() and not first.paths.lineage.exists()

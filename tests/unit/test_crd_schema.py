@@ -127,6 +127,7 @@ def test_transition_rules_cover_the_immutable_fields():
     tasks, shards = "taskshard.io_tasks.yaml", "taskshard.io_taskshards.yaml"
     assert {
         (tasks, "<root>.spec.maxKeyGroups"),
+        (tasks, "<root>.spec.initialShards"),  # scale by splitting, not by re-tiling a live Task
         (tasks, "<root>.spec.keyField"),
         (tasks, "<root>.spec.storage"),
         (tasks, "<root>.spec.source"),  # no journal <-> kafka switch with partitionedByKey

@@ -74,11 +74,13 @@ def test_build_shard_config_golden_and_valid_for_the_runtime():
         key_groups=R(0, 64),
         spec=spec(),
         restore_from={"parent": "orders-0-128", "manifest": "/data/state/orders/shards/x/manifest.json"},
+        task_uid="6f1c-uid",
     )
     assert config == {
         "task": "orders",
         "shard": "orders-0-64",
         "namespace": "ns1",
+        "taskUid": "6f1c-uid",
         "maxKeyGroups": 128,
         "keyGroups": {"start": 0, "end": 64},
         "keyField": "key",
@@ -293,7 +295,7 @@ def test_executor_manifests():
 def test_cleanup_pod():
     pod = builders.build_cleanup_pod(task="orders", spec=spec(checkpointRetention="Delete"))
     assert pod["metadata"]["name"] == "orders-cleanup"
-    assert "/data/state/orders" in pod["spec"]["containers"][0]["command"][2]
+    assert "remove_task_state('/data/state/orders', None, None)" in pod["spec"]["containers"][0]["command"][2]
     assert pod["spec"]["volumes"] == [
         {"name": "tmp", "emptyDir": {}},
         {"name": "storage", "hostPath": {"path": "/srv/taskshard", "type": "DirectoryOrCreate"}},
@@ -308,9 +310,10 @@ def test_cleanup_pod():
 
 def test_cleanup_pod_on_s3_deletes_the_task_prefix_with_the_secrets_credentials():
     s3 = {"s3": {**S3_STORAGE["s3"], "prefix": "prod/"}}
-    pod = builders.build_cleanup_pod(task="orders", spec=TaskSpec.from_k8s({**SPEC, "storage": s3}))
+    pod = builders.build_cleanup_pod(task="orders", spec=TaskSpec.from_k8s({**SPEC, "storage": s3}), task_uid="u-1")
     container = pod["spec"]["containers"][0]
-    assert "remove_tree('s3a://bkt/prod/orders', 'http://minio:9000')" in container["command"][2]
+    # Only this Task's state (identity.json with its uid, or none) is removed.
+    assert "remove_task_state('s3a://bkt/prod/orders', 'u-1', 'http://minio:9000')" in container["command"][2]
     assert container["env"] == CREDENTIALS_ENV
     assert pod["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {}}]  # no storage volume: S3 only
     assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]

@@ -18,6 +18,7 @@ from taskshard_operator.planner import (
     plan_roll,
     plan_split,
     plan_task_shards,
+    range_conflicts,
     task_phase,
 )
 
@@ -126,6 +127,30 @@ def test_tiling_errors_are_reported():
         view("t-64-128", 64, 128, P.PENDING, restored=True),
     ]
     assert plan_task_shards(task="t", max_key_groups=128, initial_shards=1, shards=shards).tiling_error is None
+
+
+def test_an_edited_initial_shards_creates_nothing_that_would_overlap():
+    """initialShards 2 -> 4 on a live Task: [0, 32), [32, 64), ... would overlap the running halves. The CRD
+    refuses the edit; should one get through (an older CRD), the planner still creates nothing."""
+    running = [view("t-0-64", 0, 64), view("t-64-128", 64, 128)]
+    plan = plan_task_shards(task="t", max_key_groups=128, initial_shards=4, shards=running)
+    assert plan.create == ()
+    assert plan.tiling_error and "overlap [0, 32) between [0, 32) and [0, 64)" in plan.tiling_error
+
+
+def test_a_shard_starts_no_pod_over_a_range_another_shard_owns():
+    running = [view("t-0-64", 0, 64), view("t-64-128", 64, 128)]
+    stray = view("stray", 32, 96, P.PENDING)
+    assert [c.name for c in range_conflicts(stray, [*running, stray])] == ["t-0-64", "t-64-128"]
+    # The running shards conflict with the stray too: a replacement pod for either waits until it is gone.
+    assert [c.name for c in range_conflicts(running[0], [*running, stray])] == ["stray"]
+    assert range_conflicts(running[0], running) == []
+    # A standby child overlaps only its draining parent, which it waits for: no conflict.
+    parent = view("t-0-64", 0, 64, P.DRAINING)
+    child = view("t-0-32", 0, 32, P.PENDING, restored=True, parent="t-0-64")
+    assert range_conflicts(child, [parent, child, running[1]]) == []
+    # A split parent (phase Split) owns nothing any more.
+    assert range_conflicts(running[0], [view("old", 0, 128, P.SPLIT), *running]) == []
 
 
 @pytest.mark.parametrize("parent_phase", [P.SPLIT_REQUESTED, P.DRAINING, P.DRAINED])

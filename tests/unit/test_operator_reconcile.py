@@ -15,7 +15,8 @@ from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import naming
 from taskshard_operator.planner import owners
 from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
-from taskshard_operator.reconcile_task import reconcile_task, shard_views
+from taskshard_operator.reconcile_task import reconcile_task
+from taskshard_operator.views import shard_views
 
 pytestmark = pytest.mark.unit
 
@@ -225,7 +226,11 @@ def assert_no_overlap(ranges: list[KeyGroupRange]) -> None:
         assert a.end <= b.start, f"two running shard pods own key groups of {a} and {b}"
 
 
-def converge(kube: FakeKube, events: list, *, passes: int = 60, backoff: Backoff | None = None) -> None:
+def converge(
+    kube: FakeKube, events: list, *, passes: int = 60, backoff: Backoff | None = None, owners_tile: bool = True
+) -> None:
+    """Operator passes and world steps until nothing changes; no two pods ever process the same key groups, and
+    (``owners_tile``, unless a test makes an overlapping TaskShard by hand) no two shards own them."""
     backoff = backoff or Backoff(base=0.0)
     batch: dict[str, int] = {}
     for _ in range(passes):
@@ -234,7 +239,8 @@ def converge(kube: FakeKube, events: list, *, passes: int = 60, backoff: Backoff
         for name in list(kube.shards()):
             reconcile_shard(kube, NS, name, emit=lambda *a: events.append(a), backoff=backoff)
             assert_no_overlap(running_ranges(kube))
-            assert_no_overlap(owner_ranges(kube))
+            if owners_tile:
+                assert_no_overlap(owner_ranges(kube))
         world_step(kube, batch)
         assert_no_overlap(running_ranges(kube))
         if json.dumps(sorted((repr(k), v) for k, v in kube.objects.items()), sort_keys=True, default=str) == before:
@@ -276,6 +282,51 @@ def test_task_creates_shards_and_pods_run():
     assert task["status"]["phase"] == "Running" and task["status"]["shards"] == 2
     conds = {c["type"]: c["status"] for c in task["status"]["conditions"]}
     assert conds == {"Ready": "True", "Progressing": "False", "Degraded": "False", "Tiled": "True"}
+
+
+def test_an_edited_initial_shards_and_a_stray_shard_never_get_a_pod():
+    """Tiling is enforced, not reported: initialShards edited on a live Task creates nothing, and a TaskShard made
+    by hand (no labels, only a taskRef) over owned key groups gets no pod; the Task says Tiled=False."""
+    kube = new_world({**SPEC, "initialShards": 2})
+    events: list = []
+    converge(kube, events)
+    kube.patch_custom("tasks", NS, "t", {"spec": {"initialShards": 4}})
+    converge(kube, events)
+    assert set(kube.shards()) == {"t-0-8", "t-8-16"}, "no shard over an owned range"
+    task = kube.objects[("tasks", "t")]
+    tiled = {c["type"]: c for c in task["status"]["conditions"]}["Tiled"]
+    assert tiled["status"] == "False" and "overlap [0, 4) between [0, 4) and [0, 8)" in tiled["message"]
+    assert [e for e in events if e[2] == "TilingBroken"], "a Warning event says why"
+    kube.patch_custom("tasks", NS, "t", {"spec": {"initialShards": 2}})
+    converge(kube, events)
+
+    kube._new(
+        "taskshards",
+        {
+            "apiVersion": "taskshard.io/v1alpha1",
+            "kind": "TaskShard",
+            "metadata": {"name": "stray"},
+            "spec": {"taskRef": {"name": "t"}, "keyGroups": {"start": 4, "end": 12}},
+        },
+    )
+    converge(kube, events, owners_tile=False)
+    assert "stray-driver" not in kube.pods() and {"t-0-8-driver", "t-8-16-driver"} <= set(kube.pods())
+    stray = kube.shards()["stray"]["status"]
+    conditions = {c["type"]: c for c in stray["conditions"]}
+    assert conditions["Ready"]["reason"] == "RangeOverlap" and conditions["Degraded"]["status"] == "True"
+    assert "t-0-8 [0, 8), t-8-16 [8, 16)" in conditions["Degraded"]["message"]
+    assert len([e for e in events if e[2] == "RangeOverlap"]) == 1, "one event per distinct problem"
+    tiled = {c["type"]: c for c in kube.objects[("tasks", "t")]["status"]["conditions"]}["Tiled"]
+    assert tiled["status"] == "False" and "overlap" in tiled["message"]
+    # A running shard's pod that goes away is not replaced while the stray overlaps it either.
+    kube.delete_pod(NS, "t-0-8-driver")
+    converge(kube, events, owners_tile=False)
+    assert "t-0-8-driver" not in kube.pods()
+    kube.objects.pop(("taskshards", "stray"))
+    converge(kube, events)
+    assert "t-0-8-driver" in kube.pods()
+    tiled = {c["type"]: c for c in kube.objects[("tasks", "t")]["status"]["conditions"]}["Tiled"]
+    assert tiled["status"] == "True"
 
 
 def test_split_protocol_end_to_end():

@@ -124,3 +124,29 @@ def _config(**over):
     }
     base.update(over)
     return base
+
+
+def test_a_task_directory_belongs_to_one_task_uid(tmp_path):
+    """Two Tasks of one name (two namespaces, or a Task re-created over retained storage) never share state: the
+    first start claims the directory, another UID is refused naming the owner and the ways out; the cleanup of
+    one Task never deletes another's state."""
+    from spark_runtime.identity import StorageOwnedByAnotherTask, claim_task_storage, remove_task_state
+
+    task_dir = location(tmp_path / "state" / "orders")
+    assert claim_task_storage(task_dir, task="orders", namespace="ns-a", uid=None) is None  # no uid: no check
+    assert not (tmp_path / "state" / "orders" / "identity.json").exists()
+    first = claim_task_storage(task_dir, task="orders", namespace="ns-a", uid="uid-a")
+    assert first["uid"] == "uid-a" and first["namespace"] == "ns-a"
+    assert claim_task_storage(task_dir, task="orders", namespace="ns-a", uid="uid-a") == first  # every restart
+    (tmp_path / "state" / "orders" / "shards").mkdir()
+    with pytest.raises(StorageOwnedByAnotherTask) as refused:
+        claim_task_storage(task_dir, task="orders", namespace="ns-b", uid="uid-b")
+    problem = refused.value
+    assert problem.reason == "StorageOwnedByAnotherTask" and problem.field == "storage"
+    assert "Task ns-a/orders (uid uid-a" in str(problem) and "Task ns-b/orders (uid uid-b)" in str(problem)
+    assert '"uid": "uid-b"' in str(problem), "says how to adopt the state on purpose"
+    # Deleting ns-b/orders (checkpointRetention: Delete) keeps ns-a's state; deleting ns-a/orders removes it.
+    assert remove_task_state(str(tmp_path / "state" / "orders"), "uid-b").startswith("kept")
+    assert (tmp_path / "state" / "orders" / "shards").is_dir()
+    assert remove_task_state(str(tmp_path / "state" / "orders"), "uid-a").startswith("removed")
+    assert not (tmp_path / "state" / "orders").exists()

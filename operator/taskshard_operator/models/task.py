@@ -650,7 +650,16 @@ class TaskSpec(K8sModel):
         default=1,
         ge=1,
         le=MAX_KEY_GROUPS_LIMIT,
-        description="Shards created with the task (1..maxKeyGroups, default 1); later, split shards to scale.",
+        description="Shards created with the task (1..maxKeyGroups, default 1). Immutable: to scale a running "
+        "task, split a shard (kubectl edit taskshard NAME: spec.split.requested: true).",
+        json_schema_extra=validations(
+            cel(
+                "self == oldSelf",
+                "spec.initialShards is immutable: it only sets the shards a new task starts with, and changing it "
+                "would create shards over ranges that running shards own; to scale, split a shard (kubectl edit "
+                "taskshard NAME: spec.split.requested: true)",
+            )
+        ),
     )
     key_field: str = Field(
         default="key",
