@@ -26,7 +26,9 @@ loss) resumes from the last committed batch: an uncommitted batch is replayed wi
 it, against the state of the previous commit, and its sink file is rewritten with the same content.
 
 Drain (:meth:`ShardRunner.drain`), each step safe to crash in (a restart with the drain request still
-present repeats the drain from the step it reached):
+present repeats the drain from the step it reached, without starting the query again). A query that failed
+(a poison record) does not stop a drain: the failing batch never committed, so steps 4-7 export the last
+committed one and the split finishes; the children, new pods, redo the rest:
 
 1. Persist the request: create ``drain-requested``. From now on the journal source admits no new data, so no
    new micro-batch starts (the running one, if any, finishes).
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -92,6 +95,9 @@ STANDBY_LOG_SECONDS = 60.0
 DRAIN_SUMMARY_NAME = "drained.json"
 """The file name of a final drain's summary (``ShardPaths.drained``); a ``restoreFrom.manifest`` of that name
 puts a split child on standby until it exists."""
+FAIL_BATCH_ENV = "TASKSHARD_FAULT_FAIL_BATCH"
+"""Fault injection for drain tests: every attempt of the named micro-batch fails in ``foreachBatch`` before
+anything of it is written, as a poison record would."""
 TERMINATION_MESSAGE_LIMIT = 4096
 """Kubernetes keeps at most 4096 bytes of a termination message."""
 
@@ -194,6 +200,8 @@ class ShardRunner:
         self._batches_from: int | None = None
         """The last batch committed before this runner's first query start (its later batches are its own)."""
         self.restarts_left = IN_PROCESS_RESTARTS
+        fail_batch = os.environ.get(FAIL_BATCH_ENV, "").strip()
+        self._fail_batch = int(fail_batch) if fail_batch.isdigit() else None
         self._guarded_at = time.monotonic()
         self._stop_problem: EnvironmentProblem | None = None
         """Set when the source's batch guard stopped the query (e.g. ``PartitionCountChanged``); never retried."""
@@ -215,6 +223,13 @@ class ShardRunner:
             return Path(path).read_text(encoding="utf-8").strip().lower() == "true"
         except OSError:
             return False
+
+    def _final_drain_pending(self) -> bool:
+        """A final drain was asked for (the request file) or began in an earlier run (a ``final`` drain marker)."""
+        if self._file_requests_drain():
+            return True
+        marker = self.paths.drain_marker
+        return marker.exists() and marker.read_text().startswith("final")
 
     def drain_requested(self) -> bool:
         if self._file_requests_drain():
@@ -380,8 +395,17 @@ class ShardRunner:
             self._checked = True
 
     def start(self) -> None:
-        """Start the streaming query (fresh, restored or resumed). No-op for an already drained shard."""
+        """Start the streaming query (fresh, restored or resumed). No-op for an already drained shard, and for a
+        shard whose final drain began before this start (a pod restarted mid-drain, e.g. after its query failed on
+        a poison record): it drains from the last committed batch without processing anything again."""
         if not self.prepare():
+            return
+        if self._final_drain_pending():
+            log.warning(
+                "shard %s: its final drain began before this start; draining from the last committed batch "
+                "without starting the query",
+                self.config.shard,
+            )
             return
         while True:
             try:
@@ -473,6 +497,8 @@ class ShardRunner:
     def _write_batch(self, df: Any, batch_id: int) -> None:
         """``foreachBatch``: the source's guard (a mapping that no longer holds stops the shard before anything of
         the batch is written or committed), then the sink."""
+        if self._fail_batch is not None and int(batch_id) == self._fail_batch:
+            raise RuntimeError(f"fault injection: batch {batch_id} fails ({FAIL_BATCH_ENV})")
         if isinstance(self.source, GuardsBatches):
             try:
                 self.source.before_batch(self.spark, int(batch_id))
@@ -645,9 +671,10 @@ class ShardRunner:
         if self.summary is not None:
             return self.summary
         while True:
-            self.poll()
+            # A requested drain comes first: it needs no healthy query (it exports the last committed batch).
             if self.drain_requested():
                 break
+            self.poll()
             if self.available_now and not self.query.isActive:
                 self.poll()
                 self.request_drain("caught up (availableNow)")
@@ -704,7 +731,14 @@ class ShardRunner:
                 self.query.stop()
             exc = self.query.exception()
             if exc is not None:
-                raise ShardFailed(f"streaming query failed before the drain: {exc}")
+                # A failed query (a poison record, a lost dependency) must not make the split impossible: its
+                # failing batch never committed, so the snapshot of the last committed batch is exact, and the
+                # children (new pods, with any template fix) redo the rest. Crash-looping here never ends.
+                log.warning(
+                    "the streaming query failed before or during the drain (%s); exporting the last committed batch %d",
+                    str(exc).splitlines()[0][:300],
+                    last_committed_batch(self.paths.checkpoint),
+                )
             self.poll_after_stop()
             self._recount_unreported_batches()
         # Step 4: the last committed batch and its positions (concrete: a child resumes exactly there).

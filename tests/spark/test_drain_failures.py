@@ -1,0 +1,86 @@
+"""A split can always finish: a shard whose query fails on every attempt of a batch (a poison record; here the
+fault hook ``TASKSHARD_FAULT_FAIL_BATCH``) still drains, exporting its last committed batch, and a pod restarted
+in the middle of its final drain drains without starting its query again (before, both crash-looped forever).
+The children restore from that snapshot and, without the fault (a fixed template), count every event once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_runtime.produce import generate_events
+
+from .conftest import Reference, wait_caught_up, wait_progress
+
+pytestmark = pytest.mark.spark
+
+
+def _failing_root(env, shard_spark, monkeypatch, ref: Reference, events: list):
+    """A root shard that committed batch 0 and whose batch 1 fails on every attempt."""
+    from spark_runtime.shard import FAIL_BATCH_ENV, ShardRunner
+
+    monkeypatch.setenv(FAIL_BATCH_ENV, "1")
+    root = ShardRunner(env.config(0, 16), shard_spark)
+    monkeypatch.delenv(FAIL_BATCH_ENV)
+    env.produce(events[:300])
+    ref.add_all(events[:300])
+    root.start()
+    wait_caught_up(env, [root])
+    assert env.progress(root.config.shard)["batchId"] == 0
+    env.produce(events[300:600])  # batch 1: it fails, every attempt
+    ref.add_all(events[300:600])
+    deadline = time.monotonic() + 90
+    while root.query.exception() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert root.query.exception() is not None and "fault injection: batch 1 fails" in str(root.query.exception())
+    return root
+
+
+def _children_finish_exactly(env, shard_spark, summary: dict, ref: Reference, events: list) -> None:
+    from spark_runtime.shard import ShardRunner
+
+    restore = {"parent": "orders-0-16", "manifest": summary["manifest"]}
+    children = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in ((0, 8), (8, 16))]
+    for child in children:
+        child.start()
+    env.produce(events[600:])
+    ref.add_all(events[600:])
+    wait_caught_up(env, children)
+    assert env.results() == ref.results
+    for child in children:
+        child.drain()
+
+
+def test_a_drain_exports_the_last_committed_batch_when_the_query_failed(make_task, shard_spark, monkeypatch):
+    env = make_task(processor={"builtin": "count"}, max_key_groups=16)
+    ref, events = Reference("count"), list(generate_events(800, 80, seed=31))
+    root = _failing_root(env, shard_spark, monkeypatch, ref, events)
+    root.request_drain("split")
+    summary = root.drain()  # used to raise ShardFailed: the pod exited 1, restarted, failed again, forever
+    assert summary["event"] == "drained" and summary["batchId"] == 0
+    assert not list((env.sink / "shard=orders-0-16").glob("batch-1.*")), "the failed batch wrote nothing visible"
+    _children_finish_exactly(env, shard_spark, summary, ref, events)
+
+
+def test_a_restart_during_a_final_drain_drains_without_processing(make_task, shard_spark, monkeypatch):
+    from spark_runtime.shard import FAIL_BATCH_ENV, ShardRunner
+
+    env = make_task(processor={"builtin": "count"}, max_key_groups=16)
+    ref, events = Reference("count"), list(generate_events(800, 80, seed=37))
+    root = _failing_root(env, shard_spark, monkeypatch, ref, events)
+    # The drain began (its marker is step 1), then the pod died on the failing query, before the summary.
+    root.paths.drain_marker.write_text("final 2026-11-22T00:00:00Z\n")
+    root.stop()
+    monkeypatch.setenv(FAIL_BATCH_ENV, "1")  # the poison record is still there
+    restarted = ShardRunner(env.config(0, 16), shard_spark)
+    summary = restarted.run(poll_interval=0.1)
+    assert restarted.query is None, "the restarted pod did not start its query"
+    assert summary["event"] == "drained" and summary["batchId"] == 0
+    assert json.loads(Path(summary["manifest"]).read_text())["batchId"] == 0
+    assert wait_progress(env, "orders-0-16", lambda p: p["batchId"] == 0)
+    monkeypatch.delenv(FAIL_BATCH_ENV)
+    _children_finish_exactly(env, shard_spark, summary, ref, events)
