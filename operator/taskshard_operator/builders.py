@@ -96,7 +96,7 @@ def build_shard(
         "kind": "TaskShard",
         "metadata": {
             "name": name,
-            "labels": naming.shard_labels(task, name, key_groups),
+            "labels": {**naming.shard_labels(task, name, key_groups), naming.LABEL_ACTIVE: "true"},
             "annotations": {naming.ANNOTATION_TEMPLATE_HASH: template_hash},
         },
         "spec": build_shard_spec(task, key_groups, restore_from),

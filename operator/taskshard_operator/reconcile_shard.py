@@ -51,7 +51,7 @@ from taskshard_operator import status as st
 from taskshard_operator.kube import Kube
 from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.models.task import TaskSpec
-from taskshard_operator.phases import check_transition, parse_phase
+from taskshard_operator.phases import SPLIT_STEPS, TERMINAL, check_transition, parse_phase
 from taskshard_operator.views import shard_views
 
 P = ShardPhase
@@ -168,7 +168,9 @@ class ShardContext:
         current = self.status
         if phase is not None:
             check_transition(self.phase, phase)
-            patch = {**patch, "phase": phase.value}
+            splitting = phase in SPLIT_STEPS and phase != P.SPLIT
+            step = self.cond(st.SPLITTING, splitting, phase.value if splitting else "NotSplitting")
+            patch = {**patch, "phase": phase.value, "conditions": [*patch.get("conditions", []), step]}
         if "conditions" in patch:
             merged = st.set_conditions(current.get("conditions"), *patch["conditions"])
             if st.conditions_equal(merged, current.get("conditions")):
@@ -205,6 +207,7 @@ def reconcile_shard(kube: Kube, namespace: str, name: str, *, emit: Emit, backof
     pod_raw = kube.get_pod(namespace, naming.pod_name(name))
     ctx = ShardContext(kube, emit, backoff, namespace, shard, task, None, st.pod_view(pod_raw), pod_raw)
 
+    _sync_active_label(ctx)
     if task is None or task["metadata"].get("deletionTimestamp"):
         return _stop(ctx)
     try:
@@ -228,6 +231,16 @@ def reconcile_shard(kube: Kube, namespace: str, name: str, *, emit: Emit, backof
     elif phase == P.SPLIT:
         _keep_split(ctx)
     # Stopped: terminal, nothing to do.
+
+
+def _sync_active_label(ctx: ShardContext) -> None:
+    """``taskshard.io/active``: "false" once the shard's phase is terminal (Split, Stopped), else "true" (patched
+    only when it differs)."""
+    want = "false" if ctx.phase in TERMINAL else "true"
+    if (ctx.shard["metadata"].get("labels") or {}).get(naming.LABEL_ACTIVE) != want:
+        ctx.kube.patch_custom(
+            naming.SHARD_PLURAL, ctx.namespace, ctx.name, {"metadata": {"labels": {naming.LABEL_ACTIVE: want}}}
+        )
 
 
 def _first_error(e: ValidationError) -> str:

@@ -152,6 +152,12 @@ def reconcile_task(kube: Kube, namespace: str, name: str, *, emit: Emit) -> None
             ),
         ),
         cond(
+            st.SPLITTING,
+            bool(splitting),
+            "ShardsSplitting" if splitting else "NotSplitting",
+            f"splitting: {', '.join(splitting)}" if splitting else "",
+        ),
+        cond(
             st.DEGRADED,
             bool(failed or plan.tiling_error),
             "ShardsFailed" if failed else ("TilingBroken" if plan.tiling_error else "Healthy"),
@@ -185,6 +191,8 @@ def reconcile_task(kube: Kube, namespace: str, name: str, *, emit: Emit) -> None
 def delete_task(kube: Kube, namespace: str, name: str, body: dict[str, Any], *, emit: Emit) -> None:
     """Stop the shard pods, then apply the retention policy. Raises ``kopf.TemporaryError`` while waiting."""
     selector = naming.shard_selector(name)
+    if (body.get("status") or {}).get("phase") != TaskPhase.STOPPING.value:
+        kube.patch_custom_status(naming.TASK_PLURAL, namespace, name, {"phase": TaskPhase.STOPPING.value})
     pods = kube.list_pods(namespace, selector)
     for pod in pods:
         if not pod["metadata"].get("deletionTimestamp"):

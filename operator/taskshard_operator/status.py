@@ -9,7 +9,12 @@ status flips):
 - ``Progressing``: a change is being carried out (pod starting, split step, roll); the reason names it.
 - ``Degraded``: something is wrong and being retried or needs a human (failed pod, invalid spec, broken tiling).
 - ``SplitRejected`` (shard): the current ``spec.split`` was refused; the message names the field and value.
+- ``Splitting``: shard: True from SplitRequested to ChildrenCreated (reason = the step); task: True while any of
+  its shards splits. ``kubectl wait --for=condition=Splitting=false`` waits for a split to finish.
 - ``Tiled`` (task): the active shards tile ``[0, maxKeyGroups)``.
+
+The types each kind gets are ``SHARD_CONDITION_TYPES`` / ``TASK_CONDITION_TYPES``; the CRDs' descriptions are
+generated from them, and a test checks that the reconcilers write exactly those.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ PROGRESSING = ConditionType.PROGRESSING.value
 DEGRADED = ConditionType.DEGRADED.value
 SPLIT_REJECTED = ConditionType.SPLIT_REJECTED.value
 TILED = ConditionType.TILED.value
+SPLITTING = ConditionType.SPLITTING.value
 
 
 def now() -> str:

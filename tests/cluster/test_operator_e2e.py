@@ -163,6 +163,15 @@ def test_demo_two_splits_pod_kill_and_bad_requests(kubectl, operator_process, tm
         task = status(kubectl, "task", "demo")
         assert [s["keyGroups"] for s in task["activeShards"]] == ["0-8", "8-12", "12-16"]
         assert condition(task, "Tiled")["status"] == "True"
+        # After splits, the active label selects exactly the shards that own ranges, and kubectl wait works on
+        # them (split parents are active=false; every shard and the Task carry a Splitting condition).
+        active = "taskshard.io/task=demo,taskshard.io/active=true"
+        names = kubectl("get", "taskshards", "-l", active, "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
+        assert sorted(names) == ["demo-0-8", "demo-12-16", "demo-8-12"]
+        waited = kubectl("wait", "--for=condition=Ready", "taskshards", "-l", active, "--timeout=120s", check=False)
+        assert waited.returncode == 0, waited.stderr
+        waited = kubectl("wait", "--for=condition=Splitting=false", "task/demo", "--timeout=60s", check=False)
+        assert waited.returncode == 0, waited.stderr
 
         # Bad requests: refused with a message naming the field and value; nothing changes.
         before = (shard_phases(kubectl), sorted(running_pods(kubectl)))

@@ -55,6 +55,7 @@ def test_build_shard():
                 "taskshard.io/shard": "orders-0-64",
                 "taskshard.io/key-groups": "0-64",
                 "taskshard.io/component": "shard",
+                "taskshard.io/active": "true",
             },
             "annotations": {"taskshard.io/template-hash": "abc"},
         },

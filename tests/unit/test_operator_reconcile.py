@@ -9,13 +9,14 @@ import copy
 import itertools
 import json
 
+import kopf
 import pytest
 
 from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import naming
 from taskshard_operator.planner import owners
 from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
-from taskshard_operator.reconcile_task import reconcile_task
+from taskshard_operator.reconcile_task import delete_task, reconcile_task
 from taskshard_operator.views import shard_views
 
 pytestmark = pytest.mark.unit
@@ -281,7 +282,13 @@ def test_task_creates_shards_and_pods_run():
     task = kube.objects[("tasks", "t")]
     assert task["status"]["phase"] == "Running" and task["status"]["shards"] == 2
     conds = {c["type"]: c["status"] for c in task["status"]["conditions"]}
-    assert conds == {"Ready": "True", "Progressing": "False", "Degraded": "False", "Tiled": "True"}
+    assert conds == {
+        "Ready": "True",
+        "Progressing": "False",
+        "Degraded": "False",
+        "Tiled": "True",
+        "Splitting": "False",
+    }
 
 
 def test_an_edited_initial_shards_and_a_stray_shard_never_get_a_pod():
@@ -327,6 +334,45 @@ def test_an_edited_initial_shards_and_a_stray_shard_never_get_a_pod():
     assert "t-0-8-driver" in kube.pods()
     tiled = {c["type"]: c for c in kube.objects[("tasks", "t")]["status"]["conditions"]}["Tiled"]
     assert tiled["status"] == "True"
+
+
+def test_the_status_vocabulary_is_what_the_crds_advertise():
+    """Every condition type written on a TaskShard or a Task over a split, refusals and a tiling problem is one
+    the CRD names (its description is generated from the same tuples), and each advertised one is written; the
+    Splitting condition follows the split steps; a split parent is labelled active=false; a Task being deleted
+    is Stopping."""
+    from taskshard_operator.models.common import SHARD_CONDITION_TYPES, TASK_CONDITION_TYPES
+
+    kube = new_world({**SPEC, "checkpointRetention": "Retain"})
+    events: list = []
+    converge(kube, events)
+    splitting_seen: list[tuple[str, str]] = []
+    original = kube.patch_custom_status
+
+    def spy(plural, namespace, name, status):
+        for c in status.get("conditions") or []:
+            if plural == "taskshards" and c["type"] == "Splitting":
+                splitting_seen.append((c["status"], c["reason"]))
+        return original(plural, namespace, name, status)
+
+    kube.patch_custom_status = spy
+    request_split(kube, "t-0-16", at=99)  # refused: SplitRejected
+    converge(kube, events)
+    request_split(kube, "t-0-16", at=4)
+    converge(kube, events)
+    shard_types = {c["type"] for s in kube.shards().values() for c in s["status"]["conditions"]}
+    task = kube.objects[("tasks", "t")]
+    task_types = {c["type"] for c in task["status"]["conditions"]}
+    assert shard_types == {t.value for t in SHARD_CONDITION_TYPES}
+    assert task_types == {t.value for t in TASK_CONDITION_TYPES}
+    assert ("True", "SplitRequested") in splitting_seen and ("True", "Draining") in splitting_seen
+    parent = kube.shards()["t-0-16"]
+    assert {c["type"]: c["status"] for c in parent["status"]["conditions"]}["Splitting"] == "False"
+    labels = {n: s["metadata"]["labels"]["taskshard.io/active"] for n, s in kube.shards().items()}
+    assert labels == {"t-0-16": "false", "t-0-4": "true", "t-4-16": "true"}
+    with pytest.raises(kopf.TemporaryError):
+        delete_task(kube, NS, "t", kube.objects[("tasks", "t")], emit=lambda *a: events.append(a))
+    assert kube.objects[("tasks", "t")]["status"]["phase"] == "Stopping"
 
 
 def test_split_protocol_end_to_end():

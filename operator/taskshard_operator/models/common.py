@@ -95,6 +95,19 @@ class ConditionType(StrEnum):
     DEGRADED = "Degraded"
 
 
+C = ConditionType
+SHARD_CONDITION_TYPES = (C.READY, C.PROGRESSING, C.DEGRADED, C.SPLITTING, C.SPLIT_REJECTED)
+"""The condition types the operator writes on a TaskShard (and the CRD advertises: generated from this)."""
+TASK_CONDITION_TYPES = (C.READY, C.PROGRESSING, C.DEGRADED, C.TILED, C.SPLITTING)
+"""The condition types the operator writes on a Task (and the CRD advertises: generated from this)."""
+
+
+def enumerate_values(values: object) -> str:
+    """``"A, B or C"`` of enum members or strings, for descriptions generated from the enums."""
+    names = [str(getattr(v, "value", v)) for v in values]  # type: ignore[attr-defined]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
 class Condition(K8sModel):
     """A Kubernetes-style condition (the shape of metav1.Condition)."""
 
@@ -103,7 +116,7 @@ class Condition(K8sModel):
         max_length=316,
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
         r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
-        description="Condition type in CamelCase: Ready, Tiled, Splitting or SplitRejected.",
+        description=f"Condition type: {enumerate_values(ConditionType)}.",
     )
     status: ConditionStatus = Field(description="Whether the condition holds: True, False or Unknown.")
     observed_generation: int | None = Field(

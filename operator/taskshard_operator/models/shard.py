@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
 
 from .base import API_GROUP, API_VERSION, DNS_SUBDOMAIN_PATTERN, K8sModel, cel, validations
-from .common import Condition, KeyGroups, LocalObjectRef
+from .common import SHARD_CONDITION_TYPES, Condition, KeyGroups, LocalObjectRef, enumerate_values
 
 __all__ = [
     "ROOT_RULES",
@@ -260,13 +260,12 @@ class TaskShardStatus(K8sModel):
 
     phase: ShardPhase | None = Field(
         default=None,
-        description="Lifecycle phase: Pending, Running, SplitRequested, Draining, Drained, ChildrenCreated, "
-        "Split, Failed or Stopped.",
+        description=f"Lifecycle phase: {enumerate_values(ShardPhase)}.",
     )
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,
-        description="Conditions of the shard (Ready, Splitting, SplitRejected), one per type.",
+        description=f"Conditions of the shard ({enumerate_values(SHARD_CONDITION_TYPES)}), one per type.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(

@@ -28,7 +28,7 @@ from .base import (
     cel,
     validations,
 )
-from .common import Condition
+from .common import TASK_CONDITION_TYPES, Condition, enumerate_values
 
 __all__ = [
     "BuiltinProcessor",
@@ -734,13 +734,11 @@ class ShardSummary(K8sModel):
 class TaskStatus(K8sModel):
     """Observed state of a Task, written by the operator only (status subresource)."""
 
-    phase: TaskPhase | None = Field(
-        default=None, description="Lifecycle phase: Pending, Running, Splitting, Degraded, Failed or Stopping."
-    )
+    phase: TaskPhase | None = Field(default=None, description=f"Lifecycle phase: {enumerate_values(TaskPhase)}.")
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,
-        description="Conditions of the task (Ready, Tiled, Splitting), one per type.",
+        description=f"Conditions of the task ({enumerate_values(TASK_CONDITION_TYPES)}), one per type.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(
