@@ -10,16 +10,18 @@ The benchmarks (issue 8), each a script that prints its table and writes JSON + 
 1. ``throughput``: ``bench/shard_throughput.py`` (per-shard throughput vs Spark's ``groupBy(key).count()``);
 2. ``split``: ``bench/split_latency.py`` (split request -> both children's first batch, per phase);
 3. ``restore``: ``bench/restore_cost.py`` (restoring half of a 1M-key state vs all of it);
-4. ``scaling``: ``bench/scaling.py`` (1, 2, 4 shards: throughput and read amplification);
+4. ``scaling``: ``bench/scaling.py`` (1, 2, 4, 8 shards, reading everything and partition-nested: throughput,
+   read amplification, CPU per event, a model of shards on their own cores);
 5. ``operator``: ``bench/operator_scale.py`` (500 TaskShards: time, peak memory, slowest handler call);
-6. ``kafka``: ``bench/kafka_read_amplification.py`` (a real Kafka topic read by 1, 2 and 4 shards);
+6. ``kafka``: ``bench/kafka_read_amplification.py`` (a real Kafka topic read by 1, 2, 4 and 8 shards, both modes);
 7. ``split-chain``: ``bench/split_latency.py --mode chain`` (splits next to other running shards; informational);
 8. ``child-cpu``: ``bench/child_cpu.py`` (a fresh split child's CPU by JVM thread and Python process; informational).
 
 They run one after another (never two at once: they would measure each other), each in its own process, with
 the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
 exit code is non-zero if any failed. Results live in ``--out`` (default ``.run/bench``, not committed); the page
-and copies of the plots go to ``docs/benchmarks.md`` and ``docs/benchmarks/``.
+and copies of the plots go to ``docs/benchmarks.md`` and ``docs/benchmarks/``. A benchmark with no results in
+``--out`` (a fresh checkout has none) keeps its section and Targets rows from the page as it was.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,11 +70,11 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
     },
     "scaling": {
         "number": 4,
-        "title": "Scaling with shards and read amplification",
+        "title": "Scaling with shards and read amplification (read everything vs partition-nested)",
         "script": "bench/scaling.py",
         "result": "scaling",
-        "full": ["--events", "1000000", "--shards", "1,2,4"],
-        "quick": ["--events", "300000", "--batches", "5", "--shards", "1,2,4"],
+        "full": ["--events", "1000000", "--shards", "1,2,4,8"],
+        "quick": ["--events", "300000", "--batches", "5", "--shards", "1,2,4,8"],
     },
     "operator": {
         "number": 5,
@@ -83,11 +86,11 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
     },
     "kafka": {
         "number": 6,
-        "title": "Kafka read amplification (issue 7)",
+        "title": "Kafka read amplification and CPU (issue 7; partition-nested: issue 15)",
         "script": "bench/kafka_read_amplification.py",
         "result": "kafka_read_amplification",
-        "full": ["--events", "200000", "--shards", "1,2,4"],
-        "quick": ["--events", "50000", "--shards", "1,2,4"],
+        "full": ["--events", "200000", "--shards", "1,2,4,8"],
+        "quick": ["--events", "50000", "--shards", "1,2,4,8"],
     },
     "split-chain": {
         "number": 7,
@@ -295,19 +298,9 @@ def _findings(key: str, data: dict[str, Any]) -> list[str]:
             f"the range ({half['keyGroups']})."
         )
     elif key == "scaling":
-        res = raw["results"]
-        amps = ", ".join(f"{r['shards']}: {r['readAmplificationBytes']:.2f}" for r in res)
-        out.append(
-            f"Read amplification, measured from committed source positions (shards: bytes read / input): {amps}."
-        )
-        one = next(r for r in res if r["shards"] == 1)
-        for r in res:
-            if r["shards"] != 1:
-                out.append(
-                    f"{r['shards']} shards: {r['speedup']:.2f}x the throughput of one, at "
-                    f"{r['cpuSecondsPerMillion'] / one['cpuSecondsPerMillion']:.1f}x the CPU per input event (every "
-                    "shard parses every event and drops the key groups it does not own)."
-                )
+        out += _scaling_findings(raw)
+    elif key == "kafka":
+        out += _kafka_findings(raw, (data.get("parameters") or {}).get("partitions") or 4)
     elif key == "operator":
         t = raw["timings"]
         inflight = t.get("inflight") or []
@@ -343,6 +336,209 @@ def _findings(key: str, data: dict[str, Any]) -> list[str]:
                 + (f" (load average {load:.1f} on 2 cores during the run)." if load else ".")
             )
     return out
+
+
+MODE_LABELS = {"everything": "read everything", "partitioned": "partition-nested"}
+
+
+def _by_mode(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows per mode, by shard count (a result without a mode is from before issue 15: read everything)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        out.setdefault(r.get("mode", "everything"), []).append(r)
+    return {m: sorted(rows, key=lambda r: r["shards"]) for m, rows in out.items()}
+
+
+def _steal(rows: list[dict[str, Any]]) -> str:
+    steal = [r["stealPercent"] for r in rows if r.get("stealPercent") is not None]
+    return f"{min(steal):.1f}-{max(steal):.1f}%" if steal else "not recorded"
+
+
+def _fit(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Least squares ``CPU seconds = shared + shards * perShard`` over ``rows`` (None for fewer than 2 counts)."""
+    pts = [(r["shards"], r["cpuSeconds"]) for r in rows]
+    if len({x for x, _ in pts}) < 2:
+        return None
+    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return {"perShard": slope, "shared": my - slope * mx}
+
+
+def _scaling_findings(raw: dict[str, Any]) -> list[str]:
+    out = []
+    modes = _by_mode(raw["results"])
+    for mode, rows in modes.items():
+        amps = ", ".join(f"{r['shards']}: {r['readAmplificationBytes']:.2f}" for r in rows)
+        cpu = ", ".join(
+            f"{r['shards']}: {r['cpuSecondsPerMillion']:.1f}"
+            + (f" ({r['cpuRatio']:.2f}x)" if r.get("cpuRatio") is not None else "")
+            for r in rows
+        )
+        out.append(
+            f"{MODE_LABELS.get(mode, mode)}: read amplification (bytes read / input bytes, from committed source "
+            f"positions; shards: value) {amps}; CPU seconds per million input events {cpu}."
+        )
+    every, nested = modes.get("everything", []), modes.get("partitioned", [])
+    if every and nested and all("cpuMicrosPerOwnedEvent" in r for r in every + nested):
+        e = ", ".join(f"{r['shards']}: {r['cpuMicrosPerOwnedEvent']['mean']:.0f}" for r in every)
+        n = ", ".join(f"{r['shards']}: {r['cpuMicrosPerOwnedEvent']['mean']:.0f}" for r in nested)
+        out.append(
+            "CPU microseconds per owned event, per shard (mean over the shards): read everything "
+            f"{e}; partition-nested {n}. Reading everything, a shard parses every event and drops the key groups "
+            "it does not own, so its cost per owned event grows with the shard count; nested, it reads only its "
+            "partitions."
+        )
+    models = [r for r in every + nested if (r.get("model") or {}).get("vsOneShard") is not None]
+    if models:
+        u = models[0]["model"]["coresPerShard"]
+        parts = "; ".join(
+            f"{MODE_LABELS[mode]}: "
+            + ", ".join(
+                f"{r['shards']}: {r['model']['eventsPerSecond']:,.0f}/s ({r['model']['vsOneShard']:.2f}x)"
+                for r in rows
+                if r.get("model", {}).get("eventsPerSecond")
+            )
+            for mode, rows in modes.items()
+        )
+        out.append(
+            f"Model, not a measurement (table 2): if each shard had its own {u:.2f} cores (what one shard keeps busy "
+            f"here), the shards together would reach {parts}. Measured on this 2-core machine, where all shards "
+            "share the same cores, more shards cannot be faster than the cores allow: "
+            + "; ".join(
+                f"{MODE_LABELS[mode]} "
+                + ", ".join(f"{r['shards']}: {r['speedup']:.2f}x" for r in rows if r.get("speedup") is not None)
+                for mode, rows in modes.items()
+            )
+            + " the throughput of one shard."
+        )
+    partitions = raw.get("partitions") or 4
+    once = [r for r in nested if r["shards"] <= partitions]
+    fit = _fit(once)
+    if fit:
+        out.append(
+            f"Partition-nested with at most one shard per partition ({', '.join(str(r['shards']) for r in once)} "
+            f"shards: every event read once), the window's CPU fits {fit['shared']:.1f} s shared + "
+            f"{fit['perShard']:.1f} s per shard (least squares): what each shard costs on top of the input's work "
+            "(per-batch planning, state-store commits and the Python source runner, its idle polling at the 200 ms "
+            "trigger, its own JVM's JIT compilation: table 4)."
+        )
+    split = [r.get("keysInTwoKeyGroups") for r in every + nested if r.get("keysInTwoKeyGroups") is not None]
+    if split:
+        out.append(
+            f"Keys whose output records carry two key groups (a split key's state): {sum(split)} over all runs "
+            "(the journal's producer keeps one key in one partition)."
+        )
+    out.append(f"CPU steal during the timed windows: {_steal(every + nested)} of this VM's CPU time (/proc/stat).")
+    return out
+
+
+def _kafka_findings(raw: dict[str, Any], partitions: int) -> list[str]:
+    results = raw.get("results")
+    if not isinstance(results, list):  # before issue 15: {"1": {...}, ..., "inputBytes": n}
+        return []
+    out = []
+    modes = _by_mode(results)
+    for mode, rows in modes.items():
+        out.append(
+            f"{MODE_LABELS.get(mode, mode)}: read amplification (bytes) "
+            + ", ".join(f"{r['shards']}: {r['ampBytes']:.2f}" for r in rows)
+            + "; CPU seconds per million events "
+            + ", ".join(f"{r['shards']}: {r['cpuSecondsPerMillion']:.0f} ({r['cpuRatio']:.2f}x)" for r in rows)
+            + "."
+        )
+    every = {r["shards"]: r for r in modes.get("everything", [])}
+    nested = {r["shards"]: r for r in modes.get("partitioned", [])}
+    once = [r for n, r in sorted(nested.items()) if n <= partitions]
+    fit = _fit(once)
+    if fit:
+        text = (
+            f"Partition-nested with at most one shard per partition ({', '.join(str(r['shards']) for r in once)} "
+            f"shards: the topic read once), the CPU fits {fit['shared']:.1f} s shared + {fit['perShard']:.1f} s per "
+            "shard run (least squares). The shards run one after another with the availableNow trigger, so every "
+            "shard run pays its start and stop (preflight and Kafka metadata, start offsets, query start and "
+            "planning, the commit); a long-running shard pays them once in its life."
+        )
+        if 1 in nested and 4 in nested:
+            net1 = nested[1]["cpuSeconds"] - fit["perShard"]
+            net4 = nested[4]["cpuSeconds"] - 4 * fit["perShard"]
+            text += (
+                f" Net of that fitted per-run cost (arithmetic on the fit, not a measurement), 4 shards vs 1: "
+                f"{net4:.1f} vs {net1:.1f} CPU s ({net4 / net1:.2f}x)."
+            )
+        out.append(text)
+    if every and nested:
+        both = sorted(set(every) & set(nested))
+        out.append(
+            "Partition-nested vs read everything, CPU per event at the same shard count: "
+            + ", ".join(f"{n}: {nested[n]['cpuSeconds'] / every[n]['cpuSeconds']:.2f}x" for n in both)
+            + "."
+        )
+    out.append(f"CPU steal during the runs: {_steal(results)} of this VM's CPU time (/proc/stat).")
+    return out
+
+
+def scaling_guidance(data: dict[str, Any]) -> list[str]:
+    """The scaling section's paragraph on the two modes: what reading everything costs (the measured table, both
+    modes side by side) and when to declare ``partitionedByKey``. Empty for a result without both modes."""
+    try:
+        modes = _by_mode((data.get("raw") or {})["results"])
+        every = {r["shards"]: r for r in modes["everything"]}
+        nested = {r["shards"]: r for r in modes["partitioned"]}
+    except (KeyError, TypeError):
+        return []
+    ns = sorted(set(every) | set(nested))
+
+    def cell(rows: dict[int, dict[str, Any]], n: int, field: str) -> Any:
+        return rows[n][field] if n in rows else None
+
+    table = md_table(
+        [
+            "shards",
+            "read amp. (bytes), read everything",
+            "read amp. (bytes), partition-nested",
+            "CPU s / 1M events, read everything",
+            "CPU s / 1M events, partition-nested",
+        ],
+        [
+            [
+                n,
+                cell(every, n, "readAmplificationBytes"),
+                cell(nested, n, "readAmplificationBytes"),
+                cell(every, n, "cpuSecondsPerMillion"),
+                cell(nested, n, "cpuSecondsPerMillion"),
+            ]
+            for n in ns
+        ],
+    )
+    partitions = (data.get("raw") or {}).get("partitions") or (data.get("parameters") or {}).get("partitions", 4)
+    return [
+        "**What reading everything costs, and when to declare `partitionedByKey`.** Without it every shard reads "
+        "every partition and drops the key groups it does not own: read amplification equals the shard count, and "
+        "so does the source work (parsing every event) per shard, so on one node more shards add CPU, not "
+        f"capacity. Measured side by side ({partitions} partitions):",
+        "",
+        table,
+        "Declare `source.journal.partitionedByKey: true` for a journal written by the runtime's producer "
+        "(`spark_runtime.produce`, `append_events`: a key goes to partition `crc32(key) % partitions`), or "
+        "`source.kafka.partitionedByKey: true` with `partitions: <the topic's partition count>` for a topic keyed "
+        "by the key field (Kafka's default partitioner keeps one key in one partition), with `maxKeyGroups` a "
+        "multiple of the partition count. Each shard then reads only the partitions whose key-group block meets "
+        "its range: amplification 1 up to one shard per partition, and the number of shards per partition beyond "
+        f"that (8 shards over {partitions} partitions read each partition twice), so give the topic at least as "
+        "many partitions as the most shards the Task should ever run. The declaration is a promise about the "
+        "producer: **one key, one partition**. A producer that breaks it (a custom partitioner, a record key "
+        "other than the key field, records produced without a key, a hand-made partition count) puts one key's "
+        "records into two key groups, possibly two shards; each keeps part of that key's state, so its per-key "
+        "results are wrong (each shard's count is a part of the true one, and `results.final_results` keeps one of "
+        "the records) and nothing fails. A changed partition count is caught (the shard stops with "
+        "`PartitionCountChanged`); a misbehaving partitioner is not. To detect it: on the input, "
+        "`groupBy(key).agg(countDistinct(partition))` must be 1 for every key (the Kafka benchmark counts the "
+        "partitions of each key from its producer's delivery reports); on the output, a key whose sink records "
+        "carry two `key_group` values had its state split (this benchmark counts them: `keysInTwoKeyGroups` in "
+        "its JSON). Without that guarantee, keep the default: it is correct for any producer, at the read "
+        "amplification above.",
+        "",
+    ]
 
 
 def section(number: int, title: str, spec: dict[str, Any], out: Path, docs_dir: Path) -> tuple[str, list[dict]]:
@@ -395,23 +591,60 @@ def section(number: int, title: str, spec: dict[str, Any], out: Path, docs_dir: 
     found = findings(spec["key"], data)
     if found:
         lines += ["What the numbers say:", ""] + [f"- {f}" for f in found] + [""]
+    missed = [t for t in targets if not t.get("met") and t.get("why")]
+    if missed:
+        lines += ["Targets missed, and what the time is spent on:", ""]
+        lines += [f"- **missed**: {t['name']}: {t['value']} (target {t['target']}). {t['why']}." for t in missed]
+        lines += [""]
+    if spec["key"] == "scaling":
+        lines += scaling_guidance(data)
     if notes:
         lines += ["How it is measured:", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines), targets
 
 
+def previous_page(page: Path) -> tuple[dict[int, str], dict[int, list[list[Any]]]]:
+    """The sections (``## N. ...`` up to the next ``## ``) and Targets rows of the page as it is now, by benchmark
+    number: a benchmark whose results are not in ``--out`` (a fresh checkout has none) keeps them, so re-running
+    some benchmarks never drops the others from the page."""
+    try:
+        text = page.read_text()
+    except OSError:
+        return {}, {}
+    sections: dict[int, str] = {}
+    rows: dict[int, list[list[Any]]] = {}
+    for chunk in re.split(r"\n(?=## )", text):
+        m = re.match(r"## (\d+)\. ", chunk)
+        if m:
+            sections[int(m.group(1))] = chunk.rstrip() + "\n"
+        elif chunk.startswith("## Targets"):
+            for line in chunk.splitlines():
+                cells = [c.strip() for c in line.strip().strip("|").split("|")]
+                if len(cells) == 5 and cells[0].isdigit():
+                    rows.setdefault(int(cells[0]), []).append([int(cells[0]), *cells[1:]])
+    return sections, rows
+
+
 def write_docs(out: Path, page: Path, quick_default: bool) -> None:
     docs_dir = page.parent / "benchmarks"
     info = machine()
+    old_sections, old_rows = previous_page(page)
     sections = []
     summary_rows = []
     for key, spec in BENCHMARKS.items():
-        text, targets = section(spec["number"], spec["title"], {**spec, "key": key}, out, docs_dir)
+        number = spec["number"]
+        if _read(out / f"{spec['result']}.json") is None and number in old_sections:
+            head, _, rest = old_sections[number].partition("\n")
+            kept = "_Kept from the previous version of this page: the results directory has none of this benchmark._"
+            if kept not in rest:
+                rest = f"\n{kept}\n{rest}"
+            sections.append(f"{head}\n{rest}")
+            summary_rows += old_rows.get(number, [])
+            continue
+        text, targets = section(number, spec["title"], {**spec, "key": key}, out, docs_dir)
         sections.append(text)
         for t in targets:
-            summary_rows.append(
-                [spec["number"], t["name"], t["target"], t["value"], "met" if t.get("met") else "**missed**"]
-            )
+            summary_rows.append([number, t["name"], t["target"], t["value"], "met" if t.get("met") else "**missed**"])
     commands = "\n".join(
         f"{PY} {spec['script']} {' '.join(spec['full'])}   # {spec['number']}. {spec['title']}"
         for spec in BENCHMARKS.values()
