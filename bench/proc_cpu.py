@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import cpu_times
+from common import _ppid_map, cpu_times
 
 __all__ = [
     "CPU_KINDS",
@@ -191,34 +191,12 @@ class ProcessCpuSampler(threading.Thread):
     def machine(self) -> dict[str, float]:
         """Busy, idle and steal seconds of the whole machine between the start and :meth:`finish`, and the
         stolen share of all three in percent (``stealPercent``, None when no time passed)."""
-        after = self.machine_after or MachineCpu()
-        busy = after.busy - self.machine_before.busy
-        idle = after.idle - self.machine_before.idle
-        steal = after.steal - self.machine_before.steal
-        total = busy + idle + steal
-        return {
-            "busy": round(busy, 2),
-            "idle": round(idle, 2),
-            "steal": round(steal, 2),
-            "stealPercent": round(100.0 * steal / total, 1) if total > 0 else None,
-        }
+        return machine_between(self.machine_before, self.machine_after or MachineCpu())
 
 
 GC_THREADS = ("GC Thread", "G1 ", "VM Thread", "VM Periodic")
 """HotSpot's garbage collector and VM threads, by their (truncated) thread names."""
 CPU_KINDS = ("JIT compilers", "GC", "other JVM", "Python")
-
-
-def _ppid_map() -> dict[int, int]:
-    out = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            out[int(d)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    return out
 
 
 def _tree(root: int, children: dict[int, list[int]]) -> list[int]:
