@@ -4,9 +4,9 @@
 
 Takes exactly the arguments of ``python -m taskshard_operator`` and runs the same ``main()``; before that it
 registers the operator's handlers and wraps, in Kopf's default registry, each handler's function with a timer
-(wall time of the call in its executor thread, i.e. what one handler invocation costs, not its queueing), and
-wraps the methods of :class:`taskshard_operator.kube.Kube` (API calls by kind). Every two seconds and at exit
-it writes ``$TASKSHARD_BENCH_TIMINGS`` (also on SIGUSR1)::
+(wall time of the call, i.e. what one handler invocation costs, not its queueing), every reconcile pass of the
+work queue (as ``pass:task`` and ``pass:shard``), and wraps the methods of :class:`taskshard_operator.kube.Kube`
+(API calls by kind). Every two seconds and at exit it writes ``$TASKSHARD_BENCH_TIMINGS`` (also on SIGUSR1)::
 
     {"handlers": {"<id>": {"calls": n, "seconds": total, "max": s, "p50": s, "p99": s,
                             "slowest": [{"seconds": s, "object": "ns/name", "at": unix}, ...]}},
@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import inspect
 import json
 import os
 import signal
@@ -97,20 +98,54 @@ def dump(path: str) -> None:
     os.replace(tmp, path)
 
 
+class _Timed:
+    """Times one call of handler ``hid`` on object ``obj`` (and lists it as in flight meanwhile)."""
+
+    def __init__(self, hid: str, obj: str) -> None:
+        self.hid, self.obj = hid, obj
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+        with _LOCK:
+            self.token = next(_TOKENS)
+            _INFLIGHT[self.token] = (self.hid, self.obj, self.t0)
+
+    def __exit__(self, *_: Any) -> None:
+        with _LOCK:
+            _INFLIGHT.pop(self.token, None)
+        _record_handler(self.hid, time.perf_counter() - self.t0, self.obj)
+
+
 def _timed_handler(hid: str, fn: Any) -> Any:
+    """A timed handler, async if ``fn`` is (Kopf runs async handlers on its loop and sync ones in threads)."""
+
+    def obj(kwargs: dict[str, Any]) -> str:
+        return f"{kwargs.get('namespace') or ''}/{kwargs.get('name') or ''}"
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            with _Timed(hid, obj(kwargs)):
+                return await fn(*args, **kwargs)
+
+        return async_wrapper
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        obj = f"{kwargs.get('namespace') or ''}/{kwargs.get('name') or ''}"
-        t0 = time.perf_counter()
-        with _LOCK:
-            token = next(_TOKENS)
-            _INFLIGHT[token] = (hid, obj, t0)
-        try:
+        with _Timed(hid, obj(kwargs)):
             return fn(*args, **kwargs)
-        finally:
-            with _LOCK:
-                _INFLIGHT.pop(token, None)
-            _record_handler(hid, time.perf_counter() - t0, obj)
+
+    return wrapper
+
+
+def _timed_pass(run: Any) -> Any:
+    """Time every reconcile pass the work queue runs, as handler ``pass:task`` / ``pass:shard``."""
+
+    def wrapper(key: Any) -> Any:
+        kind, namespace, name = key
+        with _Timed(f"pass:{kind}", f"{namespace}/{name}"):
+            return run(key)
 
     return wrapper
 
@@ -148,6 +183,9 @@ def instrument() -> int:
     for name, value in list(vars(Kube).items()):
         if callable(value) and not name.startswith("_"):
             setattr(Kube, name, _timed_method(name, value))
+    from taskshard_operator.handlers.runtime import RUNTIME
+
+    RUNTIME.queue._run = _timed_pass(RUNTIME.queue._run)
     return count
 
 

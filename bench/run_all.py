@@ -303,38 +303,27 @@ def _findings(key: str, data: dict[str, Any]) -> list[str]:
         out += _kafka_findings(raw, (data.get("parameters") or {}).get("partitions") or 4)
     elif key == "operator":
         t = raw["timings"]
-        inflight = t.get("inflight") or []
+        passes = {k: v for k, v in t["handlers"].items() if k.startswith("pass:")}
         out.append(
-            f"{raw['shardsWithPhase']} TaskShards reconciled in {raw['reconciledSeconds']:.1f} s: the Task's pass "
-            f"creates them one after another (all created after {raw['allShardsCreatedSeconds']:.1f} s), then each "
-            f"shard's pass creates its ConfigMap and pod (all pods after {raw['allPodsSeconds']:.1f} s). Peak RSS "
+            f"{raw['shardsWithPhase']} TaskShards reconciled in {raw['reconciledSeconds']:.1f} s (all created after "
+            f"{raw['allShardsCreatedSeconds']:.1f} s, all pods after {raw['allPodsSeconds']:.1f} s). Peak RSS "
             f"{raw['peakRssMiB']} MiB (idle {raw['rssIdleMiB']} MiB)."
         )
-        task_calls = [c for c in inflight if c["handler"] == "task_event"]
-        if task_calls:
-            timer = "task_resync" in t["handlers"]
+        if passes:
+            parts = ", ".join(
+                f"{k}: {v['calls']:,} passes, p50 {v['p50'] * 1000:.1f} ms, max {v['max'] * 1000:.0f} ms"
+                for k, v in sorted(passes.items())
+            )
             out.append(
-                f"The Task's event handler call had not returned after {task_calls[0]['seconds']:.0f} s: the "
-                "coalescer repeats the Task pass as long as shard events keep marking the Task dirty (the "
-                f"{t['handlers'].get('task_shard_event', {}).get('calls', 0):,} task_shard_event calls returned at "
-                "once, each marking it dirty), and each pass lists every TaskShard and pod of the Task. Kopf handles "
-                "the Task's later events after this call returns"
-                + (
-                    "."
-                    if timer
-                    else "; the Task's resync timer never ran (Kopf starts it once the first event is handled)."
-                )
+                "Passes run on the work queue's threads and read the watch-fed cache (no GET of a watched object); "
+                f"the Kopf handlers only enqueue keys. {parts}."
             )
         api = {x[0]: x for x in data["tables"][2]["rows"]}
-        if "get_pod" in api and api["get_pod"][3]:
-            passes = api["get_pod"][3]  # one pod GET per shard pass
-            load = (data.get("load") or {}).get("during", {}).get("mean")
-            out.append(
-                f"Steady state with {raw['shardsWithPhase']} idle shards: {raw['cpuPercentSteady']}% of a core, "
-                f"{passes} shard passes per second (each a GET of the shard, its Task, its pod and its ConfigMap), "
-                f"so each shard's 3 s resync timer actually ran about every {raw['shardsWithPhase'] / passes:.0f} s"
-                + (f" (load average {load:.1f} on 2 cores during the run)." if load else ".")
-            )
+        steady = sum(row[2] for row in api.values())
+        out.append(
+            f"Steady state with {raw['shardsWithPhase']} idle shards: {raw['cpuPercentSteady']}% of a core and "
+            f"{steady} API calls in {raw['steadySeconds']:.0f} s."
+        )
     return out
 
 

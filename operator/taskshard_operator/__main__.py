@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL ('' to disable)"
     )
-    parser.add_argument("--resync-seconds", type=float, default=None, help="safety-net timer interval (default 3)")
+    parser.add_argument("--resync-seconds", type=float, default=None, help="safety-net resync interval (default 300)")
     parser.add_argument("--backoff-base", type=float, default=None, help="pod replacement back-off base seconds")
     parser.add_argument("-v", "--verbose", action="store_true", help="verbose kopf logging")
     parser.add_argument("--debug", action="store_true", help="debug kopf logging")

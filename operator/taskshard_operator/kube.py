@@ -17,6 +17,10 @@ from taskshard_operator import naming
 MERGE_PATCH = "application/merge-patch+json"
 
 
+class Conflict(Exception):
+    """A conditional write found a newer ``resourceVersion`` (HTTP 409): the object changed since it was read."""
+
+
 def load_config() -> None:
     """In-cluster credentials when running in a pod, else the kubeconfig (``KUBECONFIG`` or ~/.kube/config)."""
     try:
@@ -67,16 +71,22 @@ class Kube:
             naming.DOMAIN, naming.API_VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH
         )
 
-    def patch_custom_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.patch_namespaced_custom_object_status(
-            naming.DOMAIN,
-            naming.API_VERSION,
-            namespace,
-            plural,
-            name,
-            {"status": status},
-            _content_type=MERGE_PATCH,
-        )
+    def patch_custom_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any], *, resource_version: str | None = None
+    ) -> dict[str, Any]:
+        """Merge-patch ``status``; with ``resource_version`` the write is conditional (raises :class:`Conflict`
+        when the object changed since that version was read)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            return self.custom.patch_namespaced_custom_object_status(
+                naming.DOMAIN, naming.API_VERSION, namespace, plural, name, body, _content_type=MERGE_PATCH
+            )
+        except ApiException as e:
+            if e.status == 409 and resource_version is not None:
+                raise Conflict(f"{plural} {namespace}/{name} changed since version {resource_version}") from e
+            raise
 
     # ------------------------------------------------------------ pods
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -128,20 +138,17 @@ class Kube:
                 return None
             raise
 
-    def apply_configmap(self, namespace: str, body: dict[str, Any]) -> str:
-        """Create the ConfigMap, or patch its data if it differs. Returns "created", "patched" or "unchanged"."""
+    def apply_configmap(self, namespace: str, body: dict[str, Any], *, exists: bool) -> str:
+        """Create the ConfigMap (``exists=False``; one that exists already is patched) or patch its data
+        (``exists=True``, as the cache says). Returns "created" or "patched"; no read."""
         name = body["metadata"]["name"]
-        existing = self.get_configmap(namespace, name)
-        if existing is None:
+        if not exists:
             try:
                 self.core.create_namespaced_config_map(namespace, body)
                 return "created"
             except ApiException as e:
                 if e.status != 409:
                     raise
-                existing = self.get_configmap(namespace, name) or {}
-        if (existing.get("data") or {}) == body["data"]:
-            return "unchanged"
         self.core.patch_namespaced_config_map(name, namespace, {"data": body["data"]}, _content_type=MERGE_PATCH)
         return "patched"
 

@@ -43,7 +43,7 @@ cannot be forced into an inconsistent state by a stale read."""
 SPLIT_STEPS = (P.SPLIT_REQUESTED, P.DRAINING, P.DRAINED, P.CHILDREN_CREATED, P.SPLIT)
 """The split protocol's phases, in order (each is written before the step it names is acted on)."""
 
-TERMINAL = frozenset({P.SPLIT, P.STOPPED})
+TERMINAL = frozenset(p for p in P if p.terminal)
 
 
 class TransitionError(ValueError):
@@ -69,4 +69,4 @@ def check_transition(old: ShardPhase, new: ShardPhase) -> ShardPhase:
 
 def is_splitting(phase: ShardPhase) -> bool:
     """True between an accepted split request and the end of the protocol (Split excluded)."""
-    return phase in SPLIT_STEPS and phase != P.SPLIT
+    return phase.splitting

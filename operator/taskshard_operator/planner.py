@@ -20,7 +20,6 @@ from spark_runtime.keygroups import KeyGroupError, KeyGroupRange, TilingError, c
 from taskshard_operator import naming
 from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.models.task import TaskPhase
-from taskshard_operator.phases import is_splitting
 
 # ---------------------------------------------------------------- split
 
@@ -119,7 +118,7 @@ class ShardView:
         return self.phase.owns_range
 
 
-PARENT_OWNS_RANGE = frozenset({ShardPhase.SPLIT_REQUESTED, ShardPhase.DRAINING, ShardPhase.DRAINED})
+PARENT_OWNS_RANGE = frozenset(p for p in ShardPhase if p.holds_range_for_children)
 """A split parent's phases in which it still owns its range although its children exist (they are on standby)."""
 
 
@@ -127,7 +126,7 @@ def owners(shards: Iterable[ShardView]) -> list[ShardView]:
     """The shards that own their key groups: an owning phase, except children on standby (their parent, present
     in ``shards``, is in :data:`PARENT_OWNS_RANGE`)."""
     shards = list(shards)
-    holding = {s.name for s in shards if s.phase in PARENT_OWNS_RANGE}
+    holding = {s.name for s in shards if s.phase.holds_range_for_children}
     return [s for s in shards if s.active and s.parent not in holding]
 
 
@@ -202,7 +201,7 @@ def task_phase(shards: Iterable[ShardView], *, tiling_error: str | None = None) 
     active = owners(shards)
     if tiling_error is not None or not active:
         return TaskPhase.PENDING if tiling_error is None or not shards else TaskPhase.DEGRADED
-    if any(is_splitting(s.phase) or s.phase == ShardPhase.CHILDREN_CREATED for s in shards):
+    if any(s.phase.splitting for s in shards):
         return TaskPhase.SPLITTING
     if any(s.phase == ShardPhase.FAILED for s in active):
         return TaskPhase.DEGRADED

@@ -1,11 +1,21 @@
-"""One reconcile pass of a TaskShard: observe -> validate -> act, with ``status`` as the write-ahead log.
+"""One pass of a TaskShard: observe -> decide -> act -> write, with ``status`` as the write-ahead log.
 
-:func:`reconcile_shard` is level-based and idempotent: it reads the shard, its Task and its driver pod fresh,
-does at most one protocol step, writes the step to status and returns. It is called by a timer, by shard events
-and by pod events (see ``handlers/``), serialised per shard by a lock in the handlers.
+:func:`reconcile_shard` is level-based and idempotent. It **observes** the shard, its Task, its driver pod and
+ConfigMap (and, when the step needs them, its parent, children and siblings) from the watch-fed cache
+(:mod:`taskshard_operator.cache`, no GET); :func:`decide_shard` **decides** in pure code one protocol step, as a
+:class:`~taskshard_operator.act.Decision` (actions, one status patch, events, when to look again); and
+:func:`~taskshard_operator.act.carry_out` **acts**, then **writes** status once, conditional on the version the
+decision was made from. Passes are serialised per shard by the work queue (``workqueue.py``).
 
-Split protocol (each phase is written to ``status`` *before* the step it names is acted on; a crash anywhere
-leaves a phase from which the next pass continues, and every action is idempotent):
+The split protocol (each phase is written to ``status`` *before* the step it names is acted on; a crash anywhere
+leaves a phase from which the next pass continues, and every action is idempotent)::
+
+    Running ──valid spec.split──> SplitRequested ──children created, pod told──> Draining
+      (write status.split.at,        (children on standby:                       │ container exited 0
+       nothing else)                  their pods warm, processing nothing)       ▼ with a drain summary
+                                                                              Drained (status.finalCheckpoint)
+    Split <──both children seen── ChildrenCreated <──parent pod deleted, children exist──┘
+    (terminal; no pod, no ConfigMap)   (the children own the halves from here)
 
 - Step 1, Running: a valid ``spec.split`` is accepted by writing ``phase: SplitRequested`` and ``status.split.at``
   in one patch (nothing else is touched yet). Crash after: the next pass finds SplitRequested.
@@ -28,43 +38,50 @@ leaves a phase from which the next pass continues, and every action is idempoten
 
 No key group is ever processed by two shards: a child's runtime starts its query only once the parent's drain
 summary exists, and the parent writes it as the last step of a final drain, after stopping its query; a final
-drain is sticky (a restarted parent pod re-reports it and never processes again). Children created by an
-operator version that pointed ``restoreFrom.manifest`` at the manifest itself restore at once, as before (their
-parent had drained when they were created).
+drain is sticky (a restarted parent pod re-reports it and never processes again). A pod is never created for a
+range another shard owns (:func:`taskshard_operator.planner.range_conflicts`). A stale cache can only delay a
+step: the status write is conditional, so a decision made from an old version writes nothing.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 from pydantic import ValidationError
 
+from spark_runtime.config import parse_config
 from spark_runtime.keygroups import KeyGroupRange
-from taskshard_operator import builders, naming, planner
+from taskshard_operator import builders, cache, naming, planner
 from taskshard_operator import status as st
+from taskshard_operator.act import (
+    CRASH_AFTER_PHASE_ENV,
+    ApplyConfigMap,
+    Create,
+    Decision,
+    Delete,
+    Emit,
+    Event,
+    Patch,
+    carry_out,
+)
+from taskshard_operator.act import Backoff as BackoffAction
+from taskshard_operator.cache import Observed
 from taskshard_operator.kube import Kube
 from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.models.task import TaskSpec
-from taskshard_operator.phases import SPLIT_STEPS, TERMINAL, check_transition, parse_phase
+from taskshard_operator.phases import check_transition, parse_phase
 from taskshard_operator.views import shard_views
 
 P = ShardPhase
 
-CRASH_AFTER_PHASE_ENV = "TASKSHARD_CRASH_AFTER_PHASE"
-"""Fault injection for crash tests only: when set to a phase name, the operator process exits (code 137, as if
-SIGKILLed) right after it has persisted that phase and before it acts on it. Never set in production."""
+__all__ = ["CRASH_AFTER_PHASE_ENV", "Backoff", "Emit", "decide_shard", "reconcile_shard", "validate_shard_config"]
 
 STABLE_SECONDS = 60.0
 """A driver container that ran this long resets the pod replacement back-off."""
-
-Emit = Callable[[dict[str, Any], str, str, str], None]
-"""``emit(body, type, reason, message)``: post a Kubernetes Event about ``body`` (``kopf.event`` in production)."""
 
 
 @dataclass
@@ -102,26 +119,25 @@ def validate_shard_config(config: dict[str, Any]) -> None:
 
     Raises ``ValueError`` (``ConfigError``) listing every bad field as ``<path>: <value> is invalid: ...``.
     """
-    try:
-        from spark_runtime.config import parse_config  # noqa: PLC0415 - optional: the runtime may be absent
-    except ImportError:
-        return
     parse_config(config, "the shard config built by the operator")
+
+
+# ---------------------------------------------------------------- the decision being built
 
 
 @dataclass
 class ShardContext:
-    """Everything one pass observed (read once at the start of the pass)."""
+    """One pass's observation of a shard, and the decision being built from it (no I/O)."""
 
-    kube: Kube
-    emit: Emit
-    backoff: Backoff
+    observed: Observed
     namespace: str
     shard: dict[str, Any]
     task: dict[str, Any] | None
     spec: TaskSpec | None
+    task_hash: str | None
     pod: st.PodView
-    pod_raw: dict[str, Any] | None
+    backoff_wait: float
+    decision: Decision
 
     @property
     def name(self) -> str:
@@ -137,7 +153,8 @@ class ShardContext:
 
     @property
     def status(self) -> dict[str, Any]:
-        return self.shard.get("status") or {}
+        """The observed status with the fields this pass has decided to write."""
+        return {**(self.shard.get("status") or {}), **self.decision.status}
 
     @property
     def phase(self) -> ShardPhase:
@@ -160,90 +177,96 @@ class ShardContext:
     def template_hash(self) -> str:
         """The template this shard should run: its roll annotation, else the Task's current one."""
         annotations = self.shard["metadata"].get("annotations") or {}
-        return annotations.get(naming.ANNOTATION_TEMPLATE_HASH) or builders.template_hash(self.spec)
+        return annotations.get(naming.ANNOTATION_TEMPLATE_HASH) or self.task_hash
 
-    # ------------------------------------------------------------ writes
+    # ------------------------------------------------------------ the decision
     def write(self, patch: dict[str, Any], *, phase: ShardPhase | None = None) -> None:
-        """Patch status (and the phase, checked against the phase machine); skip when nothing changes."""
-        current = self.status
+        """Add ``patch`` to the status write (the phase checked against the phase machine); only fields that
+        change are kept. A phase change adds the Splitting condition and a Normal event."""
+        observed = self.shard.get("status") or {}
+        before = self.phase
         if phase is not None:
-            check_transition(self.phase, phase)
-            splitting = phase in SPLIT_STEPS and phase != P.SPLIT
-            step = self.cond(st.SPLITTING, splitting, phase.value if splitting else "NotSplitting")
+            check_transition(before, phase)
+            step = self.cond(st.SPLITTING, phase.splitting, phase.value if phase.splitting else "NotSplitting")
             patch = {**patch, "phase": phase.value, "conditions": [*patch.get("conditions", []), step]}
         if "conditions" in patch:
-            merged = st.set_conditions(current.get("conditions"), *patch["conditions"])
-            if st.conditions_equal(merged, current.get("conditions")):
-                patch = {k: v for k, v in patch.items() if k != "conditions"}
+            merged = st.set_conditions(self.status.get("conditions"), *patch["conditions"])
+            patch = {**patch, "conditions": merged}
+        for key, value in patch.items():
+            same = st.conditions_equal(value, observed.get(key)) if key == "conditions" else observed.get(key) == value
+            if same:
+                self.decision.status.pop(key, None)
             else:
-                patch = {**patch, "conditions": merged}
-        changed = {k: v for k, v in patch.items() if current.get(k) != v}
-        if not changed:
-            return
-        result = self.kube.patch_custom_status(naming.SHARD_PLURAL, self.namespace, self.name, changed)
-        self.shard = result or {**self.shard, "status": {**current, **changed}}
-        if phase is not None and phase.value == os.environ.get(CRASH_AFTER_PHASE_ENV) and "phase" in changed:
-            print(f"[fault injection] {self.name}: exiting after writing phase {phase.value}", flush=True)
-            os._exit(137)
-        if phase is not None and phase != parse_phase(current.get("phase")) and current.get("phase") is not None:
-            self.emit(
-                self.shard,
-                "Normal",
-                f"Phase{phase.value}",
-                f"{self.name}: phase {current.get('phase')} -> {phase.value}",
-            )
+                self.decision.status[key] = value
+        if phase is not None and phase != before and "phase" in self.decision.status:
+            self.decision.new_phase = phase.value
+            if observed.get("phase") is not None:
+                self.event("Normal", f"Phase{phase.value}", f"{self.name}: phase {before.value} -> {phase.value}")
 
     def cond(self, type_: str, ok: bool, reason: str, message: str = "") -> dict[str, Any]:
         return st.condition(type_, ok, reason, message, generation=self.generation)
 
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.decision.events.append(Event(type_, reason, message))
 
-def reconcile_shard(kube: Kube, namespace: str, name: str, *, emit: Emit, backoff: Backoff) -> None:
-    """One pass for the TaskShard ``namespace/name`` (see the module docstring)."""
-    shard = kube.get_custom(naming.SHARD_PLURAL, namespace, name)
+    def do(self, action: Any) -> None:
+        self.decision.actions.append(action)
+
+
+# ---------------------------------------------------------------- observe -> decide -> act
+
+
+def reconcile_shard(kube: Kube, observed: Observed, namespace: str, name: str, *, emit: Emit, backoff: Backoff):
+    """One pass for the TaskShard ``namespace/name`` (see the module docstring). Returns seconds until the shard
+    wants another pass (a back-off expiring), or None."""
+    decision = decide_shard(observed, namespace, name, backoff_wait=backoff.ready)
+    if decision is None:
+        return None
+    return carry_out(kube, observed, decision, emit=emit, backoff=backoff)
+
+
+def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=lambda uid: 0.0) -> Decision | None:
+    """The pure part of a pass: what to do for the shard, from the cache alone. None: nothing (shard gone)."""
+    shard = observed.shard(namespace, name)
     if shard is None or shard["metadata"].get("deletionTimestamp"):
-        return
+        return None
     task_name = shard["spec"]["taskRef"]["name"]
-    task = kube.get_custom(naming.TASK_PLURAL, namespace, task_name)
-    pod_raw = kube.get_pod(namespace, naming.pod_name(name))
-    ctx = ShardContext(kube, emit, backoff, namespace, shard, task, None, st.pod_view(pod_raw), pod_raw)
-
+    task = observed.task(namespace, task_name)
+    ctx = ShardContext(
+        observed=observed,
+        namespace=namespace,
+        shard=shard,
+        task=task,
+        spec=None,
+        task_hash=None,
+        pod=observed.pod(namespace, name),
+        backoff_wait=backoff_wait(shard["metadata"].get("uid", name)),
+        decision=Decision(naming.SHARD_PLURAL, shard),
+    )
     _sync_active_label(ctx)
     if task is None or task["metadata"].get("deletionTimestamp"):
-        return _stop(ctx)
-    try:
-        ctx.spec = TaskSpec.from_k8s(task.get("spec") or {})
-    except ValidationError as e:
-        message = f"Task {task_name} has an invalid spec, the shard waits for a fix: {_first_error(e)}"
+        _stop(ctx)
+        return ctx.decision
+    parsed = observed.task_spec(task)
+    if parsed.error is not None:
+        message = f"Task {task_name} has an invalid spec, the shard waits for a fix: {first_error(parsed.error)}"
         ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "InvalidTaskSpec", message)]})
-        return
-
-    phase = ctx.phase
-    if phase in (P.PENDING, P.RUNNING, P.FAILED):
-        _reconcile_active(ctx)
-    elif phase == P.SPLIT_REQUESTED:
-        _step_request_drain(ctx)
-    elif phase == P.DRAINING:
-        _step_await_drain(ctx)
-    elif phase == P.DRAINED:
-        _step_create_children(ctx)
-    elif phase == P.CHILDREN_CREATED:
-        _step_finish_split(ctx)
-    elif phase == P.SPLIT:
-        _keep_split(ctx)
-    # Stopped: terminal, nothing to do.
+        return ctx.decision
+    ctx.spec, ctx.task_hash = parsed.spec, parsed.template_hash
+    STEPS[ctx.phase](ctx)
+    return ctx.decision
 
 
 def _sync_active_label(ctx: ShardContext) -> None:
     """``taskshard.io/active``: "false" once the shard's phase is terminal (Split, Stopped), else "true" (patched
     only when it differs)."""
-    want = "false" if ctx.phase in TERMINAL else "true"
+    want = "false" if ctx.phase.terminal else "true"
     if (ctx.shard["metadata"].get("labels") or {}).get(naming.LABEL_ACTIVE) != want:
-        ctx.kube.patch_custom(
-            naming.SHARD_PLURAL, ctx.namespace, ctx.name, {"metadata": {"labels": {naming.LABEL_ACTIVE: want}}}
-        )
+        ctx.do(Patch(naming.SHARD_PLURAL, ctx.name, {"metadata": {"labels": {naming.LABEL_ACTIVE: want}}}))
 
 
-def _first_error(e: ValidationError) -> str:
+def first_error(e: ValidationError) -> str:
+    """The first validation error as ``spec.<field>: <message>``."""
     err = e.errors()[0]
     loc = ".".join(str(p) for p in err.get("loc", ()))
     return f"spec.{loc}: {err.get('msg')}" if loc else str(err.get("msg"))
@@ -252,10 +275,71 @@ def _first_error(e: ValidationError) -> str:
 # ---------------------------------------------------------------- Pending / Running / Failed
 
 
-def _ensure_config(ctx: ShardContext) -> bool:
-    """Create or patch the ConfigMap (and the driver Service with executors). False when the config is invalid.
+def _reconcile_active(ctx: ShardContext) -> None:
+    """Pending, Running, Failed: the split request first, then the config, the pod, and the pod's state mirrored."""
+    if _observe_split_request(ctx):
+        return
+    if not _ensure_config(ctx):
+        return
+    if _replace_or_create_pod(ctx):
+        return
+    _mirror_pod(ctx)
 
-    An existing ConfigMap is patched only once the shard was told to run the Task's current template (the roll
+
+def _base_patch(ctx: ShardContext) -> dict[str, Any]:
+    patch: dict[str, Any] = {"pod": naming.pod_name(ctx.name)}
+    if ctx.restore_from and ctx.status.get("lineage") is None:
+        patch["lineage"] = {"parent": ctx.restore_from["parent"]}
+    return patch
+
+
+def _keep_phase(ctx: ShardContext) -> ShardPhase:
+    """The phase while a pod is not running yet: Failed stays Failed, anything else is Pending."""
+    return P.FAILED if ctx.phase == P.FAILED else P.PENDING
+
+
+def _observe_split_request(ctx: ShardContext) -> bool:
+    """Step A: ``spec.split``, once per generation, decided before any pod action (a refusal changes nothing).
+    True when the pass ends here."""
+    if ctx.generation == ctx.status.get("observedGeneration"):
+        return False
+    decision = planner.plan_split(
+        shard=ctx.name, key_groups=ctx.key_groups, phase=ctx.phase, split=ctx.shard["spec"].get("split")
+    )
+    if isinstance(decision, planner.SplitAccepted):
+        low, high = planner.child_names(ctx.task_name, decision.children)
+        message = f"split accepted at key group {decision.at}: {ctx.name} -> {low} + {high}"
+        ctx.write(
+            {
+                "observedGeneration": ctx.generation,
+                "split": {"at": decision.at, "acceptedTime": st.now()},
+                "conditions": [
+                    ctx.cond(st.PROGRESSING, True, "SplitRequested", message),
+                    ctx.cond(st.SPLIT_REJECTED, False, "Accepted", message),
+                ],
+            },
+            phase=P.SPLIT_REQUESTED,
+        )
+        ctx.event("Normal", "SplitAccepted", message)
+        return True
+    if isinstance(decision, planner.SplitRefused):
+        ctx.write(
+            {
+                "observedGeneration": ctx.generation,
+                "conditions": [ctx.cond(st.SPLIT_REJECTED, True, "InvalidSplitRequest", decision.message)],
+            }
+        )
+        ctx.event("Warning", "SplitRejected", decision.message)
+        return True
+    ctx.write({"observedGeneration": ctx.generation})
+    return False
+
+
+def _ensure_config(ctx: ShardContext) -> bool:
+    """Step B: the ConfigMap, applied only when its content differs from the cached one. False (and Degraded)
+    when the config is invalid.
+
+    An existing ConfigMap is replaced only once the shard was told to run the Task's current template (the roll
     reached it), so a not-yet-rolled shard whose container restarts in place keeps its old config.
     """
     config = builders.build_shard_config(
@@ -265,45 +349,32 @@ def _ensure_config(ctx: ShardContext) -> bool:
         key_groups=ctx.key_groups,
         spec=ctx.spec,
         restore_from=ctx.restore_from,
-        task_created=((ctx.task or {}).get("metadata") or {}).get("creationTimestamp"),
-        task_uid=((ctx.task or {}).get("metadata") or {}).get("uid"),
+        task_created=(ctx.task or {}).get("metadata", {}).get("creationTimestamp"),
+        task_uid=(ctx.task or {}).get("metadata", {}).get("uid"),
     )
+    cm = builders.build_configmap(
+        task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups, config=config, spec=ctx.spec
+    )
+    have = ctx.observed.configmap_digest(ctx.namespace, ctx.name)
+    if have == cache.data_digest(cm["data"]):
+        return True  # exactly this config is applied (and was validated before it was)
     try:
         validate_shard_config(config)
     except ValueError as e:
         message = f"the shard runtime config built from Task {ctx.task_name} is invalid: {e}"
         ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "InvalidShardConfig", message)]})
         return False
-    cm = builders.build_configmap(
-        task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups, config=config, spec=ctx.spec
-    )
-    kopf.adopt(cm, owner=ctx.shard)
-    if ctx.template_hash == builders.template_hash(ctx.spec):
-        ctx.kube.apply_configmap(ctx.namespace, cm)
-    elif ctx.kube.get_configmap(ctx.namespace, cm["metadata"]["name"]) is None:
-        ctx.kube.apply_configmap(ctx.namespace, cm)
-    if builders.executor_instances(ctx.spec) > 0:
-        svc = builders.build_executor_service(task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups)
-        kopf.adopt(svc, owner=ctx.shard)
-        ctx.kube.ensure_service(ctx.namespace, svc)
+    if have is None or ctx.template_hash == ctx.task_hash:
+        kopf.adopt(cm, owner=ctx.shard)
+        ctx.do(ApplyConfigMap(cm, exists=have is not None))
     return True
 
 
-def _standby_parent(ctx: ShardContext) -> str | None:
-    """For a split child still in Pending: its parent's name while the parent owns the range (the split is
-    between SplitRequested and Drained), else None. A child that was Running once never asks again (a split
-    only moves forward)."""
-    if not ctx.restore_from or ctx.phase != P.PENDING:
-        return None
-    parent = ctx.kube.get_custom(naming.SHARD_PLURAL, ctx.namespace, ctx.restore_from["parent"])
-    if parent is None:
-        return None
-    if parse_phase((parent.get("status") or {}).get("phase")) in planner.PARENT_OWNS_RANGE:
-        return ctx.restore_from["parent"]
-    return None
-
-
 def _create_pod(ctx: ShardContext, *, drain: bool, restarts_base: int) -> None:
+    if builders.executor_instances(ctx.spec) > 0:
+        svc = builders.build_executor_service(task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups)
+        kopf.adopt(svc, owner=ctx.shard)
+        ctx.do(Create("services", svc))
     pod = builders.build_pod(
         task=ctx.task_name,
         shard=ctx.name,
@@ -314,138 +385,103 @@ def _create_pod(ctx: ShardContext, *, drain: bool, restarts_base: int) -> None:
         restarts_base=restarts_base,
     )
     kopf.adopt(pod, owner=ctx.shard)
-    if ctx.kube.create_pod(ctx.namespace, pod) is not None:
-        ctx.emit(ctx.shard, "Normal", "PodCreated", f"created driver pod {pod['metadata']['name']}")
+    name = pod["metadata"]["name"]
+    ctx.do(Create("pods", pod, announce=Event("Normal", "PodCreated", f"created driver pod {name}")))
 
 
-def _reconcile_active(ctx: ShardContext) -> None:
-    pod, phase = ctx.pod, ctx.phase
-    lineage = {"parent": ctx.restore_from["parent"]} if ctx.restore_from else None
-    base_patch: dict[str, Any] = {"pod": naming.pod_name(ctx.name)}
-    if lineage and ctx.status.get("lineage") is None:
-        base_patch["lineage"] = lineage
-
-    # Step A: the split request, once per generation (decided before any pod action, so a refusal changes nothing).
-    if ctx.generation != ctx.status.get("observedGeneration"):
-        decision = planner.plan_split(
-            shard=ctx.name, key_groups=ctx.key_groups, phase=phase, split=ctx.shard["spec"].get("split")
-        )
-        if isinstance(decision, planner.SplitAccepted):
-            low, high = planner.child_names(ctx.task_name, decision.children)
-            message = f"split accepted at key group {decision.at}: {ctx.name} -> {low} + {high}"
-            ctx.write(
-                {
-                    "observedGeneration": ctx.generation,
-                    "split": {"at": decision.at, "acceptedTime": st.now()},
-                    "conditions": [
-                        ctx.cond(st.PROGRESSING, True, "SplitRequested", message),
-                        ctx.cond(st.SPLIT_REJECTED, False, "Accepted", message),
-                    ],
-                },
-                phase=P.SPLIT_REQUESTED,
-            )
-            ctx.emit(ctx.shard, "Normal", "SplitAccepted", message)
-            return
-        if isinstance(decision, planner.SplitRefused):
-            ctx.write(
-                {
-                    "observedGeneration": ctx.generation,
-                    "conditions": [ctx.cond(st.SPLIT_REJECTED, True, "InvalidSplitRequest", decision.message)],
-                }
-            )
-            ctx.emit(ctx.shard, "Warning", "SplitRejected", decision.message)
-            return
-        ctx.write({"observedGeneration": ctx.generation})
-
-    # Step B: config (an invalid one stops here with a Degraded condition, no crash loop).
-    if not _ensure_config(ctx):
-        return
-
-    # Step C: the pod. Missing -> create (a replacement waits for the back-off); finished -> replace. Never for a
-    # range another shard owns (a stray or overlapping TaskShard): those key groups would be processed twice.
-    if not pod.exists and _refuse_overlap(ctx):
-        return
+def _replace_or_create_pod(ctx: ShardContext) -> bool:
+    """Step C: a missing pod is created (a replacement waits for the back-off), an ended one is deleted (to be
+    replaced), a pod of another template is restarted. Never for a range another shard owns (a stray or
+    overlapping TaskShard): those key groups would be processed twice. True when the pass ends here."""
+    pod = ctx.pod
     if not pod.exists:
+        if _refuse_overlap(ctx):
+            return True
         replacement = ctx.status.get("pod") is not None
         restarts = int(ctx.status.get("restarts") or 0) + (1 if replacement else 0)
+        if replacement and ctx.backoff_wait > 0:
+            message = f"replacing the pod in {ctx.backoff_wait:.0f}s"
+            ctx.write({"conditions": [ctx.cond(st.PROGRESSING, True, "BackOff", message)]}, phase=_keep_phase(ctx))
+            ctx.decision.again_in(ctx.backoff_wait)
+            return True
         if replacement:
-            wait = ctx.backoff.ready(ctx.uid)
-            if wait > 0:
-                ctx.write(
-                    {"conditions": [ctx.cond(st.PROGRESSING, True, "BackOff", f"replacing the pod in {wait:.0f}s")]},
-                    phase=P.FAILED if phase == P.FAILED else P.PENDING,
-                )
-                return
-            ctx.backoff.record(ctx.uid)
+            ctx.do(BackoffAction(ctx.uid))
         _create_pod(ctx, drain=False, restarts_base=restarts)
         ctx.write(
             {
-                **base_patch,
+                **_base_patch(ctx),
                 "restarts": restarts,
                 "conditions": [
                     ctx.cond(st.READY, False, "PodStarting", "driver pod created"),
                     ctx.cond(st.PROGRESSING, True, "PodStarting", "driver pod created, waiting for it to run"),
                 ],
             },
-            phase=P.FAILED if phase == P.FAILED else P.PENDING,
+            phase=_keep_phase(ctx),
         )
-        return
+        return True
     if pod.deleting:
-        ctx.write(
-            {"conditions": [ctx.cond(st.READY, False, "PodTerminating", f"pod {pod.name} is terminating")]},
-            phase=P.FAILED if phase == P.FAILED else P.PENDING,
-        )
-        return
-
-    checkpoint_patch = {}
-    term = pod.terminated or pod.last_terminated
-    if term is not None and term.checkpoint(with_manifest=False):
-        checkpoint_patch["lastCheckpoint"] = term.checkpoint(with_manifest=False)
-
-    # A pod that ended (Failed, or exited 0 without being asked to drain) is replaced: last-state restart.
+        message = f"pod {pod.name} is terminating"
+        ctx.write({"conditions": [ctx.cond(st.READY, False, "PodTerminating", message)]}, phase=_keep_phase(ctx))
+        return True
     if pod.phase in ("Failed", "Succeeded"):
-        why = "failed" if pod.phase == "Failed" else "exited without a split drain request"
-        failure = term.failure if term is not None else None
-        if failure is not None:
-            why += f", last exit code {term.exit_code}: {failure.text}"
-        elif term is not None and term.drained:
-            why += f" after a final drain at batch {term.batch_id} (the drain-request annotation was set)"
-        elif term is not None and (term.message or {}).get("event") == "stopped":
-            why += f" after a SIGTERM stop at batch {term.batch_id} (the new pod resumes from the recovery log)"
-        reason = failure.condition_reason("PodEnded") if failure is not None else "PodEnded"
-        announce = failure is None or not _degraded_shows(ctx, reason, failure.text)
-        ctx.write(
-            {
-                **base_patch,
-                **checkpoint_patch,
-                "restarts": pod.restarts,
-                "conditions": [
-                    ctx.cond(st.READY, False, reason, f"pod {pod.name} {why}; replacing it"),
-                    ctx.cond(st.DEGRADED, True, reason, f"pod {pod.name} {why}; replacing it (last-state restart)"),
-                ],
-            },
-            phase=P.FAILED,
-        )
-        if announce:
-            ctx.emit(ctx.shard, "Warning", reason, f"pod {pod.name} {why}; replacing it")
-        ctx.kube.delete_pod(ctx.namespace, pod.name, uid=(ctx.pod_raw or {}).get("metadata", {}).get("uid"), grace=0)
-        return
-
-    # Roll: the pod runs another template than the shard should run -> last-state restart (delete, recreate).
+        _replace_ended_pod(ctx)
+        return True
     if pod.template_hash != ctx.template_hash:
         message = (
             f"template changed ({pod.template_hash} -> {ctx.template_hash}); restarting {pod.name} from its checkpoint"
         )
+        ctx.do(BackoffAction(ctx.uid, reset=True))
+        ctx.do(Delete("pods", pod.name))
         ctx.write(
-            {**base_patch, "conditions": [ctx.cond(st.PROGRESSING, True, "RollingRestart", message)]},
+            {**_base_patch(ctx), "conditions": [ctx.cond(st.PROGRESSING, True, "RollingRestart", message)]},
             phase=P.PENDING,
         )
-        ctx.emit(ctx.shard, "Normal", "RollingRestart", message)
-        ctx.backoff.reset(ctx.uid)
-        ctx.kube.delete_pod(ctx.namespace, pod.name)
-        return
+        ctx.event("Normal", "RollingRestart", message)
+        return True
+    return False
 
-    # A child whose parent still drains: its pod is warm but processes nothing yet (standby).
+
+def _checkpoint_patch(ctx: ShardContext) -> dict[str, Any]:
+    term = ctx.pod.terminated or ctx.pod.last_terminated
+    checkpoint = term.checkpoint(with_manifest=False) if term is not None else None
+    return {"lastCheckpoint": checkpoint} if checkpoint else {}
+
+
+def _replace_ended_pod(ctx: ShardContext) -> None:
+    """A pod that ended (Failed, or exited 0 without being asked to drain) is replaced: last-state restart."""
+    pod = ctx.pod
+    term = pod.terminated or pod.last_terminated
+    why = "failed" if pod.phase == "Failed" else "exited without a split drain request"
+    failure = term.failure if term is not None else None
+    if failure is not None:
+        why += f", last exit code {term.exit_code}: {failure.text}"
+    elif term is not None and term.drained:
+        why += f" after a final drain at batch {term.batch_id} (the drain-request annotation was set)"
+    elif term is not None and (term.message or {}).get("event") == "stopped":
+        why += f" after a SIGTERM stop at batch {term.batch_id} (the new pod resumes from the recovery log)"
+    reason = failure.condition_reason("PodEnded") if failure is not None else "PodEnded"
+    announce = failure is None or not _degraded_shows(ctx, reason, failure.text)
+    ctx.do(Delete("pods", pod.name, uid=pod.uid, grace=0))
+    ctx.write(
+        {
+            **_base_patch(ctx),
+            **_checkpoint_patch(ctx),
+            "restarts": pod.restarts,
+            "conditions": [
+                ctx.cond(st.READY, False, reason, f"pod {pod.name} {why}; replacing it"),
+                ctx.cond(st.DEGRADED, True, reason, f"pod {pod.name} {why}; replacing it (last-state restart)"),
+            ],
+        },
+        phase=P.FAILED,
+    )
+    if announce:
+        ctx.event("Warning", reason, f"pod {pod.name} {why}; replacing it")
+
+
+def _mirror_pod(ctx: ShardContext) -> None:
+    """Step D: the pod exists and is this template's: its state goes into status (standby, running, failed or
+    starting)."""
+    pod = ctx.pod
     standby_parent = _standby_parent(ctx) if pod.running else None
     if standby_parent:
         message = (
@@ -454,7 +490,7 @@ def _reconcile_active(ctx: ShardContext) -> None:
         )
         ctx.write(
             {
-                **base_patch,
+                **_base_patch(ctx),
                 "restarts": pod.restarts,
                 "conditions": [
                     ctx.cond(st.READY, False, "Standby", message),
@@ -464,16 +500,16 @@ def _reconcile_active(ctx: ShardContext) -> None:
             },
             phase=P.PENDING,
         )
-        return
-
-    # Mirror the pod into status.
-    if pod.running:
-        if pod.running_for() >= STABLE_SECONDS:
-            ctx.backoff.reset(ctx.uid)
+    elif pod.running:
+        running_for = pod.running_for()
+        if running_for >= STABLE_SECONDS:
+            ctx.do(BackoffAction(ctx.uid, reset=True))
+        else:
+            ctx.decision.again_in(STABLE_SECONDS - running_for + 1)
         ctx.write(
             {
-                **base_patch,
-                **checkpoint_patch,
+                **_base_patch(ctx),
+                **_checkpoint_patch(ctx),
                 "restarts": pod.restarts,
                 "conditions": [
                     ctx.cond(st.READY, True, "PodRunning", f"driver pod {pod.name} runs {ctx.key_groups}"),
@@ -484,82 +520,96 @@ def _reconcile_active(ctx: ShardContext) -> None:
             phase=P.RUNNING,
         )
     elif pod.failed:
-        state = pod.waiting_reason or pod.phase or "Failed"
-        failure = term.failure if term is not None else None
-        if failure is not None:
-            reason = failure.condition_reason(state)
-            message = (
-                f"driver pod {pod.name} is {state} (restarts {pod.restarts}), last exit code {term.exit_code}: "
-                f"{failure.text}"
-            )
-            event = reason if reason != state else "PodFailed"
-            announce = not _degraded_shows(ctx, reason, failure.text)
-        else:
-            reason = state
-            message = (
-                f"driver pod {pod.name} is {state} (restarts {pod.restarts}); the kubelet restarts it with back-off"
-            )
-            if term is not None:
-                message += f", last exit code {term.exit_code}"
-            event, announce = "PodFailed", phase != P.FAILED
-        ctx.write(
-            {
-                **base_patch,
-                **checkpoint_patch,
-                "restarts": pod.restarts,
-                "conditions": [
-                    ctx.cond(st.READY, False, reason, message),
-                    ctx.cond(st.DEGRADED, True, reason, message),
-                ],
-            },
-            phase=P.FAILED,
-        )
-        if announce:
-            ctx.emit(ctx.shard, "Warning", event, message)
-    else:
-        keep_phase = P.FAILED if phase == P.FAILED else (P.PENDING if phase == P.PENDING else P.RUNNING)
-        secret = _credentials_secret(ctx.spec)
-        if secret is not None and pod.missing_secret(secret):
-            message = (
-                f"driver pod {pod.name} cannot start: Secret {secret!r} (spec.storage.s3.credentialsSecret) does not "
-                f"exist in namespace {ctx.namespace} or lacks key {' or '.join(builders.S3_CREDENTIAL_KEYS)}; "
-                f"the pod starts once it does (kubelet: {st.truncate(pod.waiting_message or '')})"
-            )
-            announce = not _degraded_shows(ctx, "SecretMissing", message)
-            ctx.write(
-                {
-                    **base_patch,
-                    "conditions": [
-                        ctx.cond(st.READY, False, "SecretMissing", message),
-                        ctx.cond(st.DEGRADED, True, "SecretMissing", message),
-                    ],
-                },
-                phase=keep_phase,
-            )
-            if announce:
-                ctx.emit(ctx.shard, "Warning", "SecretMissing", message)
-            return
+        _mirror_failed_pod(ctx)
+    elif not _missing_secret(ctx):
         message = f"driver pod {pod.name} is {pod.phase}"
         if pod.waiting_reason:
             detail = f": {st.truncate(pod.waiting_message)}" if pod.waiting_message else ""
             message += f" ({pod.waiting_reason}{detail})"
         ctx.write(
-            {**base_patch, "conditions": [ctx.cond(st.READY, False, "PodStarting", message)]},
-            phase=keep_phase,
+            {**_base_patch(ctx), "conditions": [ctx.cond(st.READY, False, "PodStarting", message)]},
+            phase=P.FAILED if ctx.phase == P.FAILED else (P.PENDING if ctx.phase == P.PENDING else P.RUNNING),
         )
 
 
-def _credentials_secret(spec: TaskSpec) -> str | None:
-    """``spec.storage.s3.credentialsSecret``, or None."""
-    s3 = spec.storage.s3
-    return s3.credentials_secret if s3 is not None else None
+def _mirror_failed_pod(ctx: ShardContext) -> None:
+    pod = ctx.pod
+    term = pod.terminated or pod.last_terminated
+    state = pod.waiting_reason or pod.phase or "Failed"
+    failure = term.failure if term is not None else None
+    if failure is not None:
+        reason = failure.condition_reason(state)
+        message = (
+            f"driver pod {pod.name} is {state} (restarts {pod.restarts}), last exit code {term.exit_code}: "
+            f"{failure.text}"
+        )
+        event = reason if reason != state else "PodFailed"
+        announce = not _degraded_shows(ctx, reason, failure.text)
+    else:
+        reason = state
+        message = f"driver pod {pod.name} is {state} (restarts {pod.restarts}); the kubelet restarts it with back-off"
+        if term is not None:
+            message += f", last exit code {term.exit_code}"
+        event, announce = "PodFailed", ctx.phase != P.FAILED
+    ctx.write(
+        {
+            **_base_patch(ctx),
+            **_checkpoint_patch(ctx),
+            "restarts": pod.restarts,
+            "conditions": [ctx.cond(st.READY, False, reason, message), ctx.cond(st.DEGRADED, True, reason, message)],
+        },
+        phase=P.FAILED,
+    )
+    if announce:
+        ctx.event("Warning", event, message)
+
+
+def _missing_secret(ctx: ShardContext) -> bool:
+    """The pod waits for a missing credentials Secret: say so (once as an event). True when that is the case."""
+    pod = ctx.pod
+    s3 = ctx.spec.storage.s3
+    secret = s3.credentials_secret if s3 is not None else None
+    if secret is None or not pod.missing_secret(secret):
+        return False
+    message = (
+        f"driver pod {pod.name} cannot start: Secret {secret!r} (spec.storage.s3.credentialsSecret) does not "
+        f"exist in namespace {ctx.namespace} or lacks key {' or '.join(builders.S3_CREDENTIAL_KEYS)}; "
+        f"the pod starts once it does (kubelet: {st.truncate(pod.waiting_message or '')})"
+    )
+    announce = not _degraded_shows(ctx, "SecretMissing", message)
+    ctx.write(
+        {
+            **_base_patch(ctx),
+            "conditions": [
+                ctx.cond(st.READY, False, "SecretMissing", message),
+                ctx.cond(st.DEGRADED, True, "SecretMissing", message),
+            ],
+        },
+        phase=P.FAILED if ctx.phase == P.FAILED else (P.PENDING if ctx.phase == P.PENDING else P.RUNNING),
+    )
+    if announce:
+        ctx.event("Warning", "SecretMissing", message)
+    return True
+
+
+def _standby_parent(ctx: ShardContext) -> str | None:
+    """For a split child: its parent's name while the parent owns the range (the split is between
+    SplitRequested and Drained), else None. A child cannot have run before its parent handed the range over
+    (a split only moves forward), so this holds in any phase, also after a failed restore rehearsal."""
+    if not ctx.restore_from:
+        return None
+    parent = ctx.observed.shard(ctx.namespace, ctx.restore_from["parent"])
+    if parent is None:
+        return None
+    if parse_phase((parent.get("status") or {}).get("phase")).holds_range_for_children:
+        return ctx.restore_from["parent"]
+    return None
 
 
 def _refuse_overlap(ctx: ShardContext) -> bool:
     """True (and status says why) when another shard of the Task owns key groups of this shard's range, so no pod
-    may start for it (:func:`taskshard_operator.planner.range_conflicts`). One LIST, made only before creating a
-    pod, not on every pass."""
-    views = shard_views(ctx.kube, ctx.namespace, ctx.task_name)
+    may start for it (:func:`taskshard_operator.planner.range_conflicts`). Checked only before creating a pod."""
+    views = shard_views(ctx.observed, ctx.namespace, ctx.task_name)
     me = next((v for v in views if v.name == ctx.name), None)
     conflicts = planner.range_conflicts(me, views) if me is not None else []
     if not conflicts:
@@ -570,7 +620,7 @@ def _refuse_overlap(ctx: ShardContext) -> bool:
         f"Delete the TaskShard that should not exist (kubectl delete taskshard NAME)"
     )
     if not _degraded_shows(ctx, "RangeOverlap", owned):
-        ctx.emit(ctx.shard, "Warning", "RangeOverlap", message)
+        ctx.event("Warning", "RangeOverlap", message)
     ctx.write(
         {
             "conditions": [
@@ -578,7 +628,7 @@ def _refuse_overlap(ctx: ShardContext) -> bool:
                 ctx.cond(st.DEGRADED, True, "RangeOverlap", message),
             ]
         },
-        phase=P.FAILED if ctx.phase == P.FAILED else P.PENDING,
+        phase=_keep_phase(ctx),
     )
     return True
 
@@ -588,7 +638,7 @@ def _degraded_shows(ctx: ShardContext, reason: str, text: str) -> bool:
 
     Decides whether a Warning event is posted: once per distinct error, not on every resync or crash-loop restart.
     """
-    degraded = st.get_condition(ctx.status.get("conditions"), st.DEGRADED)
+    degraded = st.get_condition((ctx.shard.get("status") or {}).get("conditions"), st.DEGRADED)
     return (
         degraded is not None
         and degraded.get("status") == "True"
@@ -600,17 +650,20 @@ def _degraded_shows(ctx: ShardContext, reason: str, text: str) -> bool:
 # ---------------------------------------------------------------- split steps
 
 
+def _annotate_drain(ctx: ShardContext) -> None:
+    ctx.do(Patch("pods", ctx.pod.name, {"metadata": {"annotations": {naming.ANNOTATION_DRAIN: "true"}}}))
+
+
 def _step_request_drain(ctx: ShardContext) -> None:
     """Step 2: SplitRequested -> (create the standby children, annotate the pod) -> Draining."""
-    children = _ensure_children(ctx)
-    if children is None:
+    names = _ensure_children(ctx)
+    if names is None:
         return  # a name collision (reported); the parent keeps processing until it is resolved
-    names = [c["metadata"]["name"] for c in children]
     pod = ctx.pod
     if not pod.exists:
         _create_pod(ctx, drain=True, restarts_base=int(ctx.status.get("restarts") or 0))
     elif not pod.drain_requested:
-        ctx.kube.patch_pod(ctx.namespace, pod.name, {"metadata": {"annotations": {naming.ANNOTATION_DRAIN: "true"}}})
+        _annotate_drain(ctx)
     message = (
         f"asked driver pod {naming.pod_name(ctx.name)} to drain (stop at a batch boundary, export a snapshot); "
         f"children {names[0]} and {names[1]} wait on standby"
@@ -625,7 +678,7 @@ def _step_request_drain(ctx: ShardContext) -> None:
         },
         phase=P.DRAINING,
     )
-    ctx.emit(ctx.shard, "Normal", "Draining", message)
+    ctx.event("Normal", "Draining", message)
 
 
 def _step_await_drain(ctx: ShardContext) -> None:
@@ -637,7 +690,7 @@ def _step_await_drain(ctx: ShardContext) -> None:
     if pod.deleting:
         return
     if not pod.drain_requested:
-        ctx.kube.patch_pod(ctx.namespace, pod.name, {"metadata": {"annotations": {naming.ANNOTATION_DRAIN: "true"}}})
+        _annotate_drain(ctx)
         return
     term = pod.terminated
     if term is None:
@@ -649,8 +702,7 @@ def _step_await_drain(ctx: ShardContext) -> None:
         return
     if term.drained:
         final = term.checkpoint(with_manifest=True) or {"manifest": term.manifest}
-        if "batchId" not in final:
-            final["batchId"] = 0
+        final.setdefault("batchId", 0)
         message = f"drained at batch {final['batchId']}; snapshot manifest {term.manifest}"
         ctx.write(
             {
@@ -664,7 +716,7 @@ def _step_await_drain(ctx: ShardContext) -> None:
             },
             phase=P.DRAINED,
         )
-        ctx.emit(ctx.shard, "Normal", "Drained", message)
+        ctx.event("Normal", "Drained", message)
         return
     if term.exit_code == 0 or pod.phase in ("Failed", "Succeeded"):
         # Ended without a snapshot manifest: nothing to restore from; run the drain again from the recovery log.
@@ -672,55 +724,39 @@ def _step_await_drain(ctx: ShardContext) -> None:
             f"driver pod {pod.name} ended (exit code {term.exit_code}) without a snapshot manifest in its "
             f"termination message {term.message!r}; recreating it to drain again"
         )
+        ctx.do(Delete("pods", pod.name, grace=0))
         ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "DrainWithoutManifest", message)]})
-        ctx.emit(ctx.shard, "Warning", "DrainWithoutManifest", message)
-        ctx.kube.delete_pod(ctx.namespace, pod.name, grace=0)
+        ctx.event("Warning", "DrainWithoutManifest", message)
 
 
-def _children(ctx: ShardContext) -> list[tuple[str, dict[str, Any]]]:
+def _ensure_children(ctx: ShardContext) -> list[str] | None:
+    """Both children's names (lower first), creating those the cache does not show; None after reporting a name
+    collision (a TaskShard of a child's name that is not this shard's child)."""
     at = int(ctx.status["split"]["at"])
-    low, high = ctx.key_groups.split(at)
     manifest = builders.drain_summary_uri(ctx.task_name, ctx.spec, ctx.name)
-    out = []
-    for r in (low, high):
+    names = []
+    for r in ctx.key_groups.split(at):
         body = builders.build_shard(
-            ctx.task_name,
-            r,
-            template_hash=builders.template_hash(ctx.spec),
-            restore_from={"parent": ctx.name, "manifest": manifest},
+            ctx.task_name, r, template_hash=ctx.task_hash, restore_from={"parent": ctx.name, "manifest": manifest}
         )
-        kopf.adopt(body, owner=ctx.task)
-        out.append((body["metadata"]["name"], body))
-    return out
-
-
-def _ensure_children(ctx: ShardContext) -> list[dict[str, Any]] | None:
-    """Create both children if absent; return them, or None after reporting a name collision."""
-    found = []
-    for name, body in _children(ctx):
-        existing = ctx.kube.get_custom(naming.SHARD_PLURAL, ctx.namespace, name)
+        name = body["metadata"]["name"]
+        existing = ctx.observed.shard(ctx.namespace, name)
         if existing is None:
-            created = ctx.kube.create_custom(naming.SHARD_PLURAL, ctx.namespace, body)
-            if created is not None:
-                ctx.emit(
-                    ctx.shard,
-                    "Normal",
-                    "ChildCreated",
-                    f"created child {name}; it restores from {ctx.name} once drained",
-                )
-            existing = created or ctx.kube.get_custom(naming.SHARD_PLURAL, ctx.namespace, name)
-        if existing is not None and (existing["spec"].get("restoreFrom") or {}).get("parent") != ctx.name:
+            kopf.adopt(body, owner=ctx.task)
+            note = f"created child {name}; it restores from {ctx.name} once drained"
+            ctx.do(Create(naming.SHARD_PLURAL, body, announce=Event("Normal", "ChildCreated", note)))
+        elif (existing["spec"].get("restoreFrom") or {}).get("parent") != ctx.name:
             message = f"cannot create child {name}: a TaskShard of that name exists and is not a child of {ctx.name}"
             ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "ChildNameTaken", message)]})
-            ctx.emit(ctx.shard, "Warning", "ChildNameTaken", message)
+            ctx.event("Warning", "ChildNameTaken", message)
             return None
-        found.append(existing)
-    return found
+        names.append(name)
+    return names
 
 
 def _remove_own_pod(ctx: ShardContext) -> None:
     if ctx.pod.exists and not ctx.pod.deleting:
-        ctx.kube.delete_pod(ctx.namespace, ctx.pod.name, grace=0)
+        ctx.do(Delete("pods", ctx.pod.name, grace=0))
 
 
 def _step_create_children(ctx: ShardContext) -> None:
@@ -728,10 +764,9 @@ def _step_create_children(ctx: ShardContext) -> None:
     if ctx.pod.exists and ctx.pod.terminated is None and ctx.pod.phase not in ("Succeeded", "Failed"):
         return  # defensive: never create children while the parent's container could still run
     _remove_own_pod(ctx)
-    children = _ensure_children(ctx)
-    if children is None:
+    names = _ensure_children(ctx)
+    if names is None:
         return
-    names = [c["metadata"]["name"] for c in children]
     lineage = {**(ctx.status.get("lineage") or {}), "children": names}
     message = f"children {names[0]} and {names[1]} restore from {ctx.status['finalCheckpoint']['manifest']}"
     ctx.write(
@@ -743,13 +778,14 @@ def _step_create_children(ctx: ShardContext) -> None:
 def _step_finish_split(ctx: ShardContext) -> None:
     """Step 5: ChildrenCreated -> Split once both children were seen by their reconciler."""
     _remove_own_pod(ctx)
-    children = _ensure_children(ctx)
-    if children is None:
+    names = _ensure_children(ctx)
+    if names is None:
         return
-    if not all((c.get("status") or {}).get("phase") for c in children):
+    children = [ctx.observed.shard(ctx.namespace, n) for n in names]
+    if not all(c is not None and (c.get("status") or {}).get("phase") for c in children):
         return
-    ctx.kube.delete_configmap(ctx.namespace, naming.configmap_name(ctx.name))
-    names = [c["metadata"]["name"] for c in children]
+    if ctx.observed.configmap_digest(ctx.namespace, ctx.name) is not None:
+        ctx.do(Delete("configmaps", naming.configmap_name(ctx.name)))
     message = f"split into {names[0]} and {names[1]}; this shard keeps no pod and owns no key groups"
     ctx.write(
         {
@@ -761,7 +797,7 @@ def _step_finish_split(ctx: ShardContext) -> None:
         },
         phase=P.SPLIT,
     )
-    ctx.emit(ctx.shard, "Normal", "Split", message)
+    ctx.event("Normal", "Split", message)
 
 
 def _keep_split(ctx: ShardContext) -> None:
@@ -774,19 +810,38 @@ def _keep_split(ctx: ShardContext) -> None:
         patch: dict[str, Any] = {"observedGeneration": ctx.generation}
         if isinstance(decision, planner.SplitRefused):
             patch["conditions"] = [ctx.cond(st.SPLIT_REJECTED, True, "InvalidSplitRequest", decision.message)]
-            ctx.emit(ctx.shard, "Warning", "SplitRejected", decision.message)
+            ctx.event("Warning", "SplitRejected", decision.message)
         ctx.write(patch)
 
 
 def _stop(ctx: ShardContext) -> None:
     """The Task is gone or being deleted: stop the pod and mark the shard Stopped (terminal)."""
-    if ctx.phase in (P.STOPPED, P.SPLIT):
-        _remove_own_pod(ctx) if ctx.phase == P.SPLIT else None
+    if ctx.phase == P.SPLIT:
+        _remove_own_pod(ctx)
+    if ctx.phase.terminal:
         return
     if ctx.pod.exists and not ctx.pod.deleting:
-        ctx.kube.delete_pod(ctx.namespace, ctx.pod.name)  # graceful: SIGTERM stops at a batch boundary
+        ctx.do(Delete("pods", ctx.pod.name))  # graceful: SIGTERM stops at a batch boundary
     if ctx.phase in (P.PENDING, P.RUNNING, P.FAILED):
         ctx.write(
             {"conditions": [ctx.cond(st.READY, False, "Stopped", f"Task {ctx.task_name} is being deleted")]},
             phase=P.STOPPED,
         )
+
+
+def _nothing(ctx: ShardContext) -> None:
+    """Stopped: terminal, nothing to do."""
+
+
+STEPS = {
+    P.PENDING: _reconcile_active,
+    P.RUNNING: _reconcile_active,
+    P.FAILED: _reconcile_active,
+    P.SPLIT_REQUESTED: _step_request_drain,
+    P.DRAINING: _step_await_drain,
+    P.DRAINED: _step_create_children,
+    P.CHILDREN_CREATED: _step_finish_split,
+    P.SPLIT: _keep_split,
+    P.STOPPED: _nothing,
+}
+"""The dispatch: one step function per phase (see the protocol above)."""

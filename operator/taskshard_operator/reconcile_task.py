@@ -1,12 +1,13 @@
-"""One reconcile pass of a Task, and its deletion.
+"""One pass of a Task (observe from the cache -> decide -> act -> write status once), and its deletion.
 
-:func:`reconcile_task` (level-based, idempotent):
+:func:`reconcile_task` (level-based, idempotent; :func:`decide_task` is its pure part):
 
 1. validate the spec; an invalid one becomes ``phase: Failed`` with a Ready condition naming the field (no crash
    loop, nothing else is touched);
 2. create the missing initial TaskShards (``initial_ranges(initialShards, maxKeyGroups)``, owned by the Task;
-   409 = created before), but only when the active shards and the new ones tile ``[0, maxKeyGroups)``; otherwise
-   nothing is created and ``Tiled=False`` names the gap or overlap (with a Warning event);
+   409 = created before; at most :data:`CREATE_PER_PASS` per pass, the next pass follows at once), but only
+   when the active shards and the new ones tile ``[0, maxKeyGroups)``; otherwise nothing is created and
+   ``Tiled=False`` names the gap or overlap (with a Warning event);
 3. roll the template: when the Task's template hash changed, tell the next Running shard (key-group order) to
    run it by annotating it ``taskshard.io/template-hash``; one shard at a time, the next only after the previous
    one's new pod runs (the shard's reconciler does the last-state restart);
@@ -25,52 +26,51 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
+from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import builders, naming, planner
 from taskshard_operator import status as st
+from taskshard_operator.act import Create, Decision, Emit, Event, Patch, carry_out
+from taskshard_operator.cache import Observed, parse_task
 from taskshard_operator.kube import Kube
 from taskshard_operator.models.task import CheckpointRetention, TaskPhase, TaskSpec
-from taskshard_operator.reconcile_shard import Emit, _first_error
+from taskshard_operator.reconcile_shard import first_error
 from taskshard_operator.views import shard_views
 
-
-def _write_status(kube: Kube, task: dict[str, Any], patch: dict[str, Any]) -> None:
-    current = task.get("status") or {}
-    if "conditions" in patch:
-        merged = st.set_conditions(current.get("conditions"), *patch["conditions"])
-        patch = {**patch, "conditions": merged}
-        if st.conditions_equal(merged, current.get("conditions")):
-            patch.pop("conditions")
-    changed = {k: v for k, v in patch.items() if current.get(k) != v}
-    if changed:
-        meta = task["metadata"]
-        kube.patch_custom_status(naming.TASK_PLURAL, meta["namespace"], meta["name"], changed)
+CREATE_PER_PASS = 50
+"""At most this many TaskShards are created in one pass (a pass stays short; the next one follows at once)."""
 
 
-def reconcile_task(kube: Kube, namespace: str, name: str, *, emit: Emit) -> None:
-    task = kube.get_custom(naming.TASK_PLURAL, namespace, name)
+def reconcile_task(kube: Kube, observed: Observed, namespace: str, name: str, *, emit: Emit) -> float | None:
+    """One pass for the Task ``namespace/name``. Returns seconds until it wants another pass, or None."""
+    decision = decide_task(observed, namespace, name)
+    if decision is None:
+        return None
+    return carry_out(kube, observed, decision, emit=emit)
+
+
+def decide_task(observed: Observed, namespace: str, name: str) -> Decision | None:
+    """The pure part of a Task pass (see the module docstring). None: the Task is gone or being deleted."""
+    task = observed.task(namespace, name)
     if task is None or task["metadata"].get("deletionTimestamp"):
-        return
+        return None
+    decision = Decision(naming.TASK_PLURAL, task)
     generation = int(task["metadata"].get("generation") or 1)
     status = task.get("status") or {}
 
     def cond(type_: str, ok: bool, reason: str, message: str = "") -> dict[str, Any]:
         return st.condition(type_, ok, reason, message, generation=generation)
 
-    # Step 1: validate.
-    try:
-        spec = TaskSpec.from_k8s(task.get("spec") or {})
-    except ValidationError as e:
-        message = f"invalid Task spec: {_first_error(e)}; fix it with kubectl edit task {name}"
+    parsed = observed.task_spec(task)
+    if parsed.error is not None:
+        message = f"invalid Task spec: {first_error(parsed.error)}; fix it with kubectl edit task {name}"
         if (
             status.get("phase") != TaskPhase.FAILED.value
             or (st.get_condition(status.get("conditions"), st.READY) or {}).get("message") != message
         ):
-            emit(task, "Warning", "InvalidSpec", message)
-        _write_status(
-            kube,
-            task,
+            decision.events.append(Event("Warning", "InvalidSpec", message))
+        _set_status(
+            decision,
             {
                 "phase": TaskPhase.FAILED.value,
                 "observedGeneration": generation,
@@ -80,76 +80,90 @@ def reconcile_task(kube: Kube, namespace: str, name: str, *, emit: Emit) -> None
                 ],
             },
         )
-        return
+        return decision
+    spec, target = parsed.spec, parsed.template_hash
 
-    # Step 2: initial shards.
-    target = builders.template_hash(spec)
-    views = shard_views(kube, namespace, name)
+    views = shard_views(observed, namespace, name)
     plan = planner.plan_task_shards(
         task=name, max_key_groups=spec.max_key_groups, initial_shards=spec.initial_shards, shards=views
     )
-    for r in plan.create:
-        body = builders.build_shard(name, r, template_hash=target)
-        kopf.adopt(body, owner=task)
-        if kube.create_custom(naming.SHARD_PLURAL, namespace, body) is not None:
-            emit(task, "Normal", "ShardCreated", f"created TaskShard {body['metadata']['name']} for {r}")
-    if plan.create:
-        views = shard_views(kube, namespace, name)
-    tiling_was = st.get_condition(status.get("conditions"), st.TILED) or {}
-    if plan.tiling_error and tiling_was.get("message") != plan.tiling_error:
-        emit(
-            task,
-            "Warning",
-            "TilingBroken",
-            f"the active shards of {name} do not tile [0, {spec.max_key_groups}): {plan.tiling_error}; the operator "
-            "creates no shard and starts no pod over an owned range until they do",
-        )
-
-    # Step 3: roll one shard at a time.
+    _create_shards(decision, task, plan.create, target)
+    _announce_tiling(decision, status, plan.tiling_error, name, spec)
     nxt = planner.plan_roll(target, views)
     if nxt is not None:
-        kube.patch_custom(
-            naming.SHARD_PLURAL,
-            namespace,
-            nxt,
-            {"metadata": {"annotations": {naming.ANNOTATION_TEMPLATE_HASH: target}}},
-        )
-        emit(task, "Normal", "RollingShard", f"rolling TaskShard {nxt} to template {target} (last-state restart)")
-    owning = planner.owners(views)
-    rolling = [v.name for v in owning if not (v.wanted_hash == target and v.pod_hash == target)]
+        annotation = {naming.ANNOTATION_TEMPLATE_HASH: target}
+        decision.actions.append(Patch(naming.SHARD_PLURAL, nxt, {"metadata": {"annotations": annotation}}))
+        message = f"rolling TaskShard {nxt} to template {target} (last-state restart)"
+        decision.events.append(Event("Normal", "RollingShard", message))
+    _summarise(decision, views, plan, spec, target, cond, generation)
+    return decision
 
-    # Step 4: status.
-    active = owning
+
+def _create_shards(decision: Decision, task: dict[str, Any], ranges: tuple, target: str) -> None:
+    for r in ranges[:CREATE_PER_PASS]:
+        body = builders.build_shard(task["metadata"]["name"], r, template_hash=target)
+        kopf.adopt(body, owner=task)
+        message = f"created TaskShard {body['metadata']['name']} for {r}"
+        decision.actions.append(Create(naming.SHARD_PLURAL, body, announce=Event("Normal", "ShardCreated", message)))
+    if len(ranges) > CREATE_PER_PASS:
+        decision.again_in(0.0)
+
+
+def _announce_tiling(
+    decision: Decision, status: dict[str, Any], tiling_error: str | None, name: str, spec: TaskSpec
+) -> None:
+    tiling_was = st.get_condition(status.get("conditions"), st.TILED) or {}
+    if tiling_error and tiling_was.get("message") != tiling_error:
+        decision.events.append(
+            Event(
+                "Warning",
+                "TilingBroken",
+                f"the active shards of {name} do not tile [0, {spec.max_key_groups}): {tiling_error}; the operator "
+                "creates no shard and starts no pod over an owned range until they do",
+            )
+        )
+
+
+def _summarise(decision, views, plan, spec, target, cond, generation) -> None:
+    """Step 4: the Task's status from its shards (the initial shards still to create count as Pending)."""
+    active = planner.owners(views)
+    creating = [naming.shard_name(decision.name, r) for r in plan.create]
+    rolling = [v.name for v in active if not (v.wanted_hash == target and v.pod_hash == target)]
     phase = planner.task_phase(views, tiling_error=plan.tiling_error)
-    splitting = [v.name for v in views if v.phase.value in ("SplitRequested", "Draining", "Drained", "ChildrenCreated")]
+    if creating and phase == TaskPhase.RUNNING:
+        phase = TaskPhase.PENDING
+    splitting = [v.name for v in views if v.phase.splitting]
     failed = [v.name for v in active if v.phase.value == "Failed"]
-    not_running = [v.name for v in active if v.phase.value != "Running"]
+    not_running = [v.name for v in active if v.phase.value != "Running"] + creating
+    total = len(active) + len(creating)
+    progress = "; ".join(
+        filter(
+            None,
+            [
+                f"splitting: {', '.join(splitting)}" if splitting else "",
+                f"rolling to {target}: {', '.join(rolling)}" if rolling else "",
+                f"creating {len(creating)} shards" if creating else "",
+            ],
+        )
+    )
     conditions = [
         cond(
             st.TILED,
             plan.tiling_error is None,
             "Tiled" if plan.tiling_error is None else "TilingBroken",
-            plan.tiling_error or f"{len(active)} active shards tile [0, {spec.max_key_groups})",
+            plan.tiling_error or f"{total} active shards tile [0, {spec.max_key_groups})",
         ),
         cond(
             st.READY,
             not not_running and bool(active),
             "AllShardsRunning" if not not_running else "ShardsNotRunning",
-            f"not running: {', '.join(not_running)}" if not_running else f"{len(active)} shards running",
+            f"not running: {_names(not_running)}" if not_running else f"{len(active)} shards running",
         ),
         cond(
             st.PROGRESSING,
-            bool(splitting or rolling or plan.create),
-            "Splitting" if splitting else ("Rolling" if rolling else "Stable"),
-            "; ".join(
-                filter(
-                    None,
-                    [
-                        f"splitting: {', '.join(splitting)}" if splitting else "",
-                        f"rolling to {target}: {', '.join(rolling)}" if rolling else "",
-                    ],
-                )
-            ),
+            bool(splitting or rolling or creating),
+            "Splitting" if splitting else ("Rolling" if rolling else ("Creating" if creating else "Stable")),
+            progress,
         ),
         cond(
             st.SPLITTING,
@@ -161,31 +175,53 @@ def reconcile_task(kube: Kube, namespace: str, name: str, *, emit: Emit) -> None
             st.DEGRADED,
             bool(failed or plan.tiling_error),
             "ShardsFailed" if failed else ("TilingBroken" if plan.tiling_error else "Healthy"),
-            plan.tiling_error or (f"failed: {', '.join(failed)}" if failed else ""),
+            plan.tiling_error or (f"failed: {_names(failed)}" if failed else ""),
         ),
     ]
-    old_phase = status.get("phase")
-    _write_status(
-        kube,
-        task,
+    old_phase = (decision.body.get("status") or {}).get("phase")
+    _set_status(
+        decision,
         {
             "phase": phase.value,
             "observedGeneration": generation,
-            "shards": len(active),
-            "activeShards": [
-                {"name": v.name, "keyGroups": v.key_groups.label(), "phase": v.phase.value} for v in active
-            ],
+            "shards": total,
+            "activeShards": sorted(
+                [{"name": v.name, "keyGroups": v.key_groups.label(), "phase": v.phase.value} for v in active]
+                + [
+                    {"name": naming.shard_name(decision.name, r), "keyGroups": r.label(), "phase": "Pending"}
+                    for r in plan.create
+                ],
+                key=lambda e: KeyGroupRange.from_label(e["keyGroups"]),
+            ),
             "templateHash": target,
             "conditions": conditions,
         },
     )
     if old_phase != phase.value:
-        emit(
-            task,
-            "Normal" if phase != TaskPhase.DEGRADED else "Warning",
-            f"Phase{phase.value}",
-            f"task {name}: phase {old_phase or '-'} -> {phase.value}",
+        decision.events.append(
+            Event(
+                "Normal" if phase != TaskPhase.DEGRADED else "Warning",
+                f"Phase{phase.value}",
+                f"task {decision.name}: phase {old_phase or '-'} -> {phase.value}",
+            )
         )
+
+
+def _names(names: list[str], limit: int = 20) -> str:
+    """A list of shard names for a condition message, at most ``limit`` of them and a count of the rest."""
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+def _set_status(decision: Decision, patch: dict[str, Any]) -> None:
+    """Keep the fields of ``patch`` that change the observed status (conditions compared without times)."""
+    current = decision.body.get("status") or {}
+    if "conditions" in patch:
+        merged = st.set_conditions(current.get("conditions"), *patch["conditions"])
+        patch = {**patch, "conditions": merged}
+        if st.conditions_equal(merged, current.get("conditions")):
+            patch.pop("conditions")
+    decision.status.update({k: v for k, v in patch.items() if current.get(k) != v})
 
 
 def delete_task(kube: Kube, namespace: str, name: str, body: dict[str, Any], *, emit: Emit) -> None:
@@ -199,10 +235,10 @@ def delete_task(kube: Kube, namespace: str, name: str, body: dict[str, Any], *, 
             kube.delete_pod(namespace, pod["metadata"]["name"])
     if pods:
         raise kopf.TemporaryError(f"waiting for {len(pods)} shard pods of {name} to stop", delay=3)
-    try:
-        spec = TaskSpec.from_k8s(body.get("spec") or {})
-    except ValidationError:
+    parsed = parse_task(body)
+    if parsed.error is not None:
         return
+    spec = parsed.spec
     if spec.checkpoint_retention != CheckpointRetention.DELETE:
         emit(body, "Normal", "CheckpointsRetained", f"checkpoints of {name} kept (checkpointRetention: Retain)")
         return

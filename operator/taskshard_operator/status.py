@@ -200,6 +200,7 @@ class PodView:
 
     exists: bool
     name: str | None = None
+    uid: str | None = None
     phase: str | None = None
     deleting: bool = False
     running: bool = False
@@ -286,6 +287,7 @@ def pod_view(pod: dict[str, Any] | None) -> PodView:
     return PodView(
         exists=True,
         name=meta.get("name"),
+        uid=meta.get("uid"),
         phase=status.get("phase"),
         deleting=bool(meta.get("deletionTimestamp")),
         running="running" in state,

@@ -1,6 +1,9 @@
 """The reconcilers against an in-memory API: the split protocol, crash-and-resume at every step, refusals,
 pod replacement and rolls. The "world" (kubelet + shard runtime) is simulated: a pod runs once created and,
 once annotated ``taskshard.io/drain=true``, exits 0 with a termination message naming a snapshot manifest.
+
+The in-memory API is also the passes' cache (:class:`taskshard_operator.cache.Observed`), always fresh unless a
+test makes it lag; a pass never reads through the API (``reads`` stays 0).
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import pytest
 
 from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import naming
+from taskshard_operator import status as st
+from taskshard_operator.cache import data_digest, parse_task
+from taskshard_operator.kube import Conflict
 from taskshard_operator.planner import owners
 from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
 from taskshard_operator.reconcile_task import delete_task, reconcile_task
@@ -68,6 +74,12 @@ class FakeKube:
         self.created: list[tuple[str, str]] = []
         self.drained: set[str] = set()
         """Shards whose runtime wrote its drain summary (the world's state, not the API's)."""
+        self.versions = itertools.count(1)
+        self.reads = 0
+        """GETs and LISTs through the API (a pass must make none: it reads the cache)."""
+
+    def _bump(self, obj: dict) -> None:
+        obj["metadata"]["resourceVersion"] = str(next(self.versions))
 
     def _mutated(self) -> None:
         self.mutations += 1
@@ -81,16 +93,19 @@ class FakeKube:
             return None
         obj = copy.deepcopy(body)
         obj["metadata"].update(uid=f"uid-{next(self.uids)}", namespace=NS, generation=1)
+        self._bump(obj)
         self.objects[key] = obj
         self.created.append(key)
         self._mutated()
         return copy.deepcopy(obj)
 
     def _get(self, kind: str, name: str) -> dict | None:
+        self.reads += 1
         obj = self.objects.get((kind, name))
         return copy.deepcopy(obj) if obj else None
 
     def _list(self, kind: str, selector: str | None) -> list[dict]:
+        self.reads += 1
         return [copy.deepcopy(o) for (k, _), o in sorted(self.objects.items()) if k == kind and _matches(o, selector)]
 
     # custom objects
@@ -108,13 +123,17 @@ class FakeKube:
         _merge(obj, patch)
         if "spec" in patch:
             obj["metadata"]["generation"] += 1
+        self._bump(obj)
         self._mutated()
         return copy.deepcopy(obj)
 
-    def patch_custom_status(self, plural, namespace, name, status):
+    def patch_custom_status(self, plural, namespace, name, status, *, resource_version=None):
         obj = self.objects[(plural, name)]
+        if resource_version is not None and resource_version != obj["metadata"]["resourceVersion"]:
+            raise Conflict(f"{plural} {name} changed since {resource_version}")
         obj.setdefault("status", {})
         _merge(obj["status"], status)
+        self._bump(obj)
         self._mutated()
         return copy.deepcopy(obj)
 
@@ -141,13 +160,11 @@ class FakeKube:
     def get_configmap(self, namespace, name):
         return self._get("configmaps", name)
 
-    def apply_configmap(self, namespace, body):
+    def apply_configmap(self, namespace, body, *, exists):
         key = ("configmaps", body["metadata"]["name"])
         if key not in self.objects:
             self._new("configmaps", body)
             return "created"
-        if self.objects[key]["data"] == body["data"]:
-            return "unchanged"
         self.objects[key]["data"] = copy.deepcopy(body["data"])
         self._mutated()
         return "patched"
@@ -158,6 +175,38 @@ class FakeKube:
 
     def ensure_service(self, namespace, body):
         self._new("services", body)
+
+    # the cache (Observed): the objects themselves, read without counting as API reads
+    def shard(self, namespace, name):
+        obj = self.objects.get(("taskshards", name))
+        return copy.deepcopy(obj) if obj else None
+
+    def shards_of_task(self, namespace, task):
+        return [
+            copy.deepcopy(o)
+            for (k, _), o in sorted(self.objects.items())
+            if k == "taskshards" and (o["spec"].get("taskRef") or {}).get("name") == task
+        ]
+
+    def task(self, namespace, name):
+        obj = self.objects.get(("tasks", name))
+        return copy.deepcopy(obj) if obj else None
+
+    def task_spec(self, task):
+        return parse_task(task)
+
+    def pod(self, namespace, shard):
+        return st.pod_view(self.objects.get(("pods", naming.pod_name(shard))))
+
+    def configmap_digest(self, namespace, shard):
+        cm = self.objects.get(("configmaps", naming.configmap_name(shard)))
+        return data_digest(cm["data"]) if cm else None
+
+    def wrote(self, plural, obj):
+        pass
+
+    def forget(self, plural, namespace, name):
+        pass
 
     # helpers for tests
     def shards(self) -> dict[str, dict]:
@@ -236,12 +285,14 @@ def converge(
     batch: dict[str, int] = {}
     for _ in range(passes):
         before = json.dumps(sorted((repr(k), v) for k, v in kube.objects.items()), sort_keys=True, default=str)
-        reconcile_task(kube, NS, "t", emit=lambda *a: events.append(a))
+        reads = kube.reads
+        reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
         for name in list(kube.shards()):
-            reconcile_shard(kube, NS, name, emit=lambda *a: events.append(a), backoff=backoff)
+            reconcile_shard(kube, kube, NS, name, emit=lambda *a: events.append(a), backoff=backoff)
             assert_no_overlap(running_ranges(kube))
             if owners_tile:
                 assert_no_overlap(owner_ranges(kube))
+        assert kube.reads == reads, "a pass read through the API instead of the cache"
         world_step(kube, batch)
         assert_no_overlap(running_ranges(kube))
         if json.dumps(sorted((repr(k), v) for k, v in kube.objects.items()), sort_keys=True, default=str) == before:
@@ -349,11 +400,11 @@ def test_the_status_vocabulary_is_what_the_crds_advertise():
     splitting_seen: list[tuple[str, str]] = []
     original = kube.patch_custom_status
 
-    def spy(plural, namespace, name, status):
+    def spy(plural, namespace, name, status, **kwargs):
         for c in status.get("conditions") or []:
             if plural == "taskshards" and c["type"] == "Splitting":
                 splitting_seen.append((c["status"], c["reason"]))
-        return original(plural, namespace, name, status)
+        return original(plural, namespace, name, status, **kwargs)
 
     kube.patch_custom_status = spy
     request_split(kube, "t-0-16", at=99)  # refused: SplitRejected
@@ -411,9 +462,9 @@ def test_children_wait_on_standby_while_the_parent_drains():
     request_split(kube, "t-0-16")
     batch: dict[str, int] = {}
     for _ in range(4):  # operator passes while the parent's drain is still in progress
-        reconcile_task(kube, NS, "t", emit=lambda *a: events.append(a))
+        reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
         for name in list(kube.shards()):
-            reconcile_shard(kube, NS, name, emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+            reconcile_shard(kube, kube, NS, name, emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
         world_step(kube, batch, drain=False)
     assert phases(kube) == {"t-0-16": "Draining", "t-0-8": "Pending", "t-8-16": "Pending"}
     assert set(kube.pods()) == {"t-0-16-driver", "t-0-8-driver", "t-8-16-driver"}  # children start early
@@ -550,14 +601,15 @@ def test_failed_pod_is_replaced_after_backoff():
     }
     backoff = Backoff(base=3600.0)
     events: list = []
-    reconcile_shard(kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)
+    reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)
     shard = kube.shards()["t-0-16"]
     assert shard["status"]["phase"] == "Failed" and shard["status"]["lastCheckpoint"]["batchId"] == 9
     assert "t-0-16-driver" not in kube.pods()
-    reconcile_shard(kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)  # first replacement: now
+    # first replacement: now
+    reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)
     assert "t-0-16-driver" in kube.pods()
     kube.delete_pod(NS, "t-0-16-driver")
-    reconcile_shard(kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)  # second: waits
+    reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)  # second: waits
     assert "t-0-16-driver" not in kube.pods()
     cond = next(c for c in kube.shards()["t-0-16"]["status"]["conditions"] if c["type"] == "Progressing")
     assert cond["reason"] == "BackOff"
@@ -570,9 +622,9 @@ def test_template_change_rolls_one_shard_at_a_time():
     seen_restarting: list[set[str]] = []
     batch: dict[str, int] = {}
     for _ in range(30):
-        reconcile_task(kube, NS, "t", emit=lambda *a: None)
+        reconcile_task(kube, kube, NS, "t", emit=lambda *a: None)
         for name in list(kube.shards()):
-            reconcile_shard(kube, NS, name, emit=lambda *a: None, backoff=Backoff(base=0.0))
+            reconcile_shard(kube, kube, NS, name, emit=lambda *a: None, backoff=Backoff(base=0.0))
         not_running = {n for n, p in phases(kube).items() if p != "Running"}
         seen_restarting.append(not_running)
         world_step(kube, batch)
@@ -670,7 +722,7 @@ def shard_conditions(kube: FakeKube) -> dict[str, dict]:
 
 
 def one_pass(kube: FakeKube, events: list) -> None:
-    reconcile_shard(kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
 
 
 def warnings(events: list) -> list[tuple[str, str]]:

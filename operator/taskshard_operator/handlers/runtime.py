@@ -1,63 +1,44 @@
-"""Process-wide state the thin handlers share: the API wrapper, the pod back-off, per-object coalescing.
+"""Process-wide state the thin handlers share: the API wrapper, the watch-fed cache, the work queue, the back-off.
 
-Several triggers (a timer, the object's own watch events, its pods' events) may ask for a pass over the same
-object at once. :class:`Coalescer` runs one pass per object at a time; a request that arrives meanwhile marks
-the object dirty and the running pass repeats once, so nothing is lost and no worker thread ever blocks.
+Every Kopf handler only enqueues a key (``("task" | "shard", namespace, name)``); :func:`run_pass` runs on the
+work queue's threads, under a copy of the Kopf context captured from the handlers (so ``kopf.event`` posts from
+there as from a handler).
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
-import threading
-from collections.abc import Callable
+from collections.abc import Hashable
 from typing import Any
 
 import kopf
 
+from taskshard_operator.cache import KopfCache
 from taskshard_operator.kube import Kube
-from taskshard_operator.reconcile_shard import Backoff
+from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
+from taskshard_operator.reconcile_task import reconcile_task
+from taskshard_operator.workqueue import WorkQueue
 
 log = logging.getLogger("taskshard_operator")
 
-RESYNC_SECONDS = float(os.environ.get("TASKSHARD_RESYNC_SECONDS", "3"))
-"""Interval of the safety-net timers (the watch events drive the common path)."""
+RESYNC_SECONDS = float(os.environ.get("TASKSHARD_RESYNC_SECONDS", "300"))
+"""Every Task and TaskShard gets a pass at least this often (a safety net; watch events drive the passes)."""
 BACKOFF_BASE = float(os.environ.get("TASKSHARD_BACKOFF_BASE", "2"))
 BACKOFF_CAP = float(os.environ.get("TASKSHARD_BACKOFF_CAP", "60"))
-
-
-class Coalescer:
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._running: set[Any] = set()
-        self._dirty: set[Any] = set()
-
-    def run(self, key: Any, fn: Callable[[], None]) -> None:
-        with self._guard:
-            if key in self._running:
-                self._dirty.add(key)
-                return
-            self._running.add(key)
-        try:
-            while True:
-                fn()
-                with self._guard:
-                    if key not in self._dirty:
-                        self._running.discard(key)
-                        return
-                    self._dirty.discard(key)
-        except BaseException:
-            with self._guard:
-                self._running.discard(key)
-                self._dirty.discard(key)
-            raise
+WORKERS = int(os.environ.get("TASKSHARD_WORKERS", "8"))
+TASK_DEBOUNCE_SECONDS = 0.5
+"""A Task's pass after a shard event waits this long, so a burst of shard events makes one Task pass."""
 
 
 class Runtime:
     def __init__(self) -> None:
         self._kube: Kube | None = None
         self.backoff = Backoff(base=BACKOFF_BASE, cap=BACKOFF_CAP)
-        self.coalescer = Coalescer()
+        self.cache = KopfCache()
+        self.queue = WorkQueue(lambda key: run_pass(key), workers=WORKERS)
+        self.context: contextvars.Context | None = None
 
     @property
     def kube(self) -> Kube:
@@ -67,6 +48,11 @@ class Runtime:
             load_config()
             self._kube = Kube()
         return self._kube
+
+    def enqueue(self, key: Hashable, delay: float = 0.0) -> None:
+        """Ask for a pass (from a handler: the Kopf context is captured for the workers)."""
+        self.context = contextvars.copy_context()
+        self.queue.add(key, delay)
 
 
 RUNTIME = Runtime()
@@ -78,5 +64,20 @@ def emit(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
     log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s %s: %s", reason, name, message)
     try:
         kopf.event(body, type=type_, reason=reason, message=message[:1000])
-    except LookupError:  # outside a kopf handler context (e.g. tests): the log line above is all
+    except LookupError:  # outside a kopf context (e.g. tests): the log line above is all
         pass
+
+
+def run_pass(key: Hashable) -> float | None:
+    """One pass for ``key``, in the captured Kopf context."""
+    context = RUNTIME.context
+    if context is None:
+        return _pass(key)
+    return context.copy().run(_pass, key)
+
+
+def _pass(key: Hashable) -> float | None:
+    kind, namespace, name = key
+    if kind == "task":
+        return reconcile_task(RUNTIME.kube, RUNTIME.cache, namespace, name, emit=emit)
+    return reconcile_shard(RUNTIME.kube, RUNTIME.cache, namespace, name, emit=emit, backoff=RUNTIME.backoff)

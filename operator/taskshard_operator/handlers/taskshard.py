@@ -1,10 +1,10 @@
-"""TaskShard handlers: every trigger runs one coalesced :func:`reconcile_shard` pass for the shard.
+"""TaskShard handlers: every trigger enqueues a pass (``reconcile_shard``) for the shard it concerns.
 
 - ``taskshard_event``: any watch event of the shard (spec edits such as ``spec.split``, its own status writes,
-  so each protocol step is followed at once by the next pass); a split parent's hand-over also runs a pass for
-  each child (standby -> Running);
-- ``taskshard_resync``: a timer, the safety net (back-off expiry, missed events, operator restart);
-- ``pod_event``: any event of a shard's driver pod (started, crashed, drained, deleted).
+  so each protocol step is followed at once by the next pass); a split parent's hand-over also enqueues each
+  child (standby -> Running);
+- ``pod_event`` / ``configmap_event``: any event of a shard's driver pod (started, crashed, drained, deleted) or
+  ConfigMap (edited or deleted by hand: re-applied).
 """
 
 from __future__ import annotations
@@ -12,38 +12,31 @@ from __future__ import annotations
 import kopf
 
 from taskshard_operator import naming
-from taskshard_operator.handlers.runtime import RESYNC_SECONDS, RUNTIME, emit
-from taskshard_operator.reconcile_shard import reconcile_shard
-
-HANDED_OVER = ("ChildrenCreated", "Split")
-"""A split parent's phases after which its children own the range."""
-
-
-def _pass(namespace: str, name: str) -> None:
-    RUNTIME.coalescer.run(
-        ("shard", namespace, name),
-        lambda: reconcile_shard(RUNTIME.kube, namespace, name, emit=emit, backoff=RUNTIME.backoff),
-    )
+from taskshard_operator.handlers.indexes import SHARD_OBJECTS
+from taskshard_operator.handlers.runtime import RUNTIME
+from taskshard_operator.phases import parse_phase
 
 
 @kopf.on.event(naming.DOMAIN, naming.API_VERSION, naming.SHARD_PLURAL)
-def taskshard_event(type: str, name: str, namespace: str, status: dict, **_) -> None:
+async def taskshard_event(type: str, name: str, namespace: str, status: dict, **_) -> None:
     if type == "DELETED":
         return
-    _pass(namespace, name)
-    # Children on standby show Running as soon as their parent hands the range over (not at the next timer).
-    if (status or {}).get("phase") in HANDED_OVER:
+    RUNTIME.enqueue(("shard", namespace, name))
+    # Children on standby show Running as soon as their parent hands the range over.
+    if parse_phase((status or {}).get("phase")).handed_over:
         for child in ((status or {}).get("lineage") or {}).get("children") or []:
-            _pass(namespace, child)
+            RUNTIME.enqueue(("shard", namespace, child))
 
 
-@kopf.timer(naming.DOMAIN, naming.API_VERSION, naming.SHARD_PLURAL, interval=RESYNC_SECONDS)
-def taskshard_resync(name: str, namespace: str, **_) -> None:
-    _pass(namespace, name)
-
-
-@kopf.on.event("", "v1", "pods", labels={naming.LABEL_COMPONENT: naming.COMPONENT_SHARD})
-def pod_event(namespace: str, labels: dict, **_) -> None:
+@kopf.on.event("", "v1", "pods", labels=SHARD_OBJECTS)
+async def pod_event(namespace: str, labels: dict, **_) -> None:
     shard = labels.get(naming.LABEL_SHARD)
     if shard:
-        _pass(namespace, shard)
+        RUNTIME.enqueue(("shard", namespace, shard))
+
+
+@kopf.on.event("", "v1", "configmaps", labels=SHARD_OBJECTS)
+async def configmap_event(namespace: str, labels: dict, **_) -> None:
+    shard = labels.get(naming.LABEL_SHARD)
+    if shard:
+        RUNTIME.enqueue(("shard", namespace, shard))

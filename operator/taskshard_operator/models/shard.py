@@ -89,6 +89,33 @@ class ShardPhase(StrEnum):
         """True while the shard owns its key groups (its range counts in the tiling invariant)."""
         return self in _ACTIVE_PHASES
 
+    @property
+    def terminal(self) -> bool:
+        """Split or Stopped: nothing follows, the shard keeps no pod (label ``taskshard.io/active=false``)."""
+        return self in (ShardPhase.SPLIT, ShardPhase.STOPPED)
+
+    @property
+    def splitting(self) -> bool:
+        """An accepted split not finished yet: SplitRequested, Draining, Drained, ChildrenCreated (condition
+        ``Splitting=True``)."""
+        return self in (
+            ShardPhase.SPLIT_REQUESTED,
+            ShardPhase.DRAINING,
+            ShardPhase.DRAINED,
+            ShardPhase.CHILDREN_CREATED,
+        )
+
+    @property
+    def holds_range_for_children(self) -> bool:
+        """A split parent that still owns its range although its children exist (they wait on standby):
+        SplitRequested, Draining, Drained."""
+        return self.splitting and self != ShardPhase.CHILDREN_CREATED
+
+    @property
+    def handed_over(self) -> bool:
+        """ChildrenCreated or Split: the children own the halves (their passes follow the parent's)."""
+        return self in (ShardPhase.CHILDREN_CREATED, ShardPhase.SPLIT)
+
 
 _ACTIVE_PHASES = frozenset(
     {

@@ -1,0 +1,201 @@
+"""Act in one place: carry out a pass's decision (actions, then one status write, then events).
+
+A decision (:class:`Decision`) is data: the actions in order, the status patch, the events, when to look again.
+:func:`carry_out` is the only code that mutates the cluster for a pass:
+
+1. every action, in order; a create that finds the object (409) counts as done (the step ran before) and posts
+   no event; a write's result goes into the cache (write-through), and a patch of the object itself carries its
+   new ``resourceVersion`` over to the status write;
+2. the status patch, once, conditional on the ``resourceVersion`` the decision was made from: when the object
+   changed meanwhile (409), nothing is written and the pass runs again on fresher state;
+3. the events (only once the status is written, so a refused write posts nothing twice).
+
+Fault injection for crash tests only: when ``TASKSHARD_CRASH_AFTER_PHASE`` names the phase the status write just
+persisted, the process exits with 137 (as if SIGKILLed) before anything acts on it. Never set in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskshard_operator.cache import Observed
+from taskshard_operator.kube import Conflict, Kube
+
+log = logging.getLogger("taskshard_operator")
+
+CRASH_AFTER_PHASE_ENV = "TASKSHARD_CRASH_AFTER_PHASE"
+
+Emit = Callable[[dict[str, Any], str, str, str], None]
+"""``emit(body, type, reason, message)``: post a Kubernetes Event about ``body`` (``kopf.event`` in production)."""
+
+CONFLICT_RETRY_SECONDS = 0.2
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+    about: dict[str, Any] | None = None
+    """The object the event is about; None = the decision's own object."""
+
+
+@dataclass(frozen=True)
+class Create:
+    """Create ``body`` (``plural``: pods, configmaps, services or taskshards); ``announce`` is posted if it is new."""
+
+    plural: str
+    body: dict[str, Any]
+    announce: Event | None = None
+
+
+@dataclass(frozen=True)
+class ApplyConfigMap:
+    """Create the ConfigMap (``exists=False``) or replace its data (``exists=True``)."""
+
+    body: dict[str, Any]
+    exists: bool
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A merge patch of an object's metadata or spec (``plural``: pods or taskshards; ``tasks`` not used)."""
+
+    plural: str
+    name: str
+    patch: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Delete:
+    plural: str
+    """pods or configmaps."""
+    name: str
+    uid: str | None = None
+    grace: int | None = None
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Record (``reset=False``) or reset the in-memory pod replacement back-off of ``key``."""
+
+    key: str
+    reset: bool = False
+
+
+Action = Create | ApplyConfigMap | Patch | Delete | Backoff
+
+
+@dataclass
+class Decision:
+    """What one pass decided for one object (a Task or a TaskShard)."""
+
+    plural: str
+    body: dict[str, Any]
+    """The object as observed (its ``resourceVersion`` makes the status write conditional)."""
+    status: dict[str, Any] = field(default_factory=dict)
+    """The status fields to write (only those that change); empty = no write."""
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+    new_phase: str | None = None
+    """The phase the status write moves to (for the fault-injection hook), None if unchanged."""
+
+    @property
+    def namespace(self) -> str:
+        return self.body["metadata"].get("namespace") or ""
+
+    @property
+    def name(self) -> str:
+        return self.body["metadata"]["name"]
+
+    def again_in(self, seconds: float) -> None:
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+def _do(kube: Kube, observed: Observed, namespace: str, action: Action, backoff: Any) -> dict[str, Any] | None:
+    """Carry out one action; returns the object a write returned (or None)."""
+    if isinstance(action, Create):
+        if action.plural == "pods":
+            return kube.create_pod(namespace, action.body)
+        if action.plural == "services":
+            kube.ensure_service(namespace, action.body)
+            return None
+        created = kube.create_custom(action.plural, namespace, action.body)
+        if created is not None:
+            observed.wrote(action.plural, created)
+        return created
+    if isinstance(action, ApplyConfigMap):
+        kube.apply_configmap(namespace, action.body, exists=action.exists)
+        return None
+    if isinstance(action, Patch):
+        if action.plural == "pods":
+            kube.patch_pod(namespace, action.name, action.patch)
+            return None
+        result = kube.patch_custom(action.plural, namespace, action.name, action.patch)
+        observed.wrote(action.plural, result)
+        return result
+    if isinstance(action, Delete):
+        if action.plural == "pods":
+            kube.delete_pod(namespace, action.name, uid=action.uid, grace=action.grace)
+        else:
+            kube.delete_configmap(namespace, action.name)
+        return None
+    if isinstance(action, Backoff):
+        if action.reset:
+            backoff.reset(action.key)
+        else:
+            backoff.record(action.key)
+        return None
+    raise TypeError(f"unknown action {action!r}")
+
+
+def carry_out(kube: Kube, observed: Observed, decision: Decision, *, emit: Emit, backoff: Any = None) -> float | None:
+    """Act on ``decision`` (see the module docstring). Returns seconds until the object wants another pass."""
+    ns, name = decision.namespace, decision.name
+    body = decision.body
+    version = body["metadata"].get("resourceVersion")
+    for action in decision.actions:
+        result = _do(kube, observed, ns, action, backoff)
+        if isinstance(action, Create) and result is not None and action.announce is not None:
+            _post(emit, decision, action.announce)
+        if isinstance(action, Patch) and action.plural == decision.plural and action.name == name and result:
+            body, version = result, result["metadata"].get("resourceVersion")
+    if decision.status:
+        try:
+            result = kube.patch_custom_status(decision.plural, ns, name, decision.status, resource_version=version)
+        except Conflict:
+            observed.forget(decision.plural, ns, name)
+            log.debug("%s %s/%s changed meanwhile; the pass runs again", decision.plural, ns, name)
+            return CONFLICT_RETRY_SECONDS
+        observed.wrote(decision.plural, result)
+        body = result
+        if decision.new_phase is not None and decision.new_phase == os.environ.get(CRASH_AFTER_PHASE_ENV):
+            print(f"[fault injection] {name}: exiting after writing phase {decision.new_phase}", flush=True)
+            os._exit(137)
+    for event in decision.events:
+        _post(emit, decision, event, body)
+    return decision.requeue_after
+
+
+def _post(emit: Emit, decision: Decision, event: Event, body: dict[str, Any] | None = None) -> None:
+    emit(event.about or body or decision.body, event.type, event.reason, event.message)
+
+
+__all__ = [
+    "CRASH_AFTER_PHASE_ENV",
+    "Action",
+    "ApplyConfigMap",
+    "Backoff",
+    "Create",
+    "Decision",
+    "Delete",
+    "Emit",
+    "Event",
+    "Patch",
+    "carry_out",
+]

@@ -1,0 +1,249 @@
+"""What the reconcile passes observe: a watch-fed cache, never a GET of an object the operator watches.
+
+The operator watches Tasks, TaskShards, shard pods and shard ConfigMaps through Kopf indexes
+(``handlers/indexes.py``); each index stores a small record per object (the index functions below are pure).
+A pass reads them through :class:`Observed`; :class:`KopfCache` is the production implementation, the unit
+tests' in-memory world is another.
+
+Records:
+
+- TaskShard and Task: the object without ``metadata.managedFields`` (``metadata``, ``spec``, ``status``);
+- shard pod: a :class:`~taskshard_operator.status.PodView` (what the planners need, a few hundred bytes);
+- shard ConfigMap: :func:`data_digest` of its ``data`` (a ConfigMap is applied only when the digest differs).
+
+Write-through: a write returns the object as the API stored it. :meth:`KopfCache.wrote` keeps it as an overlay
+until the watch delivers that ``resourceVersion`` or a newer one, so the next pass never decides on a status
+older than the pass's own last write (and shards created by a pass count at once). Overlays expire after
+:data:`OVERLAY_TTL` seconds in any case. Writes are also conditional (``resourceVersion`` precondition), so a
+stale read can delay a step but never overwrite a newer status.
+
+The Task spec is parsed once per ``resourceVersion`` (:meth:`Observed.task_spec`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from taskshard_operator import builders, naming
+from taskshard_operator import status as st
+from taskshard_operator.models.task import TaskSpec
+
+OVERLAY_TTL = 30.0
+"""Seconds a write-through overlay outlives its write when the watch never delivers its version."""
+
+SPEC_MEMO_SIZE = 256
+
+
+# ---------------------------------------------------------------- records (pure)
+
+
+def object_record(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Task or TaskShard as the cache keeps it: the object without ``metadata.managedFields``."""
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": meta,
+        "spec": dict(body.get("spec") or {}),
+        "status": dict(body.get("status") or {}),
+    }
+
+
+def data_digest(data: Mapping[str, str] | None) -> str:
+    """SHA-256 of a ConfigMap's ``data`` (canonical JSON)."""
+    return hashlib.sha256(json.dumps(dict(data or {}), sort_keys=True).encode()).hexdigest()
+
+
+def task_of(shard: Mapping[str, Any]) -> str | None:
+    """``spec.taskRef.name`` of a TaskShard."""
+    return ((shard.get("spec") or {}).get("taskRef") or {}).get("name")
+
+
+def shard_of(body: Mapping[str, Any]) -> str | None:
+    """The shard a pod or ConfigMap belongs to (label ``taskshard.io/shard``)."""
+    return ((body.get("metadata") or {}).get("labels") or {}).get(naming.LABEL_SHARD)
+
+
+def _version(obj: Mapping[str, Any] | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+
+def not_older(seen: str | None, written: str | None) -> bool:
+    """The watch delivered the written version or a newer one (etcd resource versions are integers)."""
+    if seen is None or written is None:
+        return False
+    if seen == written:
+        return True
+    return seen.isdigit() and written.isdigit() and int(seen) > int(written)
+
+
+@dataclass(frozen=True)
+class ParsedTask:
+    """A Task spec parsed once per resourceVersion: the model and its template hash, or the validation error."""
+
+    spec: TaskSpec | None
+    template_hash: str | None
+    error: ValidationError | None
+
+
+def parse_task(task: Mapping[str, Any]) -> ParsedTask:
+    try:
+        spec = TaskSpec.from_k8s(task.get("spec") or {})
+    except ValidationError as e:
+        return ParsedTask(None, None, e)
+    return ParsedTask(spec, builders.template_hash(spec), None)
+
+
+# ---------------------------------------------------------------- what a pass reads
+
+
+class Observed(Protocol):
+    """The read side of a pass. Every method answers from memory."""
+
+    def shard(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def shards_of_task(self, namespace: str, task: str) -> list[dict[str, Any]]: ...
+
+    def task(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def task_spec(self, task: Mapping[str, Any]) -> ParsedTask: ...
+
+    def pod(self, namespace: str, shard: str) -> st.PodView: ...
+
+    def configmap_digest(self, namespace: str, shard: str) -> str | None: ...
+
+    def wrote(self, plural: str, obj: Mapping[str, Any]) -> None:
+        """Record an object a write returned (write-through)."""
+        ...
+
+    def forget(self, plural: str, namespace: str, name: str) -> None:
+        """Drop the overlay of an object whose write was refused (its version is unknown now)."""
+        ...
+
+
+class SpecMemo:
+    """:func:`parse_task` memoised by (uid, resourceVersion); bounded, thread-safe."""
+
+    def __init__(self, size: int = SPEC_MEMO_SIZE) -> None:
+        self._size = size
+        self._memo: dict[tuple[str | None, str | None], ParsedTask] = {}
+        self._lock = threading.Lock()
+
+    def get(self, task: Mapping[str, Any]) -> ParsedTask:
+        meta = task.get("metadata") or {}
+        key = (meta.get("uid"), meta.get("resourceVersion"))
+        if key[1] is None:
+            return parse_task(task)
+        with self._lock:
+            hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        parsed = parse_task(task)
+        with self._lock:
+            if len(self._memo) >= self._size:
+                self._memo.pop(next(iter(self._memo)))
+            self._memo[key] = parsed
+        return parsed
+
+
+class KopfCache:
+    """:class:`Observed` over the Kopf indexes named in ``handlers/indexes.py``, plus write-through overlays.
+
+    The indexes are live mappings Kopf updates on its event loop; reads copy a store (``list(...)``, atomic in
+    CPython) before using it. :meth:`bind` is called once with the handler kwargs that carry the indexes.
+    """
+
+    SHARDS, SHARDS_BY_TASK, TASKS, PODS, CONFIGMAPS = (
+        "taskshard_by_name",
+        "taskshards_by_task",
+        "task_by_name",
+        "shard_pod",
+        "shard_configmap",
+    )
+
+    def __init__(self) -> None:
+        self._indexes: dict[str, Mapping[Any, Any]] = {}
+        self._overlay: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+        self._specs = SpecMemo()
+
+    def bind(self, kwargs: Mapping[str, Any]) -> None:
+        for name in (self.SHARDS, self.SHARDS_BY_TASK, self.TASKS, self.PODS, self.CONFIGMAPS):
+            self._indexes[name] = kwargs[name]
+
+    @property
+    def bound(self) -> bool:
+        return bool(self._indexes)
+
+    def _values(self, index: str, key: Any) -> list[Any]:
+        store = self._indexes[index].get(key)
+        return list(store) if store is not None else []
+
+    def _one(self, index: str, key: Any) -> Any:
+        values = self._values(index, key)
+        return values[0] if values else None
+
+    def _fresh(self, plural: str, namespace: str, name: str, seen: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The watched record, or this operator's newer write of it."""
+        key = (plural, namespace, name)
+        with self._lock:
+            entry = self._overlay.get(key)
+            if entry is None:
+                return seen
+            written_at, obj = entry
+            if not_older(_version(seen), _version(obj)) or time.monotonic() - written_at > OVERLAY_TTL:
+                del self._overlay[key]
+                return seen
+        return obj
+
+    # ------------------------------------------------------------ Observed
+    def shard(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._fresh(naming.SHARD_PLURAL, namespace, name, self._one(self.SHARDS, (namespace, name)))
+
+    def shards_of_task(self, namespace: str, task: str) -> list[dict[str, Any]]:
+        seen = {s["metadata"]["name"]: s for s in self._values(self.SHARDS_BY_TASK, (namespace, task))}
+        with self._lock:
+            written = [
+                name
+                for (plural, ns, name), (_, obj) in self._overlay.items()
+                if plural == naming.SHARD_PLURAL and ns == namespace and task_of(obj) == task
+            ]
+        names = set(seen) | set(written)
+        found = (self._fresh(naming.SHARD_PLURAL, namespace, n, seen.get(n)) for n in sorted(names))
+        return [s for s in found if s is not None]
+
+    def task(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._fresh(naming.TASK_PLURAL, namespace, name, self._one(self.TASKS, (namespace, name)))
+
+    def task_spec(self, task: Mapping[str, Any]) -> ParsedTask:
+        return self._specs.get(task)
+
+    def pod(self, namespace: str, shard: str) -> st.PodView:
+        return self._one(self.PODS, (namespace, shard)) or st.PodView(exists=False)
+
+    def configmap_digest(self, namespace: str, shard: str) -> str | None:
+        return self._one(self.CONFIGMAPS, (namespace, shard))
+
+    def wrote(self, plural: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = (plural, meta.get("namespace") or "", meta.get("name") or "")
+        with self._lock:
+            self._overlay[key] = (time.monotonic(), object_record(obj))
+
+    def forget(self, plural: str, namespace: str, name: str) -> None:
+        with self._lock:
+            self._overlay.pop((plural, namespace, name), None)
+
+    def keys(self) -> list[tuple[str, str, str]]:
+        """Every watched Task and TaskShard as a work-queue key (``("task"|"shard", namespace, name)``)."""
+        out = [("task", ns, name) for (ns, name) in list(self._indexes.get(self.TASKS, {}))]
+        out += [("shard", ns, name) for (ns, name) in list(self._indexes.get(self.SHARDS, {}))]
+        return out

@@ -1,0 +1,45 @@
+"""The watch-fed cache: Kopf indexes of Tasks, TaskShards, shard pods and shard ConfigMaps (see ``cache.py``).
+
+Each index function is pure and returns ``{key: record}``; Kopf keeps the records up to date from its watches,
+and no resource handler runs before every index was filled from a first listing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from taskshard_operator import naming
+from taskshard_operator import status as st
+from taskshard_operator.cache import KopfCache, data_digest, object_record, shard_of, task_of
+
+SHARD_OBJECTS = {naming.LABEL_COMPONENT: naming.COMPONENT_SHARD}
+
+
+@kopf.index(naming.DOMAIN, naming.API_VERSION, naming.SHARD_PLURAL, id=KopfCache.SHARDS)
+async def taskshard_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, name): object_record(body)}
+
+
+@kopf.index(naming.DOMAIN, naming.API_VERSION, naming.SHARD_PLURAL, id=KopfCache.SHARDS_BY_TASK)
+async def taskshards_by_task(namespace: str, body: kopf.Body, **_: Any) -> dict:
+    task = task_of(body)
+    return {(namespace, task): object_record(body)} if task else {}
+
+
+@kopf.index(naming.DOMAIN, naming.API_VERSION, naming.TASK_PLURAL, id=KopfCache.TASKS)
+async def task_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, name): object_record(body)}
+
+
+@kopf.index("", "v1", "pods", labels=SHARD_OBJECTS, id=KopfCache.PODS)
+async def shard_pod(namespace: str, body: kopf.Body, **_: Any) -> dict:
+    shard = shard_of(body)
+    return {(namespace, shard): st.pod_view(dict(body))} if shard else {}
+
+
+@kopf.index("", "v1", "configmaps", labels=SHARD_OBJECTS, id=KopfCache.CONFIGMAPS)
+async def shard_configmap(namespace: str, body: kopf.Body, **_: Any) -> dict:
+    shard = shard_of(body)
+    return {(namespace, shard): data_digest(body.get("data"))} if shard else {}

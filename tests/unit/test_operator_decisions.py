@@ -1,0 +1,958 @@
+"""The planners' decisions as data: what :func:`decide_shard` and :func:`decide_task` decide for every phase and pod
+state, read from a small dict-backed :class:`~taskshard_operator.cache.Observed` that has no API at all.
+
+A decision is checked as data: the new phase (``decision.status["phase"]``, absent when unchanged), the kinds of
+the actions in order, the conditions written, and when the object wants another pass (``requeue_after``).
+Nothing here carries a decision out; deciding must not write anything (the world is compared before and after).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+
+from spark_runtime.keygroups import KeyGroupRange, initial_ranges
+from taskshard_operator import builders, naming
+from taskshard_operator import status as st
+from taskshard_operator.act import ApplyConfigMap, Backoff, Create, Decision, Delete, Patch
+from taskshard_operator.cache import data_digest, parse_task
+from taskshard_operator.reconcile_shard import decide_shard
+from taskshard_operator.reconcile_task import CREATE_PER_PASS, decide_task
+
+pytestmark = pytest.mark.unit
+
+NS = "ns"
+TASK = "t"
+SPEC: dict[str, Any] = {
+    "maxKeyGroups": 16,
+    "initialShards": 1,
+    "processor": {"builtin": "count"},
+    "source": {"journal": {"path": "/data/journal/t", "partitions": 2}},
+    "sink": {"directory": {"path": "/data/out/t"}},
+    "storage": {"path": "/data/state", "volume": {"hostPath": "/tmp/x"}},
+    "spark": {"image": "img:1"},
+}
+PARENT = "t-0-16"
+LOW, HIGH = "t-0-8", "t-8-16"
+OLD_HASH = "0000000000000old"
+LONG_AGO = "2020-01-01T00:00:00Z"
+DRAIN_SUMMARY = {"drained": True, "batchId": 7, "manifest": "/x/manifest.json"}
+
+
+# ---------------------------------------------------------------- a dict-backed Observed (no API)
+
+
+class World:
+    """:class:`~taskshard_operator.cache.Observed` over plain dicts: shards and tasks by name, pods (API dicts)
+    and ConfigMap digests by shard name. ``wrote``/``forget`` only record that they were called (deciding must
+    never call them)."""
+
+    def __init__(self, spec: dict[str, Any] | None = None) -> None:
+        self.tasks: dict[str, dict[str, Any]] = {}
+        self.shards: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.configmaps: dict[str, str] = {}
+        self.calls: list[tuple] = []
+        self.tasks[TASK] = {
+            "apiVersion": naming.GROUP_VERSION,
+            "kind": "Task",
+            "metadata": {
+                "name": TASK,
+                "namespace": NS,
+                "uid": "task-uid",
+                "resourceVersion": "1",
+                "generation": 1,
+                "creationTimestamp": LONG_AGO,
+            },
+            "spec": copy.deepcopy(spec or SPEC),
+            "status": {},
+        }
+
+    # Observed
+    def shard(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.shards.get(name))
+
+    def shards_of_task(self, namespace: str, task: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(s) for _, s in sorted(self.shards.items()) if s["spec"]["taskRef"]["name"] == task]
+
+    def task(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.tasks.get(name))
+
+    def task_spec(self, task):
+        return parse_task(task)
+
+    def pod(self, namespace: str, shard: str) -> st.PodView:
+        pod = self.pods.get(shard)
+        return st.pod_view(pod) if pod is not None else st.PodView(exists=False)
+
+    def configmap_digest(self, namespace: str, shard: str) -> str | None:
+        return self.configmaps.get(shard)
+
+    def wrote(self, plural, obj) -> None:
+        self.calls.append(("wrote", plural))
+
+    def forget(self, plural, namespace, name) -> None:
+        self.calls.append(("forget", plural, name))
+
+    # test helpers
+    def snapshot(self) -> str:
+        return json.dumps([self.tasks, self.shards, self.pods, self.configmaps], sort_keys=True, default=str)
+
+
+def task_hash(world: World | None = None) -> str:
+    return parse_task((world or World()).tasks[TASK]).template_hash
+
+
+HASH = task_hash()
+
+
+def add_shard(
+    world: World,
+    name: str,
+    *,
+    phase: str | None = None,
+    status: dict[str, Any] | None = None,
+    restore_from: str | None = None,
+    generation: int = 1,
+    observed_generation: int | None = 1,
+    template: str | None = None,
+    split: dict[str, Any] | None = None,
+    key_groups: KeyGroupRange | None = None,
+) -> dict[str, Any]:
+    """A TaskShard as the operator creates it (labels, template annotation), with uid, version and a status."""
+    if key_groups is None:
+        _, start, end = name.rsplit("-", 2)
+        key_groups = KeyGroupRange(int(start), int(end))
+    restore = None
+    if restore_from is not None:
+        restore = {"parent": restore_from, "manifest": f"/data/state/t/shards/{restore_from}/drained.json"}
+    body = builders.build_shard(TASK, key_groups, template_hash=template or HASH, restore_from=restore)
+    body["metadata"].update(name=name, namespace=NS, uid=f"uid-{name}", resourceVersion="10", generation=generation)
+    if phase in ("Split", "Stopped"):
+        body["metadata"]["labels"][naming.LABEL_ACTIVE] = "false"
+    if split is not None:
+        body["spec"]["split"] = split
+    full_status: dict[str, Any] = {}
+    if phase is not None:
+        full_status["phase"] = phase
+    if observed_generation is not None:
+        full_status["observedGeneration"] = observed_generation
+    full_status.update(status or {})
+    body["status"] = full_status
+    world.shards[name] = body
+    return body
+
+
+def config_digest(world: World, name: str) -> str:
+    """The digest of the ConfigMap the operator would build for shard ``name`` (the in-sync one)."""
+    shard, task = world.shards[name], world.tasks[TASK]
+    kg = shard["spec"]["keyGroups"]
+    r = KeyGroupRange(kg["start"], kg["end"])
+    spec = parse_task(task).spec
+    config = builders.build_shard_config(
+        task=TASK,
+        namespace=NS,
+        shard=name,
+        key_groups=r,
+        spec=spec,
+        restore_from=shard["spec"].get("restoreFrom"),
+        task_created=task["metadata"].get("creationTimestamp"),
+        task_uid=task["metadata"].get("uid"),
+    )
+    cm = builders.build_configmap(task=TASK, shard=name, key_groups=r, config=config, spec=spec)
+    return data_digest(cm["data"])
+
+
+def sync_config(world: World, name: str) -> None:
+    world.configmaps[name] = config_digest(world, name)
+
+
+def make_pod(
+    shard: str,
+    *,
+    phase: str | None = None,
+    state: dict[str, Any] | None = None,
+    restart_count: int = 0,
+    template: str | None = None,
+    drain: bool = False,
+    deleting: bool = False,
+) -> dict[str, Any]:
+    """A driver pod as the API shows it (``status`` empty: created, not scheduled yet)."""
+    annotations = {
+        naming.ANNOTATION_TEMPLATE_HASH: template or HASH,
+        naming.ANNOTATION_RESTARTS_BASE: "0",
+    }
+    if drain:
+        annotations[naming.ANNOTATION_DRAIN] = "true"
+    meta: dict[str, Any] = {
+        "name": naming.pod_name(shard),
+        "namespace": NS,
+        "uid": f"pod-uid-{shard}",
+        "labels": {naming.LABEL_SHARD: shard},
+        "annotations": annotations,
+    }
+    if deleting:
+        meta["deletionTimestamp"] = LONG_AGO
+    status: dict[str, Any] = {}
+    if phase is not None:
+        status["phase"] = phase
+    if state is not None:
+        status["containerStatuses"] = [{"name": naming.CONTAINER_DRIVER, "restartCount": restart_count, "state": state}]
+    return {"metadata": meta, "status": status}
+
+
+def running(started: str = LONG_AGO) -> dict[str, Any]:
+    return {"running": {"startedAt": started}}
+
+
+def terminated(exit_code: int, message: dict[str, Any] | None = None) -> dict[str, Any]:
+    term: dict[str, Any] = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}
+    if message is not None:
+        term["message"] = json.dumps(message)
+    return {"terminated": term}
+
+
+def kinds(decision: Decision) -> list[str]:
+    """The actions as short strings, e.g. ``Create(pods)``, ``ApplyConfigMap(new)``, ``Backoff(reset)``."""
+    out = []
+    for a in decision.actions:
+        if isinstance(a, Create | Patch | Delete):
+            out.append(f"{type(a).__name__}({a.plural})")
+        elif isinstance(a, ApplyConfigMap):
+            out.append(f"ApplyConfigMap({'exists' if a.exists else 'new'})")
+        elif isinstance(a, Backoff):
+            out.append(f"Backoff({'reset' if a.reset else 'record'})")
+        else:  # pragma: no cover - a new action type needs a name here
+            out.append(repr(a))
+    return out
+
+
+def actions_of(decision: Decision, kind: type, plural: str | None = None) -> list[Any]:
+    return [a for a in decision.actions if isinstance(a, kind) and (plural is None or a.plural == plural)]
+
+
+def condition(decision: Decision, type_: str) -> dict[str, Any] | None:
+    return st.get_condition(decision.status.get("conditions"), type_)
+
+
+def decide(world: World, name: str, backoff_wait: float = 0.0) -> Decision:
+    before = world.snapshot()
+    decision = decide_shard(world, NS, name, backoff_wait=lambda uid: backoff_wait)
+    assert decision is not None
+    assert world.snapshot() == before, "deciding changed the observed world"
+    assert world.calls == [], "deciding recorded a write (wrote/forget)"
+    return decision
+
+
+# ---------------------------------------------------------------- Pending / Running / Failed x pod states
+
+# Per case: the pod, whether status.pod is set (a replacement), the back-off wait, whether the ConfigMap is in
+# sync, the phase each starting phase moves to (None = unchanged), the action kinds, the Ready or Progressing
+# reason written, and requeue_after (None, or a (low, high) range).
+_KEEP = {"Pending": None, "Running": "Pending", "Failed": None}
+"""_keep_phase: a not-yet-running pod leaves Failed as it is and makes anything else Pending."""
+
+CASES: dict[str, dict[str, Any]] = {
+    "missing-new": dict(
+        pod=None,
+        replacement=False,
+        backoff=0.0,
+        config=False,
+        phases=_KEEP,
+        actions=["ApplyConfigMap(new)", "Create(pods)"],
+        reason=(st.READY, "PodStarting"),
+        requeue=None,
+    ),
+    "missing-replacement-now": dict(
+        pod=None,
+        replacement=True,
+        backoff=0.0,
+        config=True,
+        phases=_KEEP,
+        actions=["Backoff(record)", "Create(pods)"],
+        reason=(st.READY, "PodStarting"),
+        requeue=None,
+    ),
+    "missing-replacement-backoff": dict(
+        pod=None,
+        replacement=True,
+        backoff=7.5,
+        config=True,
+        phases=_KEEP,
+        actions=[],
+        reason=(st.PROGRESSING, "BackOff"),
+        requeue=(7.5, 7.5),
+    ),
+    "created-not-started": dict(
+        pod=lambda: make_pod(PARENT),
+        replacement=True,
+        backoff=0.0,
+        config=True,
+        phases={"Pending": None, "Running": None, "Failed": None},
+        actions=[],
+        reason=(st.READY, "PodStarting"),
+        requeue=None,
+    ),
+    "running-stable": dict(
+        pod=lambda: make_pod(PARENT, phase="Running", state=running()),
+        replacement=True,
+        backoff=0.0,
+        config=True,
+        phases={"Pending": "Running", "Running": None, "Failed": "Running"},
+        actions=["Backoff(reset)"],
+        reason=(st.READY, "PodRunning"),
+        requeue=None,
+    ),
+    "running-just-started": dict(
+        pod=lambda: make_pod(
+            PARENT, phase="Running", state=running(dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        ),
+        replacement=True,
+        backoff=0.0,
+        config=True,
+        phases={"Pending": "Running", "Running": None, "Failed": "Running"},
+        actions=[],
+        reason=(st.READY, "PodRunning"),
+        requeue=(50.0, 61.0),  # looks again once it ran STABLE_SECONDS (then resets the back-off)
+    ),
+    "crash-loop": dict(
+        pod=lambda: make_pod(
+            PARENT,
+            phase="Running",
+            state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+            restart_count=3,
+        ),
+        replacement=True,
+        backoff=0.0,
+        config=True,
+        phases={"Pending": "Failed", "Running": "Failed", "Failed": None},
+        actions=[],
+        reason=(st.READY, "CrashLoopBackOff"),
+        requeue=None,
+    ),
+    "pod-failed-with-message": dict(
+        pod=lambda: make_pod(
+            PARENT,
+            phase="Failed",
+            state=terminated(
+                1, {"event": "failed", "error": "topic orders does not exist", "reason": "SourceTopicMissing"}
+            ),
+        ),
+        replacement=True,
+        backoff=0.0,
+        config=True,
+        phases={"Pending": "Failed", "Running": "Failed", "Failed": None},
+        actions=["Delete(pods)"],
+        reason=(st.READY, "SourceTopicMissing"),
+        requeue=None,
+    ),
+    "pod-succeeded": dict(
+        pod=lambda: make_pod(PARENT, phase="Succeeded", state=terminated(0, {"event": "stopped", "batchId": 4})),
+        replacement=True,
+        backoff=0.0,
+        config=True,
+        phases={"Pending": "Failed", "Running": "Failed", "Failed": None},
+        actions=["Delete(pods)"],
+        reason=(st.READY, "PodEnded"),
+        requeue=None,
+    ),
+    "pod-deleting": dict(
+        pod=lambda: make_pod(PARENT, phase="Running", state=running(), deleting=True),
+        replacement=True,
+        backoff=0.0,
+        config=True,
+        phases=_KEEP,
+        actions=[],
+        reason=(st.READY, "PodTerminating"),
+        requeue=None,
+    ),
+    "pod-other-template": dict(
+        pod=lambda: make_pod(PARENT, phase="Running", state=running(), template=OLD_HASH),
+        replacement=True,
+        backoff=0.0,
+        config=True,
+        phases={"Pending": None, "Running": "Pending", "Failed": "Pending"},
+        actions=["Backoff(reset)", "Delete(pods)"],
+        reason=(st.PROGRESSING, "RollingRestart"),
+        requeue=None,
+    ),
+}
+
+
+@pytest.mark.parametrize("phase", ["Pending", "Running", "Failed"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_active_phase_by_pod_state(case: str, phase: str) -> None:
+    c = CASES[case]
+    world = World()
+    status: dict[str, Any] = {"restarts": 2}
+    if c["replacement"]:
+        status["pod"] = naming.pod_name(PARENT)
+    add_shard(world, PARENT, phase=phase, status=status)
+    if c["pod"] is not None:
+        world.pods[PARENT] = c["pod"]()
+    if c["config"]:
+        sync_config(world, PARENT)
+
+    decision = decide(world, PARENT, backoff_wait=c["backoff"])
+
+    want_phase = c["phases"][phase]
+    assert decision.status.get("phase") == want_phase, decision.status
+    assert decision.new_phase == want_phase
+    assert kinds(decision) == c["actions"]
+    type_, reason = c["reason"]
+    written = condition(decision, type_)
+    assert written is not None and written["reason"] == reason, decision.status.get("conditions")
+    if c["requeue"] is None:
+        assert decision.requeue_after is None
+    else:
+        low, high = c["requeue"]
+        assert decision.requeue_after is not None and low <= decision.requeue_after <= high
+    assert decision.plural == naming.SHARD_PLURAL and decision.name == PARENT
+    assert decision.body["metadata"]["resourceVersion"] == "10", "the status write is conditional on this version"
+
+
+def test_a_new_pod_is_built_for_this_shard():
+    """The created pod and ConfigMap: names, owner, template hash, restarts carried over (a replacement counts one
+    more restart; a new shard's first pod counts none)."""
+    world = World()
+    add_shard(world, PARENT, phase="Running", status={"restarts": 2, "pod": naming.pod_name(PARENT)})
+    sync_config(world, PARENT)
+    (create,) = actions_of(decide(world, PARENT), Create, "pods")
+    meta = create.body["metadata"]
+    assert meta["name"] == naming.pod_name(PARENT)
+    assert meta["annotations"][naming.ANNOTATION_TEMPLATE_HASH] == HASH
+    assert meta["annotations"][naming.ANNOTATION_RESTARTS_BASE] == "3"
+    assert naming.ANNOTATION_DRAIN not in meta["annotations"]
+    assert meta["ownerReferences"][0]["uid"] == f"uid-{PARENT}"
+    assert create.announce is not None and create.announce.reason == "PodCreated"
+    decision = decide(world, PARENT)
+    assert decision.status["restarts"] == 3
+    assert actions_of(decision, Backoff)[0].key == f"uid-{PARENT}", "the back-off is keyed by the shard's uid"
+
+    fresh = World()
+    add_shard(fresh, PARENT, phase=None, observed_generation=None)
+    decision = decide(fresh, PARENT)
+    assert kinds(decision) == ["ApplyConfigMap(new)", "Create(pods)"]
+    assert decision.status["phase"] == "Pending" and decision.status["restarts"] == 0
+    assert decision.status["observedGeneration"] == 1 and decision.status["pod"] == naming.pod_name(PARENT)
+    (apply,) = actions_of(decision, ApplyConfigMap)
+    assert apply.body["metadata"]["name"] == naming.configmap_name(PARENT)
+    assert data_digest(apply.body["data"]) == config_digest(fresh, PARENT)
+
+
+def test_ended_and_rolled_pods_are_deleted_the_right_way():
+    """An ended pod is deleted at once (grace 0, by uid: never a newer pod of the same name); a pod of another
+    template is deleted gracefully (SIGTERM: it stops at a batch boundary, resumable)."""
+    world = World()
+    add_shard(world, PARENT, phase="Running", status={"pod": naming.pod_name(PARENT)})
+    sync_config(world, PARENT)
+    world.pods[PARENT] = CASES["pod-failed-with-message"]["pod"]()
+    (delete,) = actions_of(decide(world, PARENT), Delete)
+    assert (delete.name, delete.uid, delete.grace) == (naming.pod_name(PARENT), f"pod-uid-{PARENT}", 0)
+    degraded = condition(decide(world, PARENT), st.DEGRADED)
+    assert degraded["status"] == "True" and "topic orders does not exist" in degraded["message"]
+
+    world.pods[PARENT] = CASES["pod-other-template"]["pod"]()
+    (delete,) = actions_of(decide(world, PARENT), Delete)
+    assert delete.name == naming.pod_name(PARENT) and delete.grace is None
+
+
+def test_a_stopped_pod_keeps_its_last_checkpoint():
+    world = World()
+    add_shard(world, PARENT, phase="Running", status={"pod": naming.pod_name(PARENT)})
+    sync_config(world, PARENT)
+    world.pods[PARENT] = CASES["pod-succeeded"]["pod"]()
+    decision = decide(world, PARENT)
+    assert decision.status["lastCheckpoint"] == {"batchId": 4}
+    assert "SIGTERM stop at batch 4" in condition(decision, st.READY)["message"]
+
+
+# ---------------------------------------------------------------- the split request (Running)
+
+
+def test_a_valid_split_request_on_a_running_shard_is_accepted_and_nothing_else_happens():
+    world = World()
+    add_shard(world, PARENT, phase="Running", generation=2, observed_generation=1, split={"requested": True})
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
+    decision = decide(world, PARENT)
+    assert decision.status["phase"] == "SplitRequested"
+    assert decision.status["split"]["at"] == 8 and decision.status["observedGeneration"] == 2
+    assert kinds(decision) == [], "step 1 only writes status (no config, no pod touched)"
+    assert [e.reason for e in decision.events] == ["PhaseSplitRequested", "SplitAccepted"]
+
+
+def test_a_split_request_of_a_pending_shard_is_refused_without_a_phase_change():
+    world = World()
+    add_shard(world, PARENT, phase="Pending", generation=2, observed_generation=1, split={"requested": True, "at": 4})
+    decision = decide(world, PARENT)
+    assert "phase" not in decision.status
+    rejected = condition(decision, st.SPLIT_REJECTED)
+    assert rejected["status"] == "True" and "only a Running shard can be split" in rejected["message"]
+    assert decision.status["observedGeneration"] == 2
+    assert kinds(decision) == []
+
+
+# ---------------------------------------------------------------- split steps
+
+
+def split_status(**extra: Any) -> dict[str, Any]:
+    return {"split": {"at": 8}, "pod": naming.pod_name(PARENT), "restarts": 1, **extra}
+
+
+def add_children(world: World, *, phases: tuple[str | None, str | None] = (None, None)) -> None:
+    for name, phase in zip((LOW, HIGH), phases, strict=True):
+        add_shard(world, name, phase=phase, restore_from=PARENT, observed_generation=None)
+
+
+def test_split_requested_creates_standby_children_and_asks_the_pod_to_drain():
+    world = World()
+    add_shard(world, PARENT, phase="SplitRequested", generation=2, observed_generation=2, status=split_status())
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
+    decision = decide(world, PARENT)
+
+    assert decision.status["phase"] == "Draining"
+    assert decision.status["lineage"] == {"children": [LOW, HIGH]}
+    assert kinds(decision) == ["Create(taskshards)", "Create(taskshards)", "Patch(pods)"]
+    low, high = actions_of(decision, Create, naming.SHARD_PLURAL)
+    manifest = "/data/state/t/shards/t-0-16/drained.json"
+    for create, name, kg in ((low, LOW, {"start": 0, "end": 8}), (high, HIGH, {"start": 8, "end": 16})):
+        assert create.body["metadata"]["name"] == name
+        assert create.body["spec"]["keyGroups"] == kg
+        assert create.body["spec"]["restoreFrom"] == {"parent": PARENT, "manifest": manifest}
+        assert create.body["metadata"]["ownerReferences"][0]["uid"] == "task-uid", "owned by the Task"
+        assert create.body["metadata"]["annotations"][naming.ANNOTATION_TEMPLATE_HASH] == HASH
+    (patch,) = actions_of(decision, Patch, "pods")
+    assert patch.name == naming.pod_name(PARENT)
+    assert patch.patch == {"metadata": {"annotations": {naming.ANNOTATION_DRAIN: "true"}}}
+    assert "Draining" in [e.reason for e in decision.events]
+
+
+def test_split_requested_recreates_a_missing_pod_with_the_drain_annotation():
+    world = World()
+    add_shard(world, PARENT, phase="SplitRequested", generation=2, observed_generation=2, status=split_status())
+    add_children(world)
+    decision = decide(world, PARENT)
+    assert kinds(decision) == ["Create(pods)"], "the children exist: not created again"
+    (create,) = actions_of(decision, Create, "pods")
+    assert create.body["metadata"]["annotations"][naming.ANNOTATION_DRAIN] == "true"
+    assert decision.status["phase"] == "Draining"
+
+
+@pytest.mark.parametrize("taken", [LOW, HIGH])
+def test_a_child_name_taken_by_a_non_child_holds_the_split(taken: str):
+    world = World()
+    add_shard(world, PARENT, phase="SplitRequested", generation=2, observed_generation=2, status=split_status())
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
+    add_shard(world, taken, phase="Running")  # not restoring from the parent: a stray of that name
+    decision = decide(world, PARENT)
+    assert "phase" not in decision.status, "no phase change while the name is taken"
+    assert "lineage" not in decision.status
+    degraded = condition(decision, st.DEGRADED)
+    assert degraded["status"] == "True" and degraded["reason"] == "ChildNameTaken" and taken in degraded["message"]
+    assert not actions_of(decision, Patch, "pods"), "the pod is not asked to drain: it keeps processing"
+    assert all(a.body["metadata"]["name"] != taken for a in actions_of(decision, Create, naming.SHARD_PLURAL))
+    assert [e.reason for e in decision.events] == ["ChildNameTaken"]
+
+
+def test_draining_pod_that_exited_with_a_drain_summary_makes_the_shard_drained():
+    world = World()
+    add_shard(world, PARENT, phase="Draining", generation=2, observed_generation=2, status=split_status())
+    add_children(world)
+    world.pods[PARENT] = make_pod(PARENT, phase="Succeeded", state=terminated(0, DRAIN_SUMMARY), drain=True)
+    decision = decide(world, PARENT)
+    assert decision.status["phase"] == "Drained"
+    assert decision.status["finalCheckpoint"] == {"batchId": 7, "manifest": "/x/manifest.json"}
+    assert decision.status["lastCheckpoint"] == decision.status["finalCheckpoint"]
+    assert kinds(decision) == [], "the pod is deleted in the next step, after Drained is written"
+
+
+def test_draining_without_a_pod_recreates_it_draining():
+    world = World()
+    add_shard(world, PARENT, phase="Draining", generation=2, observed_generation=2, status=split_status())
+    add_children(world)
+    decision = decide(world, PARENT)
+    assert kinds(decision) == ["Create(pods)"]
+    (create,) = actions_of(decision, Create, "pods")
+    annotations = create.body["metadata"]["annotations"]
+    assert annotations[naming.ANNOTATION_DRAIN] == "true"
+    assert annotations[naming.ANNOTATION_RESTARTS_BASE] == "2"
+    assert "phase" not in decision.status
+
+
+@pytest.mark.parametrize(
+    ("pod", "want_actions", "want_reason"),
+    [
+        (lambda: make_pod(PARENT, phase="Running", state=running(), drain=True), [], None),
+        (lambda: make_pod(PARENT, phase="Running", state=running()), ["Patch(pods)"], None),
+        (lambda: make_pod(PARENT, phase="Running", state=running(), drain=True, deleting=True), [], None),
+        (
+            lambda: make_pod(PARENT, phase="Running", state={"waiting": {"reason": "CrashLoopBackOff"}}, drain=True),
+            [],
+            "DrainRetry",
+        ),
+        (
+            lambda: make_pod(PARENT, phase="Succeeded", state=terminated(0, {"event": "stopped"}), drain=True),
+            ["Delete(pods)"],
+            "DrainWithoutManifest",
+        ),
+    ],
+    ids=["still-draining", "not-annotated", "deleting", "crash-loop", "ended-without-manifest"],
+)
+def test_draining_waits_for_a_drain_summary(pod, want_actions, want_reason):
+    """Draining never moves on without a drain summary with a manifest (no phase change in any of these)."""
+    world = World()
+    add_shard(world, PARENT, phase="Draining", generation=2, observed_generation=2, status=split_status())
+    add_children(world)
+    world.pods[PARENT] = pod()
+    decision = decide(world, PARENT)
+    assert "phase" not in decision.status and "finalCheckpoint" not in decision.status
+    assert kinds(decision) == want_actions
+    degraded = condition(decision, st.DEGRADED)
+    assert (degraded or {}).get("reason") == want_reason
+
+
+def drained_status() -> dict[str, Any]:
+    return split_status(
+        finalCheckpoint={"batchId": 7, "manifest": "/x/manifest.json"}, lineage={"children": [LOW, HIGH]}
+    )
+
+
+def test_drained_deletes_the_stopped_pod_and_hands_over_to_the_children():
+    world = World()
+    add_shard(world, PARENT, phase="Drained", generation=2, observed_generation=2, status=drained_status())
+    add_children(world)
+    world.pods[PARENT] = make_pod(PARENT, phase="Succeeded", state=terminated(0, DRAIN_SUMMARY), drain=True)
+    decision = decide(world, PARENT)
+    assert decision.status["phase"] == "ChildrenCreated"
+    assert kinds(decision) == ["Delete(pods)"]
+    assert actions_of(decision, Delete)[0].grace == 0
+    assert "pod" in decision.status and decision.status["pod"] is None, "status.pod is cleared"
+
+
+def test_drained_creates_children_the_cache_does_not_show():
+    world = World()
+    add_shard(world, PARENT, phase="Drained", generation=2, observed_generation=2, status=drained_status())
+    decision = decide(world, PARENT)
+    assert kinds(decision) == ["Create(taskshards)", "Create(taskshards)"]
+    assert decision.status["phase"] == "ChildrenCreated"
+
+
+def test_drained_never_hands_over_while_the_parent_container_could_run():
+    world = World()
+    add_shard(world, PARENT, phase="Drained", generation=2, observed_generation=2, status=drained_status())
+    add_children(world)
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running(), drain=True)
+    decision = decide(world, PARENT)
+    assert decision.status == {} and decision.actions == []
+
+
+@pytest.mark.parametrize("phases", [(None, None), ("Pending", None), (None, "Running")])
+def test_children_created_waits_until_both_children_were_seen(phases):
+    world = World()
+    add_shard(world, PARENT, phase="ChildrenCreated", generation=2, observed_generation=2, status=drained_status())
+    add_children(world, phases=phases)
+    world.configmaps[PARENT] = "some-digest"
+    decision = decide(world, PARENT)
+    assert decision.status == {}, "no write until both children have a phase"
+    assert decision.actions == []
+
+
+@pytest.mark.parametrize("configmap", [True, False])
+def test_children_created_becomes_split_once_both_children_have_a_phase(configmap: bool):
+    world = World()
+    add_shard(world, PARENT, phase="ChildrenCreated", generation=2, observed_generation=2, status=drained_status())
+    add_children(world, phases=("Pending", "Running"))
+    if configmap:
+        world.configmaps[PARENT] = "some-digest"
+    decision = decide(world, PARENT)
+    assert decision.status["phase"] == "Split"
+    assert kinds(decision) == (["Delete(configmaps)"] if configmap else [])
+    if configmap:
+        assert actions_of(decision, Delete)[0].name == naming.configmap_name(PARENT)
+    assert condition(decision, st.SPLITTING)["status"] == "False"
+
+
+def test_split_refuses_a_new_split_request():
+    world = World()
+    add_shard(
+        world,
+        PARENT,
+        phase="Split",
+        generation=3,
+        observed_generation=2,
+        status=drained_status(),
+        split={"requested": True, "at": 4},
+    )
+    add_children(world, phases=("Running", "Running"))
+    decision = decide(world, PARENT)
+    assert "phase" not in decision.status
+    assert decision.status["observedGeneration"] == 3
+    rejected = condition(decision, st.SPLIT_REJECTED)
+    assert rejected["status"] == "True" and rejected["reason"] == "InvalidSplitRequest"
+    assert kinds(decision) == []
+    assert [e.reason for e in decision.events] == ["SplitRejected"]
+
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
+    assert kinds(decide(world, PARENT)) == ["Delete(pods)"], "a split shard keeps no pod"
+
+
+def test_the_active_label_follows_the_terminal_phase():
+    world = World()
+    body = add_shard(world, PARENT, phase="Split", generation=2, observed_generation=2, status=drained_status())
+    body["metadata"]["labels"][naming.LABEL_ACTIVE] = "true"
+    decision = decide(world, PARENT)
+    assert kinds(decision) == ["Patch(taskshards)"]
+    (patch,) = decision.actions
+    assert patch.name == PARENT and patch.patch == {"metadata": {"labels": {naming.LABEL_ACTIVE: "false"}}}
+
+
+# ---------------------------------------------------------------- standby children
+
+
+def standby_world(parent_phase: str, child_phase: str | None) -> World:
+    world = World()
+    add_shard(world, PARENT, phase=parent_phase, generation=2, observed_generation=2, status=drained_status())
+    add_shard(world, LOW, phase=child_phase, restore_from=PARENT, observed_generation=None)
+    add_shard(world, HIGH, phase=None, restore_from=PARENT, observed_generation=None)
+    sync_config(world, LOW)
+    world.pods[LOW] = make_pod(LOW, phase="Running", state=running())
+    return world
+
+
+@pytest.mark.parametrize("parent_phase", ["SplitRequested", "Draining", "Drained"])
+def test_a_child_whose_parent_holds_the_range_is_pending_on_standby(parent_phase: str):
+    decision = decide(standby_world(parent_phase, None), LOW)
+    assert decision.status["phase"] == "Pending"
+    ready = condition(decision, st.READY)
+    assert ready["status"] == "False" and ready["reason"] == "Standby" and PARENT in ready["message"]
+    assert decision.status["lineage"] == {"parent": PARENT}
+    assert not actions_of(decision, Create), "its pod runs (on standby): nothing is created"
+
+
+@pytest.mark.parametrize("parent_phase", ["ChildrenCreated", "Split"])
+def test_a_child_runs_once_the_parent_handed_over(parent_phase: str):
+    decision = decide(standby_world(parent_phase, None), LOW)
+    assert decision.status["phase"] == "Running"
+    assert condition(decision, st.READY)["reason"] == "PodRunning"
+
+
+def test_a_standby_child_without_a_pod_gets_one_despite_the_parent_owning_the_range():
+    world = standby_world("Draining", None)
+    del world.pods[LOW]
+    decision = decide(world, LOW)
+    assert kinds(decision) == ["Create(pods)"], "a child overlaps only its parent, which it waits for"
+
+
+def test_a_child_that_failed_on_standby_goes_back_to_standby_not_running():
+    decision = decide(standby_world("Draining", "Failed"), LOW)
+    assert condition(decision, st.READY)["reason"] == "Standby"
+    assert decision.status.get("phase") == "Pending"
+
+
+# ---------------------------------------------------------------- overlap and config
+
+
+def test_a_shard_over_an_owned_range_gets_no_pod():
+    world = World()
+    add_shard(world, PARENT, phase="Running")
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
+    sync_config(world, PARENT)
+    add_shard(world, "stray", phase=None, observed_generation=None, key_groups=KeyGroupRange(4, 12))
+    decision = decide(world, "stray")
+    assert not actions_of(decision, Create, "pods")
+    ready, degraded = condition(decision, st.READY), condition(decision, st.DEGRADED)
+    assert ready["reason"] == "RangeOverlap" and degraded["status"] == "True"
+    assert f"{PARENT} [0, 16)" in degraded["message"]
+    assert [e.reason for e in decision.events] == ["RangeOverlap"]
+
+    # the owner loses its pod: it is not replaced either while the stray overlaps it
+    del world.pods[PARENT]
+    world.shards[PARENT]["status"]["pod"] = naming.pod_name(PARENT)
+    decision = decide(world, PARENT)
+    assert not actions_of(decision, Create, "pods")
+    assert condition(decision, st.READY)["reason"] == "RangeOverlap"
+    assert "stray [4, 12)" in condition(decision, st.DEGRADED)["message"]
+
+
+def test_a_repeated_overlap_posts_no_second_event():
+    world = World()
+    add_shard(world, PARENT, phase="Running")
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
+    add_shard(world, "stray", phase=None, observed_generation=None, key_groups=KeyGroupRange(4, 12))
+    first = decide(world, "stray")
+    world.shards["stray"]["status"].update(first.status)
+    again = decide(world, "stray")
+    assert again.events == [] and "conditions" not in again.status, "status already says so"
+
+
+def running_world(*, template: str | None = None) -> World:
+    world = World()
+    add_shard(world, PARENT, phase="Running", status={"pod": naming.pod_name(PARENT)}, template=template)
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running(), template=template)
+    return world
+
+
+def test_a_config_with_the_cached_digest_is_not_applied():
+    world = running_world()
+    sync_config(world, PARENT)
+    decision = decide(world, PARENT)
+    assert not actions_of(decision, ApplyConfigMap)
+    assert kinds(decision) == ["Backoff(reset)"]
+
+
+def test_a_config_with_another_digest_is_replaced():
+    world = running_world()
+    world.configmaps[PARENT] = "another-digest"
+    decision = decide(world, PARENT)
+    (apply,) = actions_of(decision, ApplyConfigMap)
+    assert apply.exists is True
+    assert data_digest(apply.body["data"]) == config_digest(world, PARENT)
+    assert apply.body["metadata"]["ownerReferences"][0]["uid"] == f"uid-{PARENT}"
+
+
+def test_a_shard_not_rolled_yet_keeps_its_config():
+    """The roll has not reached the shard (its annotation names an older template): its ConfigMap is not replaced,
+    so a container restarting in place keeps the config it ran with; a missing one is still created."""
+    world = running_world(template=OLD_HASH)
+    world.configmaps[PARENT] = "another-digest"
+    decision = decide(world, PARENT)
+    assert not actions_of(decision, ApplyConfigMap)
+    assert "phase" not in decision.status
+
+    del world.configmaps[PARENT]
+    assert kinds(decide(world, PARENT))[:1] == ["ApplyConfigMap(new)"]
+
+
+def test_an_invalid_task_spec_touches_nothing():
+    world = World({**SPEC, "initialShards": 99})
+    add_shard(world, PARENT, phase="Running")
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
+    decision = decide(world, PARENT)
+    assert decision.actions == [] and "phase" not in decision.status
+    assert condition(decision, st.DEGRADED)["reason"] == "InvalidTaskSpec"
+
+
+def test_a_deleted_task_stops_the_shard():
+    world = World()
+    add_shard(world, PARENT, phase="Running")
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
+    del world.tasks[TASK]
+    decision = decide(world, PARENT)
+    assert decision.status["phase"] == "Stopped"
+    (delete,) = actions_of(decision, Delete, "pods")
+    assert delete.grace is None, "graceful: SIGTERM stops at a batch boundary"
+
+
+def test_a_gone_shard_decides_nothing():
+    world = World()
+    assert decide_shard(world, NS, "nope") is None
+    body = add_shard(world, PARENT, phase="Running")
+    body["metadata"]["deletionTimestamp"] = LONG_AGO
+    assert decide_shard(world, NS, PARENT) is None
+
+
+# ---------------------------------------------------------------- deciding is pure
+
+
+def test_deciding_is_pure_and_repeatable():
+    """Deciding twice from the same observation gives the same decision and writes nothing: the World has no API
+    to write to, is unchanged afterwards, and its ``wrote``/``forget`` are never called (``decide`` checks both
+    for every decision in this file)."""
+    world = World()
+    add_shard(world, PARENT, phase="SplitRequested", generation=2, observed_generation=2, status=split_status())
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
+
+    def stable(d: Decision) -> tuple:
+        conditions = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in d.status["conditions"]]
+        return kinds(d), {**d.status, "conditions": conditions}, [e.reason for e in d.events], d.requeue_after
+
+    assert stable(decide(world, PARENT)) == stable(decide(world, PARENT))
+    before = world.snapshot()
+    assert decide_task(world, NS, TASK) is not None
+    assert world.snapshot() == before and world.calls == []
+
+
+# ---------------------------------------------------------------- decide_task
+
+
+def test_a_new_task_creates_its_initial_shards():
+    world = World({**SPEC, "initialShards": 2})
+    decision = decide_task(world, NS, TASK)
+    assert kinds(decision) == ["Create(taskshards)", "Create(taskshards)"]
+    assert [a.body["metadata"]["name"] for a in decision.actions] == [LOW, HIGH]
+    for a in decision.actions:
+        assert a.body["metadata"]["ownerReferences"][0]["uid"] == "task-uid"
+        assert a.body["metadata"]["annotations"][naming.ANNOTATION_TEMPLATE_HASH] == decision.status["templateHash"]
+        assert a.announce is not None and a.announce.reason == "ShardCreated"
+    assert decision.status["shards"] == 2
+    assert decision.status["phase"] == "Pending"
+    assert [s["name"] for s in decision.status["activeShards"]] == [LOW, HIGH]
+    assert decision.requeue_after is None
+
+
+def test_a_task_with_all_shards_creates_none():
+    world = World({**SPEC, "initialShards": 2})
+    add_shard(world, LOW, phase="Running")
+    add_shard(world, HIGH, phase="Running")
+    decision = decide_task(world, NS, TASK)
+    assert decision.actions == []
+    assert decision.status["phase"] == "Running" and decision.status["shards"] == 2
+
+
+def test_many_initial_shards_are_created_a_batch_per_pass_without_duplicates():
+    """maxKeyGroups 128 and initialShards 128 (initialShards <= maxKeyGroups <= 32768): CREATE_PER_PASS per pass,
+    the next pass at once (requeue 0), no shard created twice, until all exist."""
+    assert CREATE_PER_PASS < 128
+    world = World({**SPEC, "maxKeyGroups": 128, "initialShards": 128})
+    expected = [naming.shard_name(TASK, r) for r in initial_ranges(128, 128)]
+    created: list[str] = []
+    for _ in range(10):
+        decision = decide_task(world, NS, TASK)
+        names = [a.body["metadata"]["name"] for a in actions_of(decision, Create, naming.SHARD_PLURAL)]
+        if not names:
+            break
+        remaining = len(expected) - len(created)
+        assert len(names) == min(CREATE_PER_PASS, remaining)
+        assert decision.requeue_after == (0.0 if remaining > CREATE_PER_PASS else None)
+        assert not set(names) & set(created), "a shard created twice"
+        created += names
+        for a in decision.actions:
+            if isinstance(a, Create):  # what the next pass's cache shows
+                body = copy.deepcopy(a.body)
+                body["metadata"].update(namespace=NS, uid=f"uid-{body['metadata']['name']}", resourceVersion="1")
+                world.shards[body["metadata"]["name"]] = {**body, "status": {}}
+    assert created == expected
+
+
+def test_the_first_pass_over_128_shards_creates_exactly_create_per_pass():
+    world = World({**SPEC, "maxKeyGroups": 128, "initialShards": 128})
+    decision = decide_task(world, NS, TASK)
+    creates = actions_of(decision, Create, naming.SHARD_PLURAL)
+    assert len(creates) == CREATE_PER_PASS
+    assert decision.requeue_after == 0
+    assert creates[0].body["metadata"]["name"] == "t-0-1"
+
+
+def test_an_invalid_task_fails_with_the_field_named():
+    world = World({**SPEC, "initialShards": 99})
+    decision = decide_task(world, NS, TASK)
+    assert decision.actions == []
+    assert decision.status["phase"] == "Failed"
+    ready = condition(decision, st.READY)
+    assert ready["reason"] == "InvalidSpec" and "initialShards" in ready["message"]
+    assert [e.reason for e in decision.events] == ["InvalidSpec"]
+
+
+def test_a_task_with_a_new_template_rolls_one_running_shard():
+    world = World({**SPEC, "initialShards": 2})
+    for name in (LOW, HIGH):
+        add_shard(world, name, phase="Running", template=OLD_HASH)
+        world.pods[name] = make_pod(name, phase="Running", state=running(), template=OLD_HASH)
+    decision = decide_task(world, NS, TASK)
+    (patch,) = actions_of(decision, Patch)
+    assert patch.name == LOW
+    assert patch.patch == {"metadata": {"annotations": {naming.ANNOTATION_TEMPLATE_HASH: HASH}}}
