@@ -171,7 +171,8 @@ def instrument() -> int:
 
     registry = registries.get_default_registry()
     count = 0
-    for sub in ("_activities", "_indexing", "_watching", "_spawning", "_changing", "_webhooks"):
+    # Daemons and timers ("_spawning") are not wrapped: a daemon's call lasts as long as its object.
+    for sub in ("_activities", "_indexing", "_watching", "_changing", "_webhooks"):
         reg = getattr(registry, sub, None)
         if reg is None:
             continue

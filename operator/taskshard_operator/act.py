@@ -121,7 +121,10 @@ def _do(kube: Kube, observed: Observed, namespace: str, action: Action, backoff:
     """Carry out one action; returns the object a write returned (or None)."""
     if isinstance(action, Create):
         if action.plural == "pods":
-            return kube.create_pod(namespace, action.body)
+            created = kube.create_pod(namespace, action.body)
+            if created is not None:
+                observed.wrote("pods", created)
+            return created
         if action.plural == "services":
             kube.ensure_service(namespace, action.body)
             return None

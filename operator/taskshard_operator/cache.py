@@ -13,7 +13,8 @@ Records:
 
 Write-through: a write returns the object as the API stored it. :meth:`KopfCache.wrote` keeps it as an overlay
 until the watch delivers that ``resourceVersion`` or a newer one, so the next pass never decides on a status
-older than the pass's own last write (and shards created by a pass count at once). Overlays expire after
+older than the pass's own last write (and shards created by a pass count at once). A created pod is kept until
+the watch shows a pod of its name (a pass right after the create does not create it again). Overlays expire after
 :data:`OVERLAY_TTL` seconds in any case. Writes are also conditional (``resourceVersion`` precondition), so a
 stale read can delay a step but never overwrite a newer status.
 
@@ -227,14 +228,25 @@ class KopfCache:
         return self._specs.get(task)
 
     def pod(self, namespace: str, shard: str) -> st.PodView:
-        return self._one(self.PODS, (namespace, shard)) or st.PodView(exists=False)
+        seen = self._one(self.PODS, (namespace, shard)) or st.PodView(exists=False)
+        key = ("pods", namespace, shard)
+        with self._lock:
+            entry = self._overlay.get(key)
+            if entry is None:
+                return seen
+            written_at, created = entry
+            if seen.exists or time.monotonic() - written_at > OVERLAY_TTL:
+                del self._overlay[key]  # the watch shows a pod of that name (this one or, gone, its successor)
+                return seen
+        return st.pod_view(created)
 
     def configmap_digest(self, namespace: str, shard: str) -> str | None:
         return self._one(self.CONFIGMAPS, (namespace, shard))
 
     def wrote(self, plural: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
-        key = (plural, meta.get("namespace") or "", meta.get("name") or "")
+        name = (meta.get("labels") or {}).get(naming.LABEL_SHARD) if plural == "pods" else meta.get("name")
+        key = (plural, meta.get("namespace") or "", name or "")
         with self._lock:
             self._overlay[key] = (time.monotonic(), object_record(obj))
 

@@ -3,11 +3,14 @@
 Names are deterministic functions of the task name and the key-group range, so re-running a step of the split
 protocol addresses the same objects (a create that returns 409 means the step was already done).
 
-- TaskShard: ``<task>-<start>-<end>`` for the range ``[start, end)``, e.g. ``orders-0-64``.
+- TaskShard: ``<task>-<start>-<end>`` for the range ``[start, end)``, e.g. ``orders-0-64`` (a long task name is
+  cut and made unique by a digest, see :func:`shard_name`: every derived name and label fits Kubernetes' limits).
 - Driver pod: ``<shard>-driver``; ConfigMap: ``<shard>-config``; driver Service (executors): ``<shard>-driver-svc``.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from spark_runtime.keygroups import KeyGroupRange
 
@@ -48,9 +51,25 @@ DRAIN_FILE = f"{DRAIN_DIR}/requested"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 
 
+TASK_NAME_LIMIT = 63
+"""A Task's name is at most 63 characters, a DNS label starting with a letter (CEL on the Task): it is the value
+of the ``taskshard.io/task`` label on every object of the Task, and it starts its shards' Service names."""
+TASK_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+SHARD_NAME_LIMIT = 47
+"""A shard's name is at most 47 characters: it is the prefix of its executor pods' names (Spark allows 47), a
+label value, and ``<shard>-driver-svc`` is a Service name (a DNS label of at most 63)."""
+SHARD_NAME_DIGEST = 8
+
+
 def shard_name(task: str, key_groups: KeyGroupRange) -> str:
-    """``orders-0-64`` for task ``orders`` and ``[0, 64)``."""
-    return f"{task}-{key_groups.label()}"
+    """``orders-0-64`` for task ``orders`` and ``[0, 64)``. When that would exceed :data:`SHARD_NAME_LIMIT`, the
+    task part is cut and a digest of the full name keeps it unique: ``<task prefix>-<8 hex>-<start>-<end>``."""
+    name = f"{task}-{key_groups.label()}"
+    if len(name) <= SHARD_NAME_LIMIT:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:SHARD_NAME_DIGEST]
+    keep = SHARD_NAME_LIMIT - len(key_groups.label()) - SHARD_NAME_DIGEST - 2
+    return f"{task[:keep].rstrip('-')}-{digest}-{key_groups.label()}"
 
 
 def pod_name(shard: str) -> str:

@@ -11,6 +11,7 @@ module is the table the operator enforces; every status write goes through :func
                     └──pod running again──> Running         (terminal)                (both children exist)
 
     Pending | Running | Failed ──Task deleted──> Stopped (terminal)
+    Pending | Running | Failed ──Task suspended, pod gone──> Suspended ──resumed──> Pending
 
 Contracts:
 - Writing the same phase again is always allowed (idempotent retries after a crash).
@@ -26,9 +27,10 @@ from taskshard_operator.models.shard import ShardPhase
 P = ShardPhase
 
 ALLOWED: dict[ShardPhase, frozenset[ShardPhase]] = {
-    P.PENDING: frozenset({P.RUNNING, P.FAILED, P.SPLIT_REQUESTED, P.STOPPED}),
-    P.RUNNING: frozenset({P.PENDING, P.FAILED, P.SPLIT_REQUESTED, P.STOPPED}),
-    P.FAILED: frozenset({P.PENDING, P.RUNNING, P.STOPPED}),
+    P.PENDING: frozenset({P.RUNNING, P.FAILED, P.SPLIT_REQUESTED, P.STOPPED, P.SUSPENDED}),
+    P.RUNNING: frozenset({P.PENDING, P.FAILED, P.SPLIT_REQUESTED, P.STOPPED, P.SUSPENDED}),
+    P.FAILED: frozenset({P.PENDING, P.RUNNING, P.STOPPED, P.SUSPENDED}),
+    P.SUSPENDED: frozenset({P.PENDING, P.STOPPED}),
     P.SPLIT_REQUESTED: frozenset({P.DRAINING}),
     P.DRAINING: frozenset({P.DRAINED}),
     P.DRAINED: frozenset({P.CHILDREN_CREATED}),

@@ -195,10 +195,13 @@ def plan_roll(target_hash: str, shards: Iterable[ShardView]) -> str | None:
     return None
 
 
-def task_phase(shards: Iterable[ShardView], *, tiling_error: str | None = None) -> TaskPhase:
-    """Summarise the shards: Splitting > Degraded > Pending > Running (see ``TaskPhase``)."""
+def task_phase(shards: Iterable[ShardView], *, tiling_error: str | None = None, suspended: bool = False) -> TaskPhase:
+    """Summarise the shards: Suspended (``spec.suspend``) > Splitting > Degraded > Pending > Running (see
+    ``TaskPhase``); broken tiling is Degraded."""
     shards = list(shards)
     active = owners(shards)
+    if suspended and tiling_error is None:
+        return TaskPhase.SUSPENDED
     if tiling_error is not None or not active:
         return TaskPhase.PENDING if tiling_error is None or not shards else TaskPhase.DEGRADED
     if any(s.phase.splitting for s in shards):

@@ -276,7 +276,11 @@ def first_error(e: ValidationError) -> str:
 
 
 def _reconcile_active(ctx: ShardContext) -> None:
-    """Pending, Running, Failed: the split request first, then the config, the pod, and the pod's state mirrored."""
+    """Pending, Running, Failed: the split request first, then the config, the pod, and the pod's state mirrored
+    (while the Task is suspended: stop instead)."""
+    if ctx.spec.suspend:
+        _suspend(ctx)
+        return
     if _observe_split_request(ctx):
         return
     if not _ensure_config(ctx):
@@ -303,9 +307,14 @@ def _observe_split_request(ctx: ShardContext) -> bool:
     True when the pass ends here."""
     if ctx.generation == ctx.status.get("observedGeneration"):
         return False
+    split = ctx.shard["spec"].get("split")
+    starting = ctx.phase == P.PENDING and planner.split_requested(split)
     decision = planner.plan_split(
-        shard=ctx.name, key_groups=ctx.key_groups, phase=ctx.phase, split=ctx.shard["spec"].get("split")
+        shard=ctx.name, key_groups=ctx.key_groups, phase=P.RUNNING if starting else ctx.phase, split=split
     )
+    if starting and isinstance(decision, planner.SplitAccepted):
+        _split_waits(ctx, "the shard is not running yet; the split starts once it runs")
+        return False  # a valid request of a starting shard waits (an invalid one is refused at once, below)
     if isinstance(decision, planner.SplitAccepted):
         low, high = planner.child_names(ctx.task_name, decision.children)
         message = f"split accepted at key group {decision.at}: {ctx.name} -> {low} + {high}"
@@ -647,6 +656,69 @@ def _degraded_shows(ctx: ShardContext, reason: str, text: str) -> bool:
     )
 
 
+# ---------------------------------------------------------------- suspend and resume
+
+
+def _suspend(ctx: ShardContext) -> None:
+    """The Task is suspended: delete the pod gracefully (SIGTERM: the runtime stops at a batch boundary and writes
+    a savepoint), then write Suspended once the pod is gone. A split request waits."""
+    pod = ctx.pod
+    if pod.exists:
+        if not pod.deleting:
+            ctx.do(Delete("pods", pod.name))
+        message = f"suspending: driver pod {pod.name} stops at a batch boundary and writes a savepoint"
+        ctx.write(
+            {
+                "conditions": [
+                    ctx.cond(st.READY, False, "Suspending", message),
+                    ctx.cond(st.PROGRESSING, True, "Suspending", message),
+                ]
+            }
+        )
+    else:
+        message = "suspended (Task spec.suspend: true): no pod; spec.suspend: false resumes from the recovery log"
+        ctx.write(
+            {
+                "pod": None,
+                "conditions": [
+                    ctx.cond(st.READY, False, "Suspended", message),
+                    ctx.cond(st.PROGRESSING, False, "Suspended", message),
+                    ctx.cond(st.DEGRADED, False, "Healthy", ""),
+                ],
+            },
+            phase=P.SUSPENDED,
+        )
+        if ctx.phase != parse_phase((ctx.shard.get("status") or {}).get("phase")):
+            ctx.event("Normal", "Suspended", message)
+    _split_waits(ctx, "the Task is suspended; the split starts once spec.suspend is false and the shard runs")
+
+
+def _split_waits(ctx: ShardContext, why: str) -> None:
+    """A split requested while the Task is suspended, or before the shard runs, is not taken yet (its generation
+    stays unobserved) and says so: condition SplitRejected=False reason SplitWaiting, and one event."""
+    if ctx.generation == ctx.status.get("observedGeneration") or not planner.split_requested(
+        ctx.shard["spec"].get("split")
+    ):
+        return
+    message = f"spec.split of {ctx.name} waits: {why}"
+    shown = st.get_condition((ctx.shard.get("status") or {}).get("conditions"), st.SPLIT_REJECTED) or {}
+    if shown.get("reason") != "SplitWaiting" or shown.get("message") != message:
+        ctx.event("Normal", "SplitWaiting", message)
+    ctx.write({"conditions": [ctx.cond(st.SPLIT_REJECTED, False, "SplitWaiting", message)]})
+
+
+def _keep_suspended(ctx: ShardContext) -> None:
+    """Suspended: no pod while the Task is suspended; resumed -> Pending, and the pod is created in the same pass
+    (its runtime restores from the recovery log)."""
+    if ctx.spec.suspend:
+        _suspend(ctx)
+        return
+    message = "resuming: the driver pod restores from the recovery log"
+    ctx.write({"conditions": [ctx.cond(st.PROGRESSING, True, "Resuming", message)]}, phase=P.PENDING)
+    ctx.event("Normal", "Resuming", message)
+    _reconcile_active(ctx)
+
+
 # ---------------------------------------------------------------- split steps
 
 
@@ -822,7 +894,7 @@ def _stop(ctx: ShardContext) -> None:
         return
     if ctx.pod.exists and not ctx.pod.deleting:
         ctx.do(Delete("pods", ctx.pod.name))  # graceful: SIGTERM stops at a batch boundary
-    if ctx.phase in (P.PENDING, P.RUNNING, P.FAILED):
+    if ctx.phase in (P.PENDING, P.RUNNING, P.FAILED, P.SUSPENDED):
         ctx.write(
             {"conditions": [ctx.cond(st.READY, False, "Stopped", f"Task {ctx.task_name} is being deleted")]},
             phase=P.STOPPED,
@@ -843,5 +915,6 @@ STEPS = {
     P.CHILDREN_CREATED: _step_finish_split,
     P.SPLIT: _keep_split,
     P.STOPPED: _nothing,
+    P.SUSPENDED: _keep_suspended,
 }
 """The dispatch: one step function per phase (see the protocol above)."""

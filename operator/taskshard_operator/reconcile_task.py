@@ -33,11 +33,12 @@ from taskshard_operator import status as st
 from taskshard_operator.act import Create, Decision, Emit, Event, Patch, carry_out
 from taskshard_operator.cache import Observed, parse_task
 from taskshard_operator.kube import Kube
+from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.models.task import CheckpointRetention, TaskPhase, TaskSpec
 from taskshard_operator.reconcile_shard import first_error
 from taskshard_operator.views import shard_views
 
-CREATE_PER_PASS = 50
+CREATE_PER_PASS = 20
 """At most this many TaskShards are created in one pass (a pass stays short; the next one follows at once)."""
 
 
@@ -129,17 +130,19 @@ def _summarise(decision, views, plan, spec, target, cond, generation) -> None:
     active = planner.owners(views)
     creating = [naming.shard_name(decision.name, r) for r in plan.create]
     rolling = [v.name for v in active if not (v.wanted_hash == target and v.pod_hash == target)]
-    phase = planner.task_phase(views, tiling_error=plan.tiling_error)
+    phase = planner.task_phase(views, tiling_error=plan.tiling_error, suspended=spec.suspend)
     if creating and phase == TaskPhase.RUNNING:
         phase = TaskPhase.PENDING
     splitting = [v.name for v in views if v.phase.splitting]
     failed = [v.name for v in active if v.phase.value == "Failed"]
     not_running = [v.name for v in active if v.phase.value != "Running"] + creating
     total = len(active) + len(creating)
+    suspending = [v.name for v in active if spec.suspend and v.phase != ShardPhase.SUSPENDED]
     progress = "; ".join(
         filter(
             None,
             [
+                f"suspending: {_names(suspending)}" if suspending else "",
                 f"splitting: {', '.join(splitting)}" if splitting else "",
                 f"rolling to {target}: {', '.join(rolling)}" if rolling else "",
                 f"creating {len(creating)} shards" if creating else "",
@@ -153,16 +156,15 @@ def _summarise(decision, views, plan, spec, target, cond, generation) -> None:
             "Tiled" if plan.tiling_error is None else "TilingBroken",
             plan.tiling_error or f"{total} active shards tile [0, {spec.max_key_groups})",
         ),
-        cond(
-            st.READY,
-            not not_running and bool(active),
-            "AllShardsRunning" if not not_running else "ShardsNotRunning",
-            f"not running: {_names(not_running)}" if not_running else f"{len(active)} shards running",
-        ),
+        _ready(cond, spec.suspend, active, not_running, suspending),
         cond(
             st.PROGRESSING,
-            bool(splitting or rolling or creating),
-            "Splitting" if splitting else ("Rolling" if rolling else ("Creating" if creating else "Stable")),
+            bool(suspending or splitting or rolling or creating),
+            "Suspending"
+            if suspending
+            else "Splitting"
+            if splitting
+            else ("Rolling" if rolling else ("Creating" if creating else "Stable")),
             progress,
         ),
         cond(
@@ -205,6 +207,20 @@ def _summarise(decision, views, plan, spec, target, cond, generation) -> None:
                 f"task {decision.name}: phase {old_phase or '-'} -> {phase.value}",
             )
         )
+
+
+def _ready(cond, suspend: bool, active: list, not_running: list[str], suspending: list[str]) -> dict[str, Any]:
+    """The Task's Ready condition: every active shard Running (False with reason Suspended while suspended)."""
+    if suspend:
+        stopped = len(active) - len(suspending)
+        message = f"suspended (spec.suspend: true): {stopped} of {len(active)} shards stopped with a savepoint"
+        return cond(st.READY, False, "Suspended", message)
+    return cond(
+        st.READY,
+        not not_running and bool(active),
+        "AllShardsRunning" if not not_running else "ShardsNotRunning",
+        f"not running: {_names(not_running)}" if not_running else f"{len(active)} shards running",
+    )
 
 
 def _names(names: list[str], limit: int = 20) -> str:

@@ -2,9 +2,11 @@
 
 Scenarios share Spark pods to stay affordable on two cores:
 
-- ``test_demo_two_splits_pod_kill_and_bad_requests``: a Task with one shard; a killed shard pod is replaced and
-  resumes; two splits leave three active shards; bad split requests are refused and change nothing; per-key
-  results equal a plain-Python reference after each stage; at no instant do two running pods own a key group.
+- ``test_demo_splits_pod_kill_bad_requests_suspend_resume``: a Task with one shard; a killed shard pod is
+  replaced and resumes; two splits leave three active shards; bad split requests are refused and change nothing;
+  the Task is suspended (no pods, shards Suspended, a split request waits) and resumed (the waiting split runs);
+  per-key results equal a plain-Python reference after each stage; at no instant do two running pods own a key
+  group.
 - ``test_operator_killed_mid_split_at_each_step``: four splits, the operator dies right after persisting each
   step in turn (SplitRequested, Draining, Drained, ChildrenCreated) and a fresh one completes the split with
   exactly the expected children; results stay exact.
@@ -114,7 +116,7 @@ def condition(obj_status: dict, type_: str) -> dict:
     return next((c for c in obj_status.get("conditions") or [] if c["type"] == type_), {})
 
 
-def test_demo_two_splits_pod_kill_and_bad_requests(kubectl, operator_process, tmp_path):  # noqa: F811
+def test_demo_splits_pod_kill_bad_requests_suspend_resume(kubectl, operator_process, tmp_path):  # noqa: F811
     data = tmp_path / "data"
     data.mkdir()
     op = operator_process
@@ -208,6 +210,29 @@ def test_demo_two_splits_pod_kill_and_bad_requests(kubectl, operator_process, tm
         assert (shard_phases(kubectl), sorted(running_pods(kubectl))) == before
         write_events(data, "demo", start=1000, count=100)
         wait_results(data, "demo", START)
+
+        # Suspend: every shard stops at a batch boundary with a savepoint and keeps no pod; a split waits.
+        kubectl("patch", "task", "demo", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+        suspended = {"demo-0-8": "Suspended", "demo-8-12": "Suspended", "demo-12-16": "Suspended"}
+        wait_phases(kubectl, suspended, START, op)
+        wait_for(lambda: not get_json(kubectl, "pods")["items"], START, "no pods while suspended")
+        wait_for(lambda: status(kubectl, "task", "demo").get("phase") == "Suspended", 60, "the Task Suspended")
+        write_events(data, "demo", start=1100, count=100)
+        split(kubectl, "demo-0-8")
+        wait_for(
+            lambda: (
+                condition(status(kubectl, "taskshard", "demo-0-8"), "SplitRejected").get("reason") == "SplitWaiting"
+            ),
+            60,
+            "the split request waiting on demo-0-8",
+        )
+        assert shard_phases(kubectl)["demo-0-8"] == "Suspended" and not get_json(kubectl, "pods")["items"]
+        # Resume: each shard continues from its recovery log, and the waiting split runs.
+        kubectl("patch", "task", "demo", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+        resumed = {"demo-0-8": "Split", "demo-0-4": "Running", "demo-4-8": "Running", "demo-8-12": "Running"}
+        wait_phases(kubectl, {**resumed, "demo-12-16": "Running"}, START, op)
+        expected = wait_results(data, "demo", START)
+        assert sum(expected.values()) == 1200
     finally:
         watcher.stop()
     assert watcher.samples > 10

@@ -127,3 +127,37 @@ def test_overlapping_shards_are_refused_not_run(kubectl, operator_process, tmp_p
     }, "the refused edit created nothing"
     kubectl("delete", "taskshard", "stray")
     kubectl("delete", "task", "tiles", "--wait=false")
+
+
+def test_a_63_character_task_name_runs_and_a_64_character_one_is_refused(kubectl, operator_process, tmp_path):  # noqa: F811
+    """Names stay within Kubernetes' limits for any valid Task name: a 63-character Task gets its shards (hashed
+    names of at most 47 characters), their ConfigMaps, pods and labels; a 64-character name, or one with a dot,
+    is refused by the apiserver naming metadata.name and the limit or the value."""
+    from testinfra.common import free_port
+
+    long_name = "long" + "n" * 58 + "e"
+    assert len(long_name) == 63
+    task = s3_task(long_name, tmp_path, f"http://127.0.0.1:{free_port()}", "unused")
+    task["spec"]["initialShards"] = 2
+    task["spec"]["storage"]["s3"].pop("credentialsSecret")
+    for bad, says in ((long_name + "x", "may not be more than 63"), ("orders.v2", '"orders.v2"')):
+        refused = kubectl("apply", "-f", "-", input=yaml.safe_dump({**task, "metadata": {"name": bad}}), check=False)
+        assert refused.returncode != 0 and "metadata.name" in refused.stderr and says in refused.stderr, refused.stderr
+    apply(kubectl, task)
+    selector = f"taskshard.io/task={long_name}"
+
+    def pods_and_phases():
+        shards = get_json(kubectl, "taskshards", "-l", selector)["items"]
+        pods = get_json(kubectl, "pods", "-l", selector)["items"]
+        if len(shards) == 2 and len(pods) == 2 and all((s.get("status") or {}).get("phase") for s in shards):
+            return shards, pods
+        return None
+
+    shards, pods = wait_for(pods_and_phases, timeout=120, what="two shards with phases and two driver pods")
+    names = [s["metadata"]["name"] for s in shards]
+    assert all(len(n) <= 47 for n in names), names
+    assert sorted(r for n in names for r in ("0-8", "8-16") if n.endswith(f"-{r}")) == ["0-8", "8-16"], names
+    assert {p["metadata"]["labels"]["taskshard.io/shard"] for p in pods} == set(names)
+    configmaps = get_json(kubectl, "configmaps", "-l", selector)["items"]
+    assert len(configmaps) == 2
+    kubectl("delete", "task", long_name, "--wait=false")

@@ -47,6 +47,7 @@ CONTRACT_SHARD_PHASES = [
     "Split",
     "Failed",
     "Stopped",
+    "Suspended",
 ]
 
 
@@ -131,13 +132,21 @@ def test_shard_round_trip_with_status():
 def test_shard_phases_match_the_contract_and_ownership():
     assert [p.value for p in ShardPhase] == CONTRACT_SHARD_PHASES
     owners = {p.value for p in ShardPhase if p.owns_range}
-    assert owners == {"Pending", "Running", "SplitRequested", "Draining", "Drained", "Failed"}
+    assert owners == {"Pending", "Running", "SplitRequested", "Draining", "Drained", "Failed", "Suspended"}
     for phase in ShardPhase:
         assert phase.value in ShardPhase.__doc__
 
 
 def test_task_phase_and_condition_types():
-    assert [p.value for p in TaskPhase] == ["Pending", "Running", "Splitting", "Degraded", "Failed", "Stopping"]
+    assert [p.value for p in TaskPhase] == [
+        "Pending",
+        "Running",
+        "Splitting",
+        "Degraded",
+        "Failed",
+        "Stopping",
+        "Suspended",
+    ]
     assert [c.value for c in ConditionType] == [
         "Ready",
         "Tiled",

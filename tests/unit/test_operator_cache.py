@@ -371,3 +371,24 @@ def test_shards_of_task_counts_just_created_shards_and_prefers_newer_writes(kc: 
     got = {s["metadata"]["name"]: s for s in kc.shards_of_task(NS, "t")}
     assert version(got["t-0-16"]) == "15", "the watch is newer than the write now"
     assert sorted(got) == ["t-0-16", "t-0-8", "t-8-16"]
+
+
+def test_a_created_pod_counts_until_the_watch_shows_a_pod_of_its_name(kc: KopfCache, indexes: Indexes):
+    """A pass right after a pod create sees the pod (no second create, no 409); once the watch shows a pod of
+    that name, the watched one wins."""
+    created = {
+        "metadata": {
+            "name": "t-0-8-driver",
+            "namespace": NS,
+            "uid": "new-pod",
+            "labels": {naming.LABEL_SHARD: "t-0-8"},
+        },
+        "status": {"phase": "Pending"},
+    }
+    kc.wrote("pods", created)
+    seen = kc.pod(NS, "t-0-8")
+    assert seen.exists and seen.uid == "new-pod" and seen.phase == "Pending"
+    indexes.pods[(NS, "t-0-8")] = [st.PodView(exists=True, name="t-0-8-driver", uid="new-pod", phase="Running")]
+    assert kc.pod(NS, "t-0-8").phase == "Running"
+    indexes.pods[(NS, "t-0-8")] = []
+    assert kc.pod(NS, "t-0-8").exists is False, "the overlay is gone once the watch showed the pod"

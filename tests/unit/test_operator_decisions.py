@@ -485,15 +485,28 @@ def test_a_valid_split_request_on_a_running_shard_is_accepted_and_nothing_else_h
     assert [e.reason for e in decision.events] == ["PhaseSplitRequested", "SplitAccepted"]
 
 
-def test_a_split_request_of_a_pending_shard_is_refused_without_a_phase_change():
+def test_a_split_request_of_a_pending_shard_waits_until_it_runs():
+    """Not refused: the request stays unobserved (SplitRejected=False, reason SplitWaiting) while the shard
+    starts, and is taken once it runs."""
     world = World()
     add_shard(world, PARENT, phase="Pending", generation=2, observed_generation=1, split={"requested": True, "at": 4})
     decision = decide(world, PARENT)
-    assert "phase" not in decision.status
+    assert decision.status.get("phase", "Pending") == "Pending"
+    waiting = condition(decision, st.SPLIT_REJECTED)
+    assert waiting["status"] == "False" and waiting["reason"] == "SplitWaiting", waiting
+    assert "observedGeneration" not in decision.status
+    assert "Create(pods)" in kinds(decision), "the shard still starts"
+    assert [e.reason for e in decision.events if e.reason == "SplitWaiting"] == ["SplitWaiting"]
+
+
+def test_a_split_request_of_a_failed_shard_is_refused_without_a_phase_change():
+    world = World()
+    add_shard(world, PARENT, phase="Failed", generation=2, observed_generation=1, split={"requested": True, "at": 4})
+    decision = decide(world, PARENT)
+    assert "phase" not in decision.status or decision.status["phase"] == "Failed"
     rejected = condition(decision, st.SPLIT_REJECTED)
     assert rejected["status"] == "True" and "only a Running shard can be split" in rejected["message"]
     assert decision.status["observedGeneration"] == 2
-    assert kinds(decision) == []
 
 
 # ---------------------------------------------------------------- split steps
@@ -956,3 +969,12 @@ def test_a_task_with_a_new_template_rolls_one_running_shard():
     (patch,) = actions_of(decision, Patch)
     assert patch.name == LOW
     assert patch.patch == {"metadata": {"annotations": {naming.ANNOTATION_TEMPLATE_HASH: HASH}}}
+
+
+def test_an_invalid_split_request_of_a_pending_shard_is_refused_at_once():
+    world = World()
+    add_shard(world, PARENT, phase="Pending", generation=2, observed_generation=1, split={"requested": True, "at": 99})
+    decision = decide(world, PARENT)
+    rejected = condition(decision, st.SPLIT_REJECTED)
+    assert rejected["status"] == "True" and "spec.split.at: 99" in rejected["message"]
+    assert decision.status["observedGeneration"] == 2

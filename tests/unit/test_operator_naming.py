@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as s
@@ -63,3 +65,31 @@ def test_cli_help_runs_without_a_cluster():
 
     out = subprocess.run([sys.executable, "-m", "taskshard_operator", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--standalone" in out.stdout and "--all-namespaces" in out.stdout
+
+
+LONGEST_TASK = "t" + "x" * 61 + "9"  # 63 characters: the longest valid Task name
+DNS_LABEL = re.compile(naming.TASK_NAME_PATTERN)
+
+
+@pytest.mark.parametrize("task", [LONGEST_TASK, "a" * 30 + "-" + "b" * 32, "orders"])
+@pytest.mark.parametrize(
+    "r", [KeyGroupRange(0, 1), KeyGroupRange(0, MAX_KEY_GROUPS_LIMIT), KeyGroupRange(32766, 32767)], ids=str
+)
+def test_every_derived_name_fits_kubernetes_limits(task, r):
+    """For any valid Task name, the shard name (an executor pod prefix: 47), the pod, ConfigMap and Service names
+    and every label value fit; the name keeps the range readable at its end."""
+    shard = naming.shard_name(task, r)
+    assert len(shard) <= naming.SHARD_NAME_LIMIT and DNS_LABEL.match(shard), shard
+    assert shard.endswith(f"-{r.label()}")
+    assert len(naming.driver_service_name(shard)) <= 63 and DNS_LABEL.match(naming.driver_service_name(shard))
+    assert len(naming.pod_name(shard)) <= 63 and len(naming.configmap_name(shard)) <= 253
+    assert all(len(v) <= 63 for v in naming.shard_labels(task, shard, r).values())
+
+
+def test_long_task_names_stay_unique_and_deterministic():
+    ranges = [KeyGroupRange(a, a + 1) for a in range(0, 512)] + [KeyGroupRange(0, 512), KeyGroupRange(0, 256)]
+    names = [naming.shard_name(LONGEST_TASK, r) for r in ranges]
+    assert len(set(names)) == len(names)
+    assert names == [naming.shard_name(LONGEST_TASK, r) for r in ranges]
+    other = "t" + "x" * 61 + "8"  # same prefix, another task: other digests
+    assert naming.shard_name(other, KeyGroupRange(0, 1)) != naming.shard_name(LONGEST_TASK, KeyGroupRange(0, 1))

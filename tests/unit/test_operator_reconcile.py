@@ -879,3 +879,49 @@ def test_other_config_errors_are_not_blamed_on_the_secret():
     waiting(kube, "CreateContainerConfigError", 'secret "taskshard-s3" not found')
     one_pass(kube, events)
     assert shard_conditions(kube)["Ready"]["reason"] == "PodStarting"
+
+
+def test_suspend_stops_every_shard_and_resume_continues_with_a_waiting_split():
+    """spec.suspend: true deletes every pod (gracefully: the runtime stops with a savepoint) and the shards show
+    Suspended, still owning their ranges; a split requested meanwhile waits visibly; false resumes each shard
+    (a fresh pod, not counted as a restart) and the waiting split then runs."""
+    kube = new_world({**SPEC, "initialShards": 2})
+    events: list = []
+    converge(kube, events)
+    kube.patch_custom("tasks", NS, "t", {"spec": {"suspend": True}})
+    converge(kube, events)
+    assert phases(kube) == {"t-0-8": "Suspended", "t-8-16": "Suspended"}
+    assert kube.pods() == {}
+    task = kube.objects[("tasks", "t")]["status"]
+    conds = {c["type"]: c for c in task["conditions"]}
+    assert task["phase"] == "Suspended" and conds["Ready"]["reason"] == "Suspended"
+    assert "2 of 2 shards stopped" in conds["Ready"]["message"] and conds["Tiled"]["status"] == "True"
+
+    request_split(kube, "t-0-8")
+    converge(kube, events)
+    assert set(kube.shards()) == {"t-0-8", "t-8-16"}, "no split while suspended"
+    waiting = {c["type"]: c for c in kube.shards()["t-0-8"]["status"]["conditions"]}["SplitRejected"]
+    assert waiting["status"] == "False" and waiting["reason"] == "SplitWaiting" and "suspend" in waiting["message"]
+    assert len([e for e in events if e[2] == "SplitWaiting"]) == 1
+
+    restarts = {n: s["status"].get("restarts", 0) for n, s in kube.shards().items()}
+    kube.patch_custom("tasks", NS, "t", {"spec": {"suspend": False}})
+    converge(kube, events)
+    assert phases(kube) == {"t-0-8": "Split", "t-0-4": "Running", "t-4-8": "Running", "t-8-16": "Running"}
+    assert kube.shards()["t-8-16"]["status"].get("restarts", 0) == restarts["t-8-16"], "a resume is no restart"
+    assert kube.objects[("tasks", "t")]["status"]["phase"] == "Running"
+    assert [e[2] for e in events].count("Resuming") == 2
+
+
+def test_suspend_during_a_split_lets_it_finish_then_suspends_the_children():
+    """A split in progress only moves forward: suspending mid-split finishes it and suspends the children."""
+    kube = new_world()
+    events: list = []
+    converge(kube, events)
+    request_split(kube, "t-0-16")
+    reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    assert phases(kube)["t-0-16"] == "SplitRequested"
+    kube.patch_custom("tasks", NS, "t", {"spec": {"suspend": True}})
+    converge(kube, events)
+    assert phases(kube) == {"t-0-16": "Split", "t-0-8": "Suspended", "t-8-16": "Suspended"}
+    assert kube.pods() == {}

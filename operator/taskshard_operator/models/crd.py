@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from .base import API_GROUP, API_VERSION
 from .shard import ROOT_RULES, TaskShardSpec, TaskShardStatus
-from .task import TaskSpec, TaskStatus
+from .task import TASK_METADATA_SCHEMA, TaskSpec, TaskStatus
 
 __all__ = ["CRD_FILES", "build_crds", "render_crds", "structural_schema"]
 
@@ -70,7 +70,9 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     return _convert(raw, raw.get("$defs", {}))
 
 
-def _root_schema(kind: str, spec: type[BaseModel], status: type[BaseModel], extra_rules: list) -> dict:
+def _root_schema(
+    kind: str, spec: type[BaseModel], status: type[BaseModel], extra_rules: list, metadata: dict | None = None
+) -> dict:
     schema: dict[str, Any] = {
         "type": "object",
         "description": f"{kind} of the TaskShard operator ({API_GROUP}/{API_VERSION}). "
@@ -79,7 +81,8 @@ def _root_schema(kind: str, spec: type[BaseModel], status: type[BaseModel], extr
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object: taskshard.io/v1alpha1."},
             "kind": {"type": "string", "description": f"Kind of this object: {kind}."},
-            "metadata": {"type": "object"},  # the apiserver forbids anything else here (even a description)
+            # the apiserver forbids anything here but restrictions of name and generateName (not even a description)
+            "metadata": metadata or {"type": "object"},
             "spec": structural_schema(spec),
             "status": structural_schema(status),
         },
@@ -135,7 +138,7 @@ def build_crds() -> dict[str, dict[str, Any]]:
         "Task",
         "tasks",
         "tsk",
-        _root_schema("Task", TaskSpec, TaskStatus, []),
+        _root_schema("Task", TaskSpec, TaskStatus, [], metadata=TASK_METADATA_SCHEMA),
         [
             _column("Shards", "integer", ".status.shards", "Number of active shards."),
             _column("Phase", "string", ".status.phase", "Lifecycle phase of the task."),

@@ -48,20 +48,21 @@ class ShardPhase(StrEnum):
           └─ Failed <──────────────┘ (pod or restore failed)            Drained  (status.finalCheckpoint)
                                                                             │ both children created
         Any phase ──Task deleted──> Stopped (terminal)                      ▼
+        Pending/Running/Failed ──Task suspended, pod gone──> Suspended ──resumed──> Pending
                                                                       ChildrenCreated (status.lineage.children)
                                                                             │ both children observed
                                                                             ▼
                                                                           Split  (terminal)
 
     Ownership: a shard owns its range (counts in the Task's tiling) in Pending, Running, SplitRequested,
-    Draining, Drained and Failed; from ChildrenCreated on its two children own the halves instead. The children
-    are created when the drain is requested and wait on **standby** (phase Pending, condition Ready=False reason
-    Standby): their pods start Spark and rehearse the restore but process nothing until the parent's runtime
-    has written its drain summary, which it does only after its query stopped for good. So a range is never
-    processed by parent and child at once, and the children's cold start overlaps the parent's drain.
-    An invalid split request changes no phase (condition SplitRejected instead). Failed goes back to Pending
-    when the operator retries; Running goes back to Pending when its pod is replaced (a template roll or a
-    deleted pod), and the new pod resumes from the recovery log.
+    Draining, Drained, Failed and Suspended; from ChildrenCreated on its two children own the halves instead.
+    The children are created when the drain is requested and wait on **standby** (phase Pending, condition
+    Ready=False reason Standby): their pods start Spark and rehearse the restore but process nothing until the
+    parent's runtime has written its drain summary, which it does only after its query stopped for good. So a
+    range is never processed by parent and child at once, and the children's cold start overlaps the parent's
+    drain. An invalid split request changes no phase (condition SplitRejected instead). Failed goes back to
+    Pending when the operator retries; Running goes back to Pending when its pod is replaced (a template roll or
+    a deleted pod), and the new pod resumes from the recovery log.
     """
 
     PENDING = "Pending"
@@ -83,6 +84,9 @@ class ShardPhase(StrEnum):
     """The pod or the restore failed; see conditions. The shard still owns its range."""
     STOPPED = "Stopped"
     """Terminal: the shard was stopped with its task; its range is owned by no one."""
+    SUSPENDED = "Suspended"
+    """The Task is suspended: the shard stopped at a batch boundary with a savepoint and keeps no pod; it still
+    owns its range and resumes (Pending) from its recovery log when ``spec.suspend`` is false again."""
 
     @property
     def owns_range(self) -> bool:
@@ -125,6 +129,7 @@ _ACTIVE_PHASES = frozenset(
         ShardPhase.DRAINING,
         ShardPhase.DRAINED,
         ShardPhase.FAILED,
+        ShardPhase.SUSPENDED,
     }
 )
 

@@ -17,6 +17,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
 from spark_runtime.reserved_conf import RESERVED_SPARK_CONF, reserved_conf_message, reserved_conf_problems
+from taskshard_operator import naming
 
 from .base import (
     API_GROUP,
@@ -684,6 +685,12 @@ class TaskSpec(K8sModel):
         default=CheckpointRetention.RETAIN,
         description="On Task deletion: Retain (default) keeps checkpoints and snapshots, Delete removes them.",
     )
+    suspend: bool = Field(
+        default=False,
+        description="true stops every shard at a micro-batch boundary with a savepoint and keeps no pods (shards "
+        "show phase Suspended and keep their ranges; a split in progress finishes first, a new split request "
+        "waits); false (default) resumes each shard from its recovery log, exactly where it stopped.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TaskSpec:
@@ -707,6 +714,7 @@ class TaskPhase(StrEnum):
            │                                      ▼  │
            │                                    Degraded (an active shard is Failed or not Ready)
            └──invalid spec──> Failed        any ──deletion──> Stopping
+                                            any ──spec.suspend: true──> Suspended ──false──> Pending
     """
 
     PENDING = "Pending"
@@ -721,6 +729,8 @@ class TaskPhase(StrEnum):
     """The spec cannot be acted on (the Ready condition's message says why)."""
     STOPPING = "Stopping"
     """The Task is being deleted; shards are stopped and retention is applied."""
+    SUSPENDED = "Suspended"
+    """``spec.suspend`` is true: the shards stop (or stopped) at a batch boundary and keep no pods."""
 
 
 class ShardSummary(K8sModel):
@@ -767,3 +777,17 @@ class Task(K8sModel):
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
     spec: TaskSpec = Field(description="The user's manifest.")
     status: TaskStatus | None = Field(default=None, description="Observed state of the task.")
+
+
+TASK_METADATA_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {
+            "type": "string",
+            "maxLength": naming.TASK_NAME_LIMIT,
+            "pattern": naming.TASK_NAME_PATTERN,
+        }
+    },
+}
+"""The only part of ``metadata`` a CRD schema may restrict: the Task's name (checked by the apiserver; no
+description allowed there). See :data:`taskshard_operator.naming.TASK_NAME_LIMIT` for why."""
