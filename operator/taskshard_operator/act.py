@@ -3,9 +3,9 @@
 A decision (:class:`Decision`) is data: the actions in order, the status patch, the events, when to look again.
 :func:`carry_out` is the only code that mutates the cluster for a pass:
 
-1. every action, in order; a create that finds the object (409) counts as done (the step ran before) and posts
-   no event; a write's result goes into the cache (write-through), and a patch of the object itself carries its
-   new ``resourceVersion`` over to the status write;
+1. every action, in order (a Task's independent shard creates run a few at a time); a create that finds the
+   object (409) counts as done (the step ran before) and posts no event; a write's result goes into the cache
+   (write-through), and a patch of the object itself carries its new ``resourceVersion`` to the status write;
 2. the status patch, once, conditional on the ``resourceVersion`` the decision was made from: when the object
    changed meanwhile (409), nothing is written and the pass runs again on fresher state;
 3. the events (only once the status is written, so a refused write posts nothing twice).
@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,8 @@ class Decision:
     requeue_after: float | None = None
     new_phase: str | None = None
     """The phase the status write moves to (for the fault-injection hook), None if unchanged."""
+    concurrent_creates: int = 1
+    """How many of the creates may run at once (> 1 only where they are independent: a Task's initial shards)."""
 
     @property
     def namespace(self) -> str:
@@ -162,8 +165,7 @@ def carry_out(kube: Kube, observed: Observed, decision: Decision, *, emit: Emit,
     ns, name = decision.namespace, decision.name
     body = decision.body
     version = body["metadata"].get("resourceVersion")
-    for action in decision.actions:
-        result = _do(kube, observed, ns, action, backoff)
+    for action, result in _results(kube, observed, decision, backoff):
         if isinstance(action, Create) and result is not None and action.announce is not None:
             _post(emit, decision, action.announce)
         if isinstance(action, Patch) and action.plural == decision.plural and action.name == name and result:
@@ -183,6 +185,22 @@ def carry_out(kube: Kube, observed: Observed, decision: Decision, *, emit: Emit,
     for event in decision.events:
         _post(emit, decision, event, body)
     return decision.requeue_after
+
+
+def _results(kube: Kube, observed: Observed, decision: Decision, backoff: Any):
+    """``(action, result)`` in the decision's order; with ``concurrent_creates > 1`` the creates run on that many
+    threads first (they are independent), then the other actions in order."""
+    if decision.concurrent_creates <= 1:
+        for action in decision.actions:
+            yield action, _do(kube, observed, decision.namespace, action, backoff)
+        return
+    creates = [a for a in decision.actions if isinstance(a, Create)]
+    with ThreadPoolExecutor(max_workers=decision.concurrent_creates) as pool:
+        results = list(pool.map(lambda a: _do(kube, observed, decision.namespace, a, backoff), creates))
+    yield from zip(creates, results, strict=True)
+    for action in decision.actions:
+        if not isinstance(action, Create):
+            yield action, _do(kube, observed, decision.namespace, action, backoff)
 
 
 def _post(emit: Emit, decision: Decision, event: Event, body: dict[str, Any] | None = None) -> None:

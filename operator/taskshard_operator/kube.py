@@ -1,4 +1,6 @@
-"""The operator's only door to the Kubernetes API: get / list / create / patch / delete on plain dicts.
+"""The operator's only door to the Kubernetes API: create / patch / delete on plain dicts (reads come from the
+watch-fed cache; the only read is the retention cleanup pod's, at Task deletion). :data:`API_VERBS` lists the
+calls each method makes, and the chart's RBAC grants exactly those plus :data:`KOPF_VERBS`.
 
 Every function returns camelCase dicts (as ``kubectl get -o json`` shows them) or None for "not found", so the
 reconcilers and pure builders never see client model classes. ``create`` returns None on 409 (the object
@@ -15,6 +17,34 @@ from kubernetes.client.exceptions import ApiException
 from taskshard_operator import naming
 
 MERGE_PATCH = "application/merge-patch+json"
+
+
+API_VERBS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "create_custom": ((naming.DOMAIN, naming.SHARD_PLURAL, "create"),),
+    "patch_custom": ((naming.DOMAIN, naming.SHARD_PLURAL, "patch"),),
+    "patch_custom_status": (
+        (naming.DOMAIN, f"{naming.TASK_PLURAL}/status", "patch"),
+        (naming.DOMAIN, f"{naming.SHARD_PLURAL}/status", "patch"),
+    ),
+    "get_pod": (("", "pods", "get"),),
+    "list_pods": (("", "pods", "list"),),
+    "create_pod": (("", "pods", "create"),),
+    "patch_pod": (("", "pods", "patch"),),
+    "delete_pod": (("", "pods", "delete"),),
+    "apply_configmap": (("", "configmaps", "create"), ("", "configmaps", "patch")),
+    "delete_configmap": (("", "configmaps", "delete"),),
+    "ensure_service": (("", "services", "create"),),
+}
+"""(API group, resource, verb) of every call each method makes: the chart's RBAC grants exactly these plus
+:data:`KOPF_VERBS` (a test compares them)."""
+
+KOPF_VERBS: tuple[tuple[str, str, str], ...] = (
+    *((naming.DOMAIN, r, v) for r in (naming.TASK_PLURAL, naming.SHARD_PLURAL) for v in ("list", "watch")),
+    *(("", r, v) for r in ("pods", "configmaps") for v in ("list", "watch")),
+    (naming.DOMAIN, naming.TASK_PLURAL, "patch"),
+)
+"""What Kopf does for the operator's handlers: list and watch every indexed or handled resource, and patch Tasks
+(its finalizer and progress annotations)."""
 
 
 class Conflict(Exception):
@@ -42,20 +72,6 @@ class Kube:
         return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
 
     # ------------------------------------------------------------ custom resources
-    def get_custom(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self.custom.get_namespaced_custom_object(naming.DOMAIN, naming.API_VERSION, namespace, plural, name)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-
-    def list_custom(self, plural: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
-        result = self.custom.list_namespaced_custom_object(
-            naming.DOMAIN, naming.API_VERSION, namespace, plural, label_selector=selector or ""
-        )
-        return list(result.get("items") or [])
-
     def create_custom(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
         try:
             return self.custom.create_namespaced_custom_object(
@@ -130,14 +146,6 @@ class Kube:
                 raise
 
     # ------------------------------------------------------------ configmaps and services
-    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._dict(self.core.read_namespaced_config_map(name, namespace))
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-
     def apply_configmap(self, namespace: str, body: dict[str, Any], *, exists: bool) -> str:
         """Create the ConfigMap (``exists=False``; one that exists already is patched) or patch its data
         (``exists=True``, as the cache says). Returns "created" or "patched"; no read."""

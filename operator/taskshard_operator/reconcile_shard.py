@@ -421,7 +421,8 @@ def _replace_or_create_pod(ctx: ShardContext) -> bool:
                 **_base_patch(ctx),
                 "restarts": restarts,
                 "conditions": [
-                    ctx.cond(st.READY, False, "PodStarting", "driver pod created"),
+                    # what the next pass mirrors from the new pod, so that pass has nothing to write
+                    ctx.cond(st.READY, False, "PodStarting", f"driver pod {naming.pod_name(ctx.name)} is Pending"),
                     ctx.cond(st.PROGRESSING, True, "PodStarting", "driver pod created, waiting for it to run"),
                 ],
             },

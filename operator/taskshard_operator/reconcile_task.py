@@ -39,7 +39,10 @@ from taskshard_operator.reconcile_shard import first_error
 from taskshard_operator.views import shard_views
 
 CREATE_PER_PASS = 20
-"""At most this many TaskShards are created in one pass (a pass stays short; the next one follows at once)."""
+"""At most this many TaskShards are created in one pass (a pass stays short; the next one follows at once). While
+more batches follow, the Task's status is written once (Progressing reason Creating), then when they are done."""
+CREATE_CONCURRENCY = 4
+"""The shards of a batch are created this many at a time (they are independent objects)."""
 
 
 def reconcile_task(kube: Kube, observed: Observed, namespace: str, name: str, *, emit: Emit) -> float | None:
@@ -97,6 +100,10 @@ def decide_task(observed: Observed, namespace: str, name: str) -> Decision | Non
         message = f"rolling TaskShard {nxt} to template {target} (last-state restart)"
         decision.events.append(Event("Normal", "RollingShard", message))
     _summarise(decision, views, plan, spec, target, cond, generation)
+    shown = st.get_condition(status.get("conditions"), st.PROGRESSING) or {}
+    if len(plan.create) > CREATE_PER_PASS and shown.get("reason") == "Creating":
+        decision.status.clear()  # more batches follow at once: the status is written when they are done
+        decision.events = [e for e in decision.events if not e.reason.startswith("Phase")]
     return decision
 
 
@@ -106,6 +113,7 @@ def _create_shards(decision: Decision, task: dict[str, Any], ranges: tuple, targ
         kopf.adopt(body, owner=task)
         message = f"created TaskShard {body['metadata']['name']} for {r}"
         decision.actions.append(Create(naming.SHARD_PLURAL, body, announce=Event("Normal", "ShardCreated", message)))
+    decision.concurrent_creates = CREATE_CONCURRENCY
     if len(ranges) > CREATE_PER_PASS:
         decision.again_in(0.0)
 

@@ -91,6 +91,26 @@ def test_cluster_wide_by_default_with_framework_and_application_roles():
     assert by_kind(docs, "ClusterKopfPeering")[0]["metadata"]["name"] == "taskshard"
 
 
+def test_the_application_role_grants_exactly_the_calls_the_operator_makes():
+    """The verbs come from the code: every public method of the operator's API wrapper declares its calls
+    (``kube.API_VERBS``), Kopf's watches and finalizer patches are ``kube.KOPF_VERBS``; the chart grants those and
+    nothing else (a new call without a grant, or a grant without a call, fails here)."""
+    from taskshard_operator import kube
+
+    methods = {n for n, v in vars(kube.Kube).items() if callable(v) and not n.startswith("_")}
+    assert methods == set(kube.API_VERBS), "every API method declares its calls"
+    used = {*kube.KOPF_VERBS, *(c for calls in kube.API_VERBS.values() for c in calls)}
+    roles = {r["metadata"]["name"]: r for r in by_kind(render(), "ClusterRole")}
+    granted = {
+        (group, resource, verb)
+        for rule in roles["ts-taskshard-operator-application"]["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == used, (sorted(granted - used), sorted(used - granted))
+
+
 def test_namespaced_watch_binds_roles_only_in_those_namespaces():
     docs = render("watchNamespaces={team-a,team-b}")
     bindings = by_kind(docs, "RoleBinding")
