@@ -23,6 +23,15 @@ Shape (camelCase on the wire; Python attributes are snake_case)::
 ``processor``, ``source``, ``sink`` and ``storage`` have exactly the shapes of the Task spec
 (docs/design-contracts.md), so the operator copies them verbatim. Unknown fields are rejected.
 
+This module is the single definition of those four objects: every field's name, type, limits, patterns and
+default, and every cross-field validator, is written here (:class:`ProcessorSpec`, :class:`SourceSpec`,
+:class:`SinkSpec`, :class:`StorageSpec` and their parts). The operator's Task models
+(``taskshard_operator.models.task``) subclass these and add only what is Kubernetes-specific: descriptions and
+CEL rules for the CRD schema, and the ``spec.`` prefix of the field paths in messages (``FIELD_PATH``). Two
+classes extend the Task's shape with what only a shard config carries: :class:`ShardKafkaSource`
+(``startingTimestamp``, set by the operator) and :class:`ShardSourceSpec`. This module never imports the operator,
+kopf or kubernetes.
+
 Sources of configuration (:func:`load_config`): a file (``--config``), else the environment variable
 ``TASKSHARD_CONFIG`` (a path) or ``TASKSHARD_CONFIG_JSON`` (the JSON text itself). Errors are raised as
 :class:`ConfigError`, whose message lists every problem as ``<field path>: <value> ...: <what is valid>``.
@@ -35,7 +44,7 @@ import os
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -51,20 +60,36 @@ __all__ = [
     "KafkaSink",
     "KafkaSource",
     "KeyGroupsSpec",
+    "PersistentVolumeClaimRef",
     "ProcessorSpec",
     "RestoreFrom",
     "S3Storage",
     "ShardConfig",
+    "ShardKafkaSource",
+    "ShardSourceSpec",
     "SinkSpec",
     "SourceSpec",
     "SparkSettings",
     "StorageSpec",
+    "VolumeSpec",
     "load_config",
     "parse_config",
     "parse_trigger_interval",
 ]
 
 PYTHON_REF = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+"""``package.module:Class`` (a Python processor)."""
+ABS_PATH = r"^/\S*$"
+"""An absolute path without whitespace (journal, output and storage directories, volume paths)."""
+KAFKA_TOPIC = r"^[A-Za-z0-9._-]+$"
+KAFKA_SERVERS = r"^[^,\s]+:[0-9]+(,[^,\s]+:[0-9]+)*$"
+"""A comma-separated ``host:port`` list."""
+S3_BUCKET = r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$"
+HTTP_URL = r"^https?://\S+$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""An RFC 1123 subdomain: the name of most Kubernetes objects (at most 253 characters)."""
+JOURNAL_PARTITIONS_LIMIT = 1024
+KAFKA_PARTITIONS_LIMIT = 10000
 TRIGGER_INTERVAL = r"^[0-9]{1,9} (milliseconds?|seconds?|minutes?|hours?)$"
 NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 _TRIGGER_UNITS_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000}
@@ -80,6 +105,9 @@ class ConfigError(ValueError):
 
 
 class _Model(BaseModel):
+    """Base of the config models: camelCase aliases, unknown fields rejected, frozen values. These are the
+    conventions of the operator's ``K8sModel`` too, which the Task models combine with the models here."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -91,6 +119,8 @@ class _Model(BaseModel):
 
 
 class BuiltinProcessor(StrEnum):
+    """Processors shipped with the runtime."""
+
     COUNT = "count"
     """Count events per key (result: bigint)."""
     SUM = "sum"
@@ -98,7 +128,12 @@ class BuiltinProcessor(StrEnum):
 
 
 class ProcessorSpec(_Model):
-    """Exactly one of ``builtin`` or ``python``; ``field`` with (and only with) ``builtin: sum``."""
+    """The stateful per-key processor: exactly one of ``builtin`` or ``python``; ``field`` with (and only with)
+    ``builtin: sum``."""
+
+    FIELD_PATH: ClassVar[str] = "processor"
+    """Where the object sits in the document being parsed; messages name its fields under it (the operator's
+    Task model: ``spec.processor``)."""
 
     builtin: BuiltinProcessor | None = None
     field: str | None = Field(default=None, min_length=1, max_length=256)
@@ -106,16 +141,18 @@ class ProcessorSpec(_Model):
     parameters: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> ProcessorSpec:
+    def _check(self) -> Self:
         if (self.builtin is None) == (self.python is None):
             raise ValueError(
                 "exactly one of builtin (count | sum) or python ('package.module:Class') must be set "
                 f"(got builtin={_v(self.builtin)}, python={_v(self.python)})"
             )
         if self.builtin == BuiltinProcessor.SUM and self.field is None:
-            raise ValueError("field is required with builtin: sum (the numeric event field to add up)")
+            raise ValueError(
+                f"{self.FIELD_PATH}.field is required with builtin: sum (the numeric event field to add up)"
+            )
         if self.field is not None and self.builtin != BuiltinProcessor.SUM:
-            raise ValueError(f"field ({self.field!r}) is only valid with builtin: sum")
+            raise ValueError(f"{self.FIELD_PATH}.field ({self.field!r}) is only valid with builtin: sum")
         return self
 
 
@@ -125,83 +162,113 @@ class ProcessorSpec(_Model):
 class JournalSource(_Model):
     """The embedded journal: ``<path>/p<N>.jsonl`` for N in ``0..partitions-1``, append-only JSON lines."""
 
-    path: str = Field(min_length=1, max_length=4096)
-    partitions: int = Field(default=1, ge=1, le=1024)
+    path: str = Field(min_length=2, max_length=4096, pattern=ABS_PATH)
+    partitions: int = Field(default=1, ge=1, le=JOURNAL_PARTITIONS_LIMIT)
     partitioned_by_key: bool = False
     """Key groups nested in partitions (:mod:`spark_runtime.keygroups`): the journal's own producer keeps one key
     in one partition, so a shard reads only the partition files whose key-group block meets its range."""
 
 
 class KafkaSource(_Model):
-    """A Kafka topic. ``startingTimestamp`` (epoch ms) is set by the operator, not the user: for
-    ``startingOffsets: latest`` it is the Task's creation time, so every shard of the task starts at the same
-    records however far apart the shards start (each partition at its first record at or after that time)."""
+    """A Kafka topic, as a Task declares it (``spec.source.kafka``); the shard config adds the operator-set
+    ``startingTimestamp`` (:class:`ShardKafkaSource`)."""
 
-    bootstrap_servers: str = Field(max_length=2048)
-    topic: str = Field(min_length=1, max_length=249)
+    FIELD_PATH: ClassVar[str] = "source.kafka"
+    """Where the object sits in the document being parsed; messages name its fields under it (the operator's
+    Task model: ``spec.source.kafka``)."""
+
+    bootstrap_servers: str = Field(max_length=2048, pattern=KAFKA_SERVERS)
+    topic: str = Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
-    starting_timestamp: int | None = Field(default=None, ge=0)
     partitioned_by_key: bool = False
     """Records of one key are always in one partition (keyed by the key field): key groups nest in partitions
     and a shard reads only the partitions whose block meets its range (``partitions`` is then required)."""
-    partitions: int | None = Field(default=None, ge=1, le=10000)
+    partitions: int | None = Field(default=None, ge=1, le=KAFKA_PARTITIONS_LIMIT)
     """The topic's partition count, part of the key-group mapping with ``partitionedByKey``: a topic whose count
     differs stops the shard (``PartitionCountChanged``) before anything is processed under a wrong mapping."""
 
     @model_validator(mode="after")
-    def _check(self) -> KafkaSource:
+    def _check(self) -> Self:
         if self.partitioned_by_key and self.partitions is None:
             raise ValueError(
-                "source.kafka.partitions is required with partitionedByKey: true (the topic's partition count is "
-                "part of the key-group mapping)"
+                f"{self.FIELD_PATH}.partitions is required with partitionedByKey: true (the topic's partition "
+                "count is part of the key-group mapping: a shard refuses to run, reason PartitionCountChanged, "
+                "when the topic's real count differs)"
             )
         if self.partitions is not None and not self.partitioned_by_key:
             raise ValueError(
-                f"source.kafka.partitions ({self.partitions}) is only used with partitionedByKey: true; remove it "
-                "or set partitionedByKey"
+                f"{self.FIELD_PATH}.partitions ({self.partitions}) is only used with partitionedByKey: true; "
+                "remove it, or set partitionedByKey: true if the topic is keyed by the key field"
             )
         return self
 
 
+class ShardKafkaSource(KafkaSource):
+    """``source.kafka`` of a shard config: the Task's :class:`KafkaSource` plus ``startingTimestamp`` (epoch ms),
+    set by the operator, not the user: for ``startingOffsets: latest`` it is the Task's creation time, so every
+    shard of the task starts at the same records however far apart the shards start (each partition at its first
+    record at or after that time)."""
+
+    starting_timestamp: int | None = Field(default=None, ge=0)
+
+
 class SourceSpec(_Model):
+    """Where events come from: exactly one of ``journal`` or ``kafka``."""
+
     journal: JournalSource | None = None
     kafka: KafkaSource | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> SourceSpec:
+    def _check(self) -> Self:
         _exactly_one(journal=self.journal, kafka=self.kafka)
         return self
 
     @property
+    def kind(self) -> Literal["journal", "kafka"]:
+        return "journal" if self.journal is not None else "kafka"
+
+    @property
     def nested_partitions(self) -> int | None:
-        """The partition count key groups are nested in (``partitionedByKey``), else None."""
+        """The partition count key groups are nested in (``partitionedByKey: true``), else None."""
         spec = self.journal or self.kafka
         return spec.partitions if spec is not None and spec.partitioned_by_key else None
 
     @property
     def field_path(self) -> str:
-        return "source.journal" if self.journal is not None else "source.kafka"
+        return f"source.{self.kind}"
+
+
+class ShardSourceSpec(SourceSpec):
+    """``source`` of a shard config: a Kafka source may carry the operator-set ``startingTimestamp``."""
+
+    kafka: ShardKafkaSource | None = None
 
 
 # ---------------------------------------------------------------- sink
 
 
 class DirectorySink(_Model):
-    path: str = Field(min_length=1, max_length=4096)
+    """Files in a directory."""
+
+    path: str = Field(min_length=2, max_length=4096, pattern=ABS_PATH)
     format: Literal["jsonl", "parquet"] = "jsonl"
 
 
 class KafkaSink(_Model):
-    bootstrap_servers: str = Field(max_length=2048)
-    topic: str = Field(min_length=1, max_length=249)
+    """A Kafka topic."""
+
+    bootstrap_servers: str = Field(max_length=2048, pattern=KAFKA_SERVERS)
+    topic: str = Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC)
 
 
 class SinkSpec(_Model):
+    """Where results go: exactly one of ``directory`` or ``kafka``."""
+
     directory: DirectorySink | None = None
     kafka: KafkaSink | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> SinkSpec:
+    def _check(self) -> Self:
         _exactly_one(directory=self.directory, kafka=self.kafka)
         return self
 
@@ -210,33 +277,44 @@ class SinkSpec(_Model):
 
 
 class S3Storage(_Model):
-    bucket: str = Field(min_length=3, max_length=63)
+    """An S3-compatible bucket. Credentials come from the environment only (:mod:`spark_runtime.storage`)."""
+
+    bucket: str = Field(min_length=3, max_length=63, pattern=S3_BUCKET)
     prefix: str | None = Field(default=None, max_length=1024)
-    endpoint: str | None = Field(default=None, max_length=2048)
-    credentials_secret: str | None = Field(default=None, max_length=253)
+    endpoint: str | None = Field(default=None, max_length=2048, pattern=HTTP_URL)
+    credentials_secret: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
 
 
-class _PvcRef(_Model):
-    claim_name: str = Field(min_length=1, max_length=253)
+class PersistentVolumeClaimRef(_Model):
+    """A PersistentVolumeClaim in the Task's namespace."""
+
+    claim_name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
 
 
-class _Volume(_Model):
-    """How the pod mounts the shared paths. Accepted for shape compatibility; the runtime ignores it."""
+class VolumeSpec(_Model):
+    """The volume shard pods mount for the shared filesystem paths: exactly one of ``hostPath`` or
+    ``persistentVolumeClaim``. The operator mounts it; the runtime validates it and otherwise ignores it."""
 
-    host_path: str | None = None
-    persistent_volume_claim: _PvcRef | None = None
-    mount_path: str | None = None
+    host_path: str | None = Field(default=None, max_length=4096, pattern=ABS_PATH)
+    persistent_volume_claim: PersistentVolumeClaimRef | None = None
+    mount_path: str = Field(default="/data", max_length=4096, pattern=ABS_PATH)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        _exactly_one(hostPath=self.host_path, persistentVolumeClaim=self.persistent_volume_claim)
+        return self
 
 
 class StorageSpec(_Model):
-    """Exactly one of ``path`` (a shared filesystem directory) or ``s3``."""
+    """Where recovery logs, snapshots and manifests live: exactly one of ``path`` (a shared filesystem directory)
+    or ``s3``."""
 
-    path: str | None = Field(default=None, min_length=1, max_length=4096)
+    path: str | None = Field(default=None, min_length=2, max_length=4096, pattern=ABS_PATH)
     s3: S3Storage | None = None
-    volume: _Volume | None = None
+    volume: VolumeSpec | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> StorageSpec:
+    def _check(self) -> Self:
         _exactly_one(path=self.path, s3=self.s3)
         return self
 
@@ -325,7 +403,7 @@ class ShardConfig(_Model):
     key_groups: KeyGroupsSpec
     key_field: str = Field(default="key", min_length=1, max_length=256)
     processor: ProcessorSpec
-    source: SourceSpec
+    source: ShardSourceSpec
     sink: SinkSpec
     storage: StorageSpec
     restore_from: RestoreFrom | None = None

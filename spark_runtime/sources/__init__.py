@@ -17,10 +17,10 @@ def make_source(spec: Any, read_partitions: list[int] | None = None) -> Source:
 
         j = spec.journal
         return JournalSource(j.path, j.partitions, read_partitions=read_partitions, nested=j.partitioned_by_key)
-    from spark_runtime.sources.kafka import KafkaSource
+    from spark_runtime.sources.kafka import KafkaReader
 
     k = spec.kafka
-    return KafkaSource(
+    return KafkaReader(
         k.bootstrap_servers,
         k.topic,
         k.starting_offsets,

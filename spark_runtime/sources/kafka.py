@@ -8,7 +8,7 @@ Design (see spark_runtime/README.md, "Kafka"), two modes:
   ``[p * B, (p + 1) * B)``. A shard assigns exactly the partitions whose block meets its range; read
   amplification is about 1. The partition count is part of the mapping: a topic whose count differs from the
   declared one stops the shard at its preflight and before every batch is written (``PartitionCountChanged``,
-  :meth:`KafkaSource.before_batch`), so nothing is processed under a wrong mapping.
+  :meth:`KafkaReader.before_batch`), so nothing is processed under a wrong mapping.
 - **Read everything** (default): Kafka's partitioning is the producers' business and independent of key groups,
   so each shard subscribes to the whole topic and filters ``pmod(hash(key), maxKeyGroups)`` in Spark right after
   parsing (no Python on the path). The price is read amplification: with N shards every record is fetched N
@@ -24,7 +24,7 @@ in the topic at their partition/offset, which Kafka's retention keeps.
 Positions: Spark's Kafka offsets ``{"<topic>": {"<partition>": <next offset>}}``, always **concrete** (never
 Kafka's symbolic ``-2``/``-1``). A restored child starts with ``startingOffsets`` = the parent's committed
 positions (per partition), so it reads exactly the records the parent did not commit. A fresh shard resolves
-its start once, before its first query (:meth:`KafkaSource.resolve_start_positions`, Kafka's ``ListOffsets``):
+its start once, before its first query (:meth:`KafkaReader.resolve_start_positions`, Kafka's ``ListOffsets``):
 ``earliest`` is each partition's first offset; ``latest`` is the first offset at or after the operator-set
 ``startingTimestamp`` (the Task's creation time; a partition with no later record: its end), so all shards of a
 task agree on where "latest" was, however far apart they start. The runtime persists that answer
@@ -38,7 +38,7 @@ between triggers, and the snapshot is still the last *committed* batch.
 
 Observed metrics per micro-batch (in the query's progress): ``taskshard_source`` = ``rowsRead``,
 ``bytesRead`` (key + value bytes fetched), ``deadLetters``; the runtime adds them up in ``progress.json``.
-A committed batch whose progress a stop cut off is recounted by :meth:`KafkaSource.recount`.
+A committed batch whose progress a stop cut off is recounted by :meth:`KafkaReader.recount`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.records import RecordSpec
 from spark_runtime.sources.base import SourceContext
 
-__all__ = ["KafkaSource", "kafka_start_offsets", "kafka_topic_partitions", "parse_kafka_records"]
+__all__ = ["KafkaReader", "kafka_start_offsets", "kafka_topic_partitions", "parse_kafka_records"]
 
 SOURCE_METRICS = "taskshard_source"
 _INTEGER_TYPES = r"^(BIGINT|INT|SMALLINT|TINYINT|DECIMAL\(\d+,0\))$"
@@ -230,7 +230,7 @@ def _java_error(exc: Any) -> str:
         return str(exc).splitlines()[0][:300]
 
 
-class KafkaSource:
+class KafkaReader:
     """A Kafka topic as a :class:`spark_runtime.sources.base.Source` (see the module docstring)."""
 
     kind = "kafka"
@@ -406,7 +406,7 @@ class KafkaSource:
 
 def _metric_columns(dead_owned: Any) -> list[Any]:
     """The source metrics over the parsed records: all rows read, their key + value bytes, and the invalid
-    records this shard owns (the stream observes them; :meth:`KafkaSource.recount` aggregates them)."""
+    records this shard owns (the stream observes them; :meth:`KafkaReader.recount` aggregates them)."""
     from pyspark.sql import functions as F
 
     return [

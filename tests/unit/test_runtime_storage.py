@@ -82,9 +82,9 @@ def test_unwritable_local_storage_is_a_storage_problem(tmp_path):
 
 
 def test_kafka_positions_are_checked_against_the_topic():
-    from spark_runtime.sources.kafka import KafkaSource
+    from spark_runtime.sources.kafka import KafkaReader
 
-    src = KafkaSource("127.0.0.1:9092", "orders")
+    src = KafkaReader("127.0.0.1:9092", "orders")
     src.validate_positions({"orders": {"0": 5, "1": 0}})
     assert src.owns_offset({"orders": {"0": 5}}) and not src.owns_offset({"p0.jsonl": 3})
     with pytest.raises(ValueError, match="source.kafka.topic is 'orders'"):

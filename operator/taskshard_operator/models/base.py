@@ -4,6 +4,10 @@ Contract: every model field carries a description (the CRD generator copies it i
 unit test fails when one is missing); field names are Python snake_case with Kubernetes camelCase aliases;
 unknown fields are rejected. CEL rules for the CRD sit next to the field or model they check, written with
 :func:`cel`, so the models are the one source of truth for both Python validation and the CRD schema.
+
+The Task's processor, source, sink and storage are defined once, in ``spark_runtime.config`` (fields, limits,
+defaults, validators); their Task models subclass those together with :class:`K8sModel` and add descriptions and
+CEL rules with :func:`k8s_schema`.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
+
+from spark_runtime import config
 
 __all__ = [
     "API_GROUP",
@@ -22,13 +28,14 @@ __all__ = [
     "K8sModel",
     "Quantity",
     "cel",
+    "k8s_schema",
     "validations",
 ]
 
 API_GROUP = "taskshard.io"
 API_VERSION = "v1alpha1"
 
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_SUBDOMAIN_PATTERN = config.DNS_SUBDOMAIN_PATTERN
 """An RFC 1123 subdomain: the name of most Kubernetes objects (at most 253 characters)."""
 
 QUANTITY_PATTERN = (
@@ -67,6 +74,25 @@ def cel(
 def validations(*rules: dict[str, str]) -> dict[str, Any]:
     """``json_schema_extra`` carrying CEL rules (for ``Field(...)`` or a model's ``model_config``)."""
     return {"x-kubernetes-validations": list(rules)}
+
+
+def k8s_schema(*rules: dict[str, str], **descriptions: str) -> ConfigDict:
+    """``model_config`` of a Task model built on a runtime model of ``spark_runtime.config``: the CRD additions.
+
+    ``rules`` are the model's CEL rules (as :func:`validations`); ``descriptions`` maps the Python names of
+    inherited fields to their descriptions. Both go into the JSON schema only (hence the CRD); the fields
+    themselves (types, limits, defaults, validators) stay exactly the runtime's. A name that is not a field of the
+    model fails the schema generation (KeyError), and a field left without a description fails the CRD test.
+    """
+
+    def extra(schema: dict[str, Any], model: type[BaseModel]) -> None:
+        properties = schema.get("properties", {})
+        for name, text in descriptions.items():
+            properties[model.model_fields[name].alias or name]["description"] = text
+        if rules:
+            schema.update(validations(*rules))
+
+    return ConfigDict(json_schema_extra=extra)
 
 
 Quantity = Annotated[

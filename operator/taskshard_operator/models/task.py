@@ -1,20 +1,29 @@
 """Task: the user's manifest (processor, source, sink, storage, key groups, Spark settings) and its status.
 
-Single-object invariants are CEL rules in the CRD and mirrored by pydantic validators here: exactly one of
-each kind (processor, source, sink, storage, volume), ``sum`` needs ``field``, ``initialShards <=
-maxKeyGroups``, no ``spark.conf`` key the protocol owns (``spark_runtime.reserved_conf``), with
-``partitionedByKey`` a ``maxKeyGroups`` that is a multiple of the source's partition count (and, for Kafka, that
-count declared); ``maxKeyGroups``, ``keyField``, ``storage``, ``partitionedByKey`` and, with it, the partition
-count are immutable (changing them would orphan or re-key state).
+The processor, source, sink and storage are defined once, in ``spark_runtime.config`` (the shard runtime's config
+models, which the operator copies into each shard's ``shard.json``): every field's name, type, limits, default and
+cross-field validator is written there. The models here subclass them (with :class:`K8sModel`) and add only what
+the Kubernetes API needs: descriptions and CEL rules (:func:`k8s_schema`), the ``spec.`` prefix of the field paths
+in messages (``FIELD_PATH``), sub-objects typed as these subclasses, and the CRD type of free-form parameters.
+
+Single-object invariants are CEL rules in the CRD and mirrored by pydantic validators (those of the
+sub-objects are the runtime's, inherited; those of the whole spec are here): exactly one of each kind (processor,
+source, sink, storage, volume), ``sum`` needs ``field``, ``initialShards <= maxKeyGroups``, no ``spark.conf``
+key the protocol owns (``spark_runtime.reserved_conf``), with ``partitionedByKey`` a ``maxKeyGroups`` that is a
+multiple of the source's partition count (and, for Kafka, that count declared); ``maxKeyGroups``, ``keyField``,
+``storage``, ``partitionedByKey`` and, with it, the partition count are immutable (changing them would orphan or
+re-key state).
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
+from spark_runtime import config
+from spark_runtime.config import JOURNAL_PARTITIONS_LIMIT, KAFKA_PARTITIONS_LIMIT, BuiltinProcessor
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
 from spark_runtime.reserved_conf import RESERVED_SPARK_CONF, reserved_conf_message, reserved_conf_problems
 from taskshard_operator import naming
@@ -22,11 +31,11 @@ from taskshard_operator import naming
 from .base import (
     API_GROUP,
     API_VERSION,
-    DNS_SUBDOMAIN_PATTERN,
     FreeFormObject,
     K8sModel,
     Quantity,
     cel,
+    k8s_schema,
     validations,
 )
 from .common import TASK_CONDITION_TYPES, Condition, enumerate_values
@@ -56,21 +65,6 @@ __all__ = [
     "VolumeSpec",
 ]
 
-ABS_PATH = r"^/\S*$"
-PYTHON_REF = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-KAFKA_TOPIC = r"^[A-Za-z0-9._-]+$"
-KAFKA_SERVERS = r"^[^,\s]+:[0-9]+(,[^,\s]+:[0-9]+)*$"
-JOURNAL_PARTITIONS_LIMIT = 1024
-KAFKA_PARTITIONS_LIMIT = 10000
-
-
-def _exactly_one(obj: K8sModel, path: str, *names: str) -> None:
-    """Python twin of the CEL exactly-one-of rules (``names`` are Python attribute names)."""
-    chosen = [n for n in names if getattr(obj, n) is not None]
-    if len(chosen) != 1:
-        aliases = [type(obj).model_fields[n].alias or n for n in names]
-        raise ValueError(f"{path}: exactly one of {', '.join(aliases)} must be set (got {len(chosen)})")
-
 
 def _one_of_rule(path: str, a: str, b: str) -> dict[str, str]:
     return cel(
@@ -79,66 +73,33 @@ def _one_of_rule(path: str, a: str, b: str) -> dict[str, str]:
     )
 
 
-class BuiltinProcessor(StrEnum):
-    """Processors shipped with the runtime."""
-
-    COUNT = "count"
-    """Count events per key."""
-    SUM = "sum"
-    """Sum the numeric event field ``processor.field`` per key."""
-
-
-class ProcessorSpec(K8sModel):
+class ProcessorSpec(config.ProcessorSpec, K8sModel):
     """The stateful per-key processor: a builtin or a Python class."""
 
-    model_config = {
-        "json_schema_extra": validations(
-            _one_of_rule("spec.processor", "builtin", "python"),
-            cel(
-                "!has(self.builtin) || self.builtin != 'sum' || has(self.field)",
-                "spec.processor.field is required when spec.processor.builtin is sum (the numeric event field "
-                "to add up)",
-                field_path=".field",
-                reason="FieldValueRequired",
-            ),
-            cel(
-                "!has(self.field) || (has(self.builtin) && self.builtin == 'sum')",
-                "spec.processor.field is only valid with spec.processor.builtin: sum",
-                field_path=".field",
-                reason="FieldValueForbidden",
-            ),
-        )
-    }
+    FIELD_PATH: ClassVar[str] = "spec.processor"
+    model_config = k8s_schema(
+        _one_of_rule("spec.processor", "builtin", "python"),
+        cel(
+            "!has(self.builtin) || self.builtin != 'sum' || has(self.field)",
+            "spec.processor.field is required when spec.processor.builtin is sum (the numeric event field to add up)",
+            field_path=".field",
+            reason="FieldValueRequired",
+        ),
+        cel(
+            "!has(self.field) || (has(self.builtin) && self.builtin == 'sum')",
+            "spec.processor.field is only valid with spec.processor.builtin: sum",
+            field_path=".field",
+            reason="FieldValueForbidden",
+        ),
+        builtin="A builtin processor: count or sum. Exactly one of builtin or python.",
+        field="For builtin sum only: the numeric event field to add up per key.",
+        python="Import path of a Python processor class, 'package.module:ClassName'. Exactly one of builtin or python.",
+    )
 
-    builtin: BuiltinProcessor | None = Field(
-        default=None, description="A builtin processor: count or sum. Exactly one of builtin or python."
-    )
-    field: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
-        description="For builtin sum only: the numeric event field to add up per key.",
-    )
-    python: str | None = Field(
-        default=None,
-        max_length=512,
-        pattern=PYTHON_REF,
-        description="Import path of a Python processor class, 'package.module:ClassName'. Exactly one of "
-        "builtin or python.",
-    )
     parameters: FreeFormObject | None = Field(
         default=None, description="Free-form parameters passed to the processor as a JSON object."
     )
-
-    @model_validator(mode="after")
-    def _check(self) -> ProcessorSpec:
-        _exactly_one(self, "spec.processor", "builtin", "python")
-        is_sum = self.builtin == BuiltinProcessor.SUM
-        if is_sum and self.field is None:
-            raise ValueError("spec.processor.field is required when spec.processor.builtin is sum")
-        if self.field is not None and not is_sum:
-            raise ValueError("spec.processor.field is only valid with spec.processor.builtin: sum")
-        return self
+    """The runtime's ``dict[str, Any]``, typed for the CRD: kept as is by the apiserver (no pruning)."""
 
 
 # ---------------------------------------------------------------- key groups nested in partitions
@@ -233,263 +194,164 @@ def _immutable_partitioning_rules(kind: str, default_partitions: int, instead: s
 
 
 class _PartitionedSource(K8sModel):
-    """Base of the source kinds that may be partitioned by the key.
+    """Mixin of the source kinds that may be partitioned by the key (the field is the runtime model's).
 
     ``partitionedByKey: false`` (the default) is left out of :meth:`to_k8s`: a Task that does not use the mode
     keeps the template hash and shard config it had before the field existed (an operator upgrade rolls no
     shard) and runs on runtimes that predate the field. ``True`` is always written.
     """
 
-    partitioned_by_key: bool = False
-
     @model_serializer(mode="wrap")
     def _omit_unpartitioned(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data = handler(self)
-        if not self.partitioned_by_key:
+        if not self.partitioned_by_key:  # the runtime model's field
             data.pop("partitionedByKey", None)
             data.pop("partitioned_by_key", None)
         return data
 
 
-class JournalSource(_PartitionedSource):
+class JournalSource(config.JournalSource, _PartitionedSource):
     """A directory of append-only JSON-lines partition files (the embedded journal)."""
 
-    model_config = {
-        "json_schema_extra": validations(*_immutable_partitioning_rules("journal", 1, "create a new Task instead"))
-    }
-
-    path: str = Field(
-        min_length=2, max_length=4096, pattern=ABS_PATH, description="Absolute path of the journal directory."
-    )
-    partitions: int = Field(
-        default=1,
-        ge=1,
-        le=JOURNAL_PARTITIONS_LIMIT,
-        description=f"Number of partition files (1..{JOURNAL_PARTITIONS_LIMIT}). Immutable with partitionedByKey.",
-    )
-    partitioned_by_key: bool = Field(
-        default=False,
-        description="True when every record of a key is in one partition file (the journal's producer writes them "
-        "so): partition p then holds the key groups [p*maxKeyGroups/partitions, (p+1)*maxKeyGroups/partitions) "
-        "and a shard reads only the files whose block meets its range. maxKeyGroups must be a multiple of "
-        "partitions. Immutable, and so are partitions while it is true.",
+    model_config = k8s_schema(
+        *_immutable_partitioning_rules(
+            "journal", config.JournalSource.model_fields["partitions"].default, "create a new Task instead"
+        ),
+        path="Absolute path of the journal directory.",
+        partitions=f"Number of partition files (1..{JOURNAL_PARTITIONS_LIMIT}). Immutable with partitionedByKey.",
+        partitioned_by_key="True when every record of a key is in one partition file (the journal's producer "
+        "writes them so): partition p then holds the key groups [p*maxKeyGroups/partitions, "
+        "(p+1)*maxKeyGroups/partitions) and a shard reads only the files whose block meets its range. maxKeyGroups "
+        "must be a multiple of partitions. Immutable, and so are partitions while it is true.",
     )
 
 
-class KafkaSource(_PartitionedSource):
+class KafkaSource(config.KafkaSource, _PartitionedSource):
     """A Kafka topic."""
 
-    model_config = {
-        "json_schema_extra": validations(
-            cel(
-                f"!{_cel_partitioned('self')} || has(self.partitions)",
-                "spec.source.kafka.partitions is required when spec.source.kafka.partitionedByKey is true: the "
-                "topic's partition count is part of the key-group mapping (a shard refuses to run, reason "
-                "PartitionCountChanged, when the topic's real count differs)",
-                field_path=".partitions",
-                reason="FieldValueRequired",
-            ),
-            cel(
-                f"!has(self.partitions) || {_cel_partitioned('self')}",
-                "spec.source.kafka.partitions is only used with spec.source.kafka.partitionedByKey: true; remove "
-                "it, or set partitionedByKey: true if the topic is keyed by the key field",
-                field_path=".partitions",
-                reason="FieldValueForbidden",
-            ),
-            *_immutable_partitioning_rules(
-                "kafka", 0, "for a topic with another partition count, create a new Task instead"
-            ),
-        )
-    }
-
-    bootstrap_servers: str = Field(
-        max_length=2048, pattern=KAFKA_SERVERS, description="Comma-separated host:port list of Kafka brokers."
-    )
-    topic: str = Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC, description="Kafka topic to read.")
-    starting_offsets: Literal["earliest", "latest"] = Field(
-        default="earliest", description="Where a fresh task starts reading: earliest or latest."
-    )
-    partitioned_by_key: bool = Field(
-        default=False,
-        description="True when the topic is keyed by the key field (every record of a key in one partition): "
+    FIELD_PATH: ClassVar[str] = "spec.source.kafka"
+    model_config = k8s_schema(
+        cel(
+            f"!{_cel_partitioned('self')} || has(self.partitions)",
+            "spec.source.kafka.partitions is required when spec.source.kafka.partitionedByKey is true: the "
+            "topic's partition count is part of the key-group mapping (a shard refuses to run, reason "
+            "PartitionCountChanged, when the topic's real count differs)",
+            field_path=".partitions",
+            reason="FieldValueRequired",
+        ),
+        cel(
+            f"!has(self.partitions) || {_cel_partitioned('self')}",
+            "spec.source.kafka.partitions is only used with spec.source.kafka.partitionedByKey: true; remove "
+            "it, or set partitionedByKey: true if the topic is keyed by the key field",
+            field_path=".partitions",
+            reason="FieldValueForbidden",
+        ),
+        *_immutable_partitioning_rules(
+            "kafka", 0, "for a topic with another partition count, create a new Task instead"
+        ),
+        bootstrap_servers="Comma-separated host:port list of Kafka brokers.",
+        topic="Kafka topic to read.",
+        starting_offsets="Where a fresh task starts reading: earliest or latest.",
+        partitioned_by_key="True when the topic is keyed by the key field (every record of a key in one partition): "
         "partition p then holds the key groups [p*maxKeyGroups/partitions, (p+1)*maxKeyGroups/partitions) and a "
         "shard reads only the partitions whose block meets its range. Needs partitions; maxKeyGroups must be a "
         "multiple of it. Immutable.",
-    )
-    partitions: int | None = Field(
-        default=None,
-        ge=1,
-        le=KAFKA_PARTITIONS_LIMIT,
-        description=f"The topic's partition count (1..{KAFKA_PARTITIONS_LIMIT}), required with and only allowed "
+        partitions=f"The topic's partition count (1..{KAFKA_PARTITIONS_LIMIT}), required with and only allowed "
         "with partitionedByKey: it is part of the key-group mapping, so a shard refuses to run (reason "
         "PartitionCountChanged) when the topic's real count differs. Immutable.",
     )
 
-    @model_validator(mode="after")
-    def _check(self) -> KafkaSource:
-        if self.partitioned_by_key and self.partitions is None:
-            raise ValueError(
-                "spec.source.kafka.partitions is required when spec.source.kafka.partitionedByKey is true: the "
-                "topic's partition count is part of the key-group mapping (a shard refuses to run, reason "
-                "PartitionCountChanged, when the topic's real count differs)"
-            )
-        if self.partitions is not None and not self.partitioned_by_key:
-            raise ValueError(
-                "spec.source.kafka.partitions is only used with spec.source.kafka.partitionedByKey: true; remove "
-                "it, or set partitionedByKey: true if the topic is keyed by the key field"
-            )
-        return self
 
-
-class SourceSpec(K8sModel):
+class SourceSpec(config.SourceSpec, K8sModel):
     """Where events come from: exactly one of journal or kafka."""
 
-    model_config = {
-        "json_schema_extra": validations(
-            _one_of_rule("spec.source", "journal", "kafka"),
-            cel(
-                f"has(self.journal) == has(oldSelf.journal) || "
-                f"!({_cel_any_partitioned('self')} || {_cel_any_partitioned('oldSelf')})",
-                "spec.source cannot switch between journal and kafka when either has partitionedByKey: true: the "
-                "partitions decide which key groups each holds, so the switch would re-key all state; create a new "
-                "Task instead",
-            ),
-        )
-    }
+    model_config = k8s_schema(
+        _one_of_rule("spec.source", "journal", "kafka"),
+        cel(
+            f"has(self.journal) == has(oldSelf.journal) || "
+            f"!({_cel_any_partitioned('self')} || {_cel_any_partitioned('oldSelf')})",
+            "spec.source cannot switch between journal and kafka when either has partitionedByKey: true: the "
+            "partitions decide which key groups each holds, so the switch would re-key all state; create a new "
+            "Task instead",
+        ),
+    )
 
     journal: JournalSource | None = Field(default=None, description="Read a local journal directory.")
     kafka: KafkaSource | None = Field(default=None, description="Read a Kafka topic.")
 
-    @model_validator(mode="after")
-    def _check(self) -> SourceSpec:
-        _exactly_one(self, "spec.source", "journal", "kafka")
-        return self
 
-    @property
-    def kind(self) -> Literal["journal", "kafka"]:
-        return "journal" if self.journal is not None else "kafka"
-
-    @property
-    def nested_partitions(self) -> int | None:
-        """The partition count key groups nest in (``partitionedByKey: true``), else None."""
-        chosen = self.journal or self.kafka
-        return chosen.partitions if chosen is not None and chosen.partitioned_by_key else None
-
-
-class DirectorySink(K8sModel):
+class DirectorySink(config.DirectorySink, K8sModel):
     """Files in a directory."""
 
-    path: str = Field(
-        min_length=2, max_length=4096, pattern=ABS_PATH, description="Absolute path of the output directory."
+    model_config = k8s_schema(
+        path="Absolute path of the output directory.",
+        format="File format: jsonl or parquet.",
     )
-    format: Literal["jsonl", "parquet"] = Field(default="jsonl", description="File format: jsonl or parquet.")
 
 
-class KafkaSink(K8sModel):
+class KafkaSink(config.KafkaSink, K8sModel):
     """A Kafka topic."""
 
-    bootstrap_servers: str = Field(
-        max_length=2048, pattern=KAFKA_SERVERS, description="Comma-separated host:port list of Kafka brokers."
+    model_config = k8s_schema(
+        bootstrap_servers="Comma-separated host:port list of Kafka brokers.",
+        topic="Kafka topic to write.",
     )
-    topic: str = Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC, description="Kafka topic to write.")
 
 
-class SinkSpec(K8sModel):
+class SinkSpec(config.SinkSpec, K8sModel):
     """Where results go: exactly one of directory or kafka."""
 
-    model_config = {"json_schema_extra": validations(_one_of_rule("spec.sink", "directory", "kafka"))}
+    model_config = k8s_schema(_one_of_rule("spec.sink", "directory", "kafka"))
 
     directory: DirectorySink | None = Field(default=None, description="Write files to a directory.")
     kafka: KafkaSink | None = Field(default=None, description="Write to a Kafka topic.")
 
-    @model_validator(mode="after")
-    def _check(self) -> SinkSpec:
-        _exactly_one(self, "spec.sink", "directory", "kafka")
-        return self
 
-
-class S3Storage(K8sModel):
+class S3Storage(config.S3Storage, K8sModel):
     """An S3-compatible bucket."""
 
-    bucket: str = Field(
-        min_length=3,
-        max_length=63,
-        pattern=r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$",
-        description="Bucket name (3..63 lowercase letters, digits, dots and dashes).",
-    )
-    prefix: str | None = Field(default=None, max_length=1024, description="Key prefix inside the bucket.")
-    endpoint: str | None = Field(
-        default=None,
-        max_length=2048,
-        pattern=r"^https?://\S+$",
-        description="Endpoint URL (http:// or https://) of an S3-compatible service; default AWS.",
-    )
-    credentials_secret: str | None = Field(
-        default=None,
-        max_length=253,
-        pattern=DNS_SUBDOMAIN_PATTERN,
-        description="Secret in the Task's namespace with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.",
+    model_config = k8s_schema(
+        bucket="Bucket name (3..63 lowercase letters, digits, dots and dashes).",
+        prefix="Key prefix inside the bucket.",
+        endpoint="Endpoint URL (http:// or https://) of an S3-compatible service; default AWS.",
+        credentials_secret="Secret in the Task's namespace with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.",
     )
 
 
-class PersistentVolumeClaimRef(K8sModel):
+class PersistentVolumeClaimRef(config.PersistentVolumeClaimRef, K8sModel):
     """A PersistentVolumeClaim in the Task's namespace."""
 
-    claim_name: str = Field(
-        min_length=1,
-        max_length=253,
-        pattern=DNS_SUBDOMAIN_PATTERN,
-        description="Name of the PersistentVolumeClaim (ReadWriteMany when shards run on several nodes).",
+    model_config = k8s_schema(
+        claim_name="Name of the PersistentVolumeClaim (ReadWriteMany when shards run on several nodes).",
     )
 
 
-class VolumeSpec(K8sModel):
+class VolumeSpec(config.VolumeSpec, K8sModel):
     """The volume shard pods mount for the shared filesystem paths: exactly one of hostPath or pvc."""
 
-    model_config = {
-        "json_schema_extra": validations(_one_of_rule("spec.storage.volume", "hostPath", "persistentVolumeClaim"))
-    }
-
-    host_path: str | None = Field(
-        default=None, max_length=4096, pattern=ABS_PATH, description="Absolute path on the node to mount."
+    model_config = k8s_schema(
+        _one_of_rule("spec.storage.volume", "hostPath", "persistentVolumeClaim"),
+        host_path="Absolute path on the node to mount.",
+        mount_path="Where the volume is mounted in shard pods (default /data); task paths live under it.",
     )
+
     persistent_volume_claim: PersistentVolumeClaimRef | None = Field(
         default=None, description="A PersistentVolumeClaim to mount."
     )
-    mount_path: str = Field(
-        default="/data",
-        max_length=4096,
-        pattern=ABS_PATH,
-        description="Where the volume is mounted in shard pods (default /data); task paths live under it.",
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> VolumeSpec:
-        _exactly_one(self, "spec.storage.volume", "host_path", "persistent_volume_claim")
-        return self
 
 
-class StorageSpec(K8sModel):
+class StorageSpec(config.StorageSpec, K8sModel):
     """Where recovery logs, snapshots and manifests live: exactly one of path or s3."""
 
-    model_config = {"json_schema_extra": validations(_one_of_rule("spec.storage", "path", "s3"))}
-
-    path: str | None = Field(
-        default=None,
-        min_length=2,
-        max_length=4096,
-        pattern=ABS_PATH,
-        description="Absolute path of a shared filesystem directory (on the volume below).",
+    model_config = k8s_schema(
+        _one_of_rule("spec.storage", "path", "s3"),
+        path="Absolute path of a shared filesystem directory (on the volume below).",
     )
+
     s3: S3Storage | None = Field(default=None, description="An S3-compatible bucket.")
     volume: VolumeSpec | None = Field(
         default=None, description="How shard pods mount the shared paths (storage, journal, output)."
     )
-
-    @model_validator(mode="after")
-    def _check(self) -> StorageSpec:
-        _exactly_one(self, "spec.storage", "path", "s3")
-        return self
 
 
 class ResourceRequirements(K8sModel):
