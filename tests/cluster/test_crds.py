@@ -334,8 +334,8 @@ def test_status_subresource_and_printer_columns(k):
     _patch(k, "taskshard", name, {"status": {"phase": "Split"}}, check=True)
     assert json.loads(k("get", "taskshard", name, "-o", "json").stdout)["status"]["phase"] == "Running"
     header, row = k("get", "tss", name).stdout.strip().split("\n")
-    assert header.split() == ["NAME", "TASK", "RANGE", "PHASE", "LAST", "BATCH", "AGE"]
-    assert row.split()[1:5] == ["orders-count", "0-64", "Running", "7"]
+    assert header.split() == ["NAME", "TASK", "RANGE", "PHASE", "READY", "LAST", "BATCH", "AGE"]
+    assert row.split()[1:6] == ["orders-count", "0-64", "Running", "True", "7"]
 
 
 @pytest.mark.parametrize(

@@ -142,6 +142,12 @@ def build_crds() -> dict[str, dict[str, Any]]:
         [
             _column("Shards", "integer", ".status.shards", "Number of active shards."),
             _column("Phase", "string", ".status.phase", "Lifecycle phase of the task."),
+            _column(
+                "Ready",
+                "string",
+                '.status.conditions[?(@.type=="Ready")].status',
+                "True while every active shard runs.",
+            ),
             _column("Key Groups", "integer", ".spec.maxKeyGroups", "maxKeyGroups of the task.", priority=1),
             _AGE,
         ],
@@ -160,6 +166,12 @@ def build_crds() -> dict[str, dict[str, Any]]:
                 "Key-group range start-end, meaning [start, end).",
             ),
             _column("Phase", "string", ".status.phase", "Lifecycle phase of the shard."),
+            _column(
+                "Ready",
+                "string",
+                '.status.conditions[?(@.type=="Ready")].status',
+                "True while the shard's driver pod runs its range (reason in the Ready condition).",
+            ),
             _column("Last Batch", "integer", ".status.lastCheckpoint.batchId", "Last committed micro-batch id."),
             _column("Restarts", "integer", ".status.restarts", "Driver pod restarts.", priority=1),
             _AGE,
