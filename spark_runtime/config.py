@@ -17,7 +17,9 @@ Shape (camelCase on the wire; Python attributes are snake_case)::
       "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"},
                 "triggerInterval": "1 second"},
       "drainRequestFile": "/etc/taskshard-drain/requested",   # or null
-      "terminationMessagePath": "/dev/termination-log"
+      "terminationMessagePath": "/dev/termination-log",
+      "expectedBatch": 41,            # the last batch the operator saw committed, or null (RecoveryLogMissing)
+      "allowFreshStart": false        # the user's decision to start over when the recovery log is gone
     }
 
 ``processor``, ``source``, ``sink`` and ``storage`` have exactly the shapes of the Task spec
@@ -410,6 +412,13 @@ class ShardConfig(_Model):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     drain_request_file: str | None = Field(default=None, max_length=4096)
     termination_message_path: str = Field(default="/dev/termination-log", min_length=1, max_length=4096)
+    expected_batch: int | None = Field(default=None, ge=-1)
+    """The last batch the operator has seen this shard commit (``status.lastCheckpoint.batchId``): a recovery log
+    that ends before it is missing or older, and the shard refuses to start (``RecoveryLogMissing``) instead of
+    starting over from scratch. None: no batch seen yet."""
+    allow_fresh_start: bool = False
+    """The user's decision (TaskShard annotation ``taskshard.io/allow-fresh-start: "true"``) to start a shard
+    whose recovery log is missing or older than ``expectedBatch`` over from its source's start positions."""
 
     @model_validator(mode="after")
     def _check(self) -> ShardConfig:

@@ -261,6 +261,27 @@ class ShardRunner:
         cfg = self.config
         claim_task_storage(self.paths.task_dir, task=cfg.task, namespace=cfg.namespace, uid=cfg.task_uid)
 
+    def check_recovery_log(self) -> None:
+        """A shard the operator has seen commit batch N (``expectedBatch``) refuses to start from a recovery log
+        that ends before N, missing (a wrong volume, a lifecycle rule) or older: it would silently start over
+        and lose or recount what batches up to N did. Raises :class:`EnvironmentProblem` ``RecoveryLogMissing``
+        (exit 3, the reason on the TaskShard) unless the user allowed a fresh start."""
+        cfg = self.config
+        if cfg.expected_batch is None or cfg.allow_fresh_start:
+            return
+        found = last_committed_batch(self.paths.checkpoint)
+        if found >= cfg.expected_batch:
+            return
+        where = "is missing" if found < 0 else f"ends at batch {found}"
+        raise EnvironmentProblem(
+            "RecoveryLogMissing",
+            "expectedBatch",
+            f"the recovery log {self.paths.checkpoint} {where}, but batch {cfg.expected_batch} was committed "
+            "before (the TaskShard's status.lastCheckpoint): starting over would lose or recount what those "
+            "batches did. Restore the storage, or annotate the TaskShard taskshard.io/allow-fresh-start=true to "
+            "start it over from its source's start positions on purpose",
+        )
+
     def prepare(self) -> bool:
         """Everything before Spark: the drained check, the restore checks, ``lineage.json``. Returns False for
         a shard that drained before (its summary is then in ``self.summary``). Idempotent."""
@@ -274,6 +295,7 @@ class ShardRunner:
             )
             return False
         cfg = self.config
+        self.check_recovery_log()
         self.paths.shard_dir.mkdir()
         marker = self.paths.drain_marker
         if marker.exists() and marker.read_text().startswith("stop"):

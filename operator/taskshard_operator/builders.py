@@ -116,8 +116,13 @@ def build_shard_config(
     restore_from: dict[str, str] | None = None,
     task_created: str | None = None,
     task_uid: str | None = None,
+    expected_batch: int | None = None,
+    allow_fresh_start: bool = False,
 ) -> dict[str, Any]:
     """The runtime's ``shard.json`` (validated against ``spark_runtime.config.ShardConfig`` by the caller).
+
+    ``expected_batch`` (``status.lastCheckpoint.batchId``) makes a shard whose recovery log ends before it refuse
+    to start (``RecoveryLogMissing``) unless ``allow_fresh_start`` (the TaskShard's annotation) says otherwise.
 
     Paths (source, sink, storage) are the Task's, as the pod sees them under the storage volume's mount path.
     ``task_created`` (the Task's ``metadata.creationTimestamp``) pins ``source.kafka.startingOffsets: latest`` to
@@ -156,6 +161,8 @@ def build_shard_config(
         },
         "drainRequestFile": naming.DRAIN_FILE,
         "terminationMessagePath": naming.TERMINATION_MESSAGE_PATH,
+        **({"expectedBatch": expected_batch} if expected_batch is not None else {}),
+        **({"allowFreshStart": True} if allow_fresh_start else {}),
     }
 
 

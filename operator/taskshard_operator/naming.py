@@ -36,6 +36,9 @@ ANNOTATION_DRAIN = f"{DOMAIN}/drain"
 """On the driver pod: ``"true"`` asks the runtime to drain (projected into the pod by the downward API)."""
 ANNOTATION_TEMPLATE_HASH = f"{DOMAIN}/template-hash"
 """On a TaskShard: the Task template hash it should run (set by the Task's roll); on a pod: the one it runs."""
+ANNOTATION_ALLOW_FRESH_START = f"{DOMAIN}/allow-fresh-start"
+"""On a TaskShard, set by the user: ``"true"`` lets a shard whose recovery log is missing or older than its last
+committed batch start over (otherwise it refuses: ``RecoveryLogMissing``)."""
 ANNOTATION_RESTARTS_BASE = f"{DOMAIN}/restarts-base"
 """On the driver pod: restarts of the shard before this pod existed (status.restarts = base + restartCount)."""
 

@@ -349,8 +349,10 @@ def _ensure_config(ctx: ShardContext) -> bool:
     when the config is invalid.
 
     An existing ConfigMap is replaced only once the shard was told to run the Task's current template (the roll
-    reached it), so a not-yet-rolled shard whose container restarts in place keeps its old config.
+    reached it), so a not-yet-rolled shard whose container restarts in place keeps its old config. The config
+    carries the last batch seen committed (``expectedBatch``): a recovery log that ends before it is refused.
     """
+    annotations = ctx.shard["metadata"].get("annotations") or {}
     config = builders.build_shard_config(
         task=ctx.task_name,
         namespace=ctx.namespace,
@@ -360,6 +362,8 @@ def _ensure_config(ctx: ShardContext) -> bool:
         restore_from=ctx.restore_from,
         task_created=(ctx.task or {}).get("metadata", {}).get("creationTimestamp"),
         task_uid=(ctx.task or {}).get("metadata", {}).get("uid"),
+        expected_batch=(ctx.shard.get("status") or {}).get("lastCheckpoint", {}).get("batchId"),
+        allow_fresh_start=annotations.get(naming.ANNOTATION_ALLOW_FRESH_START) == "true",
     )
     cm = builders.build_configmap(
         task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups, config=config, spec=ctx.spec

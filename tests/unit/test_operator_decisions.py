@@ -978,3 +978,19 @@ def test_an_invalid_split_request_of_a_pending_shard_is_refused_at_once():
     rejected = condition(decision, st.SPLIT_REJECTED)
     assert rejected["status"] == "True" and "spec.split.at: 99" in rejected["message"]
     assert decision.status["observedGeneration"] == 2
+
+
+def test_the_config_carries_the_last_committed_batch_and_the_fresh_start_decision():
+    """The runtime refuses a recovery log older than status.lastCheckpoint (RecoveryLogMissing) unless the
+    TaskShard is annotated taskshard.io/allow-fresh-start=true: both reach shard.json."""
+    world = World()
+    shard = add_shard(world, PARENT, phase="Running", status={"pod": naming.pod_name(PARENT)})
+    shard["status"]["lastCheckpoint"] = {"batchId": 41}
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
+    world.configmaps[PARENT] = "another-digest"
+    (apply,) = actions_of(decide(world, PARENT), ApplyConfigMap)
+    config = json.loads(apply.body["data"][naming.CONFIG_KEY])
+    assert config["expectedBatch"] == 41 and "allowFreshStart" not in config
+    shard["metadata"]["annotations"][naming.ANNOTATION_ALLOW_FRESH_START] = "true"
+    (apply,) = actions_of(decide(world, PARENT), ApplyConfigMap)
+    assert json.loads(apply.body["data"][naming.CONFIG_KEY])["allowFreshStart"] is True
