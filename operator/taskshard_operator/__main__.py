@@ -37,6 +37,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--resync-seconds", type=float, default=None, help="safety-net resync interval (default 300)")
     parser.add_argument("--backoff-base", type=float, default=None, help="pod replacement back-off base seconds")
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics at :PORT/metrics (default: off)"
+    )
+    parser.add_argument(
+        "--log-format", choices=("plain", "json"), default="plain", help="log lines as text or one JSON object each"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="verbose kopf logging")
     parser.add_argument("--debug", action="store_true", help="debug kopf logging")
     args = parser.parse_args(argv)
@@ -52,12 +58,15 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TASKSHARD_RESYNC_SECONDS"] = str(args.resync_seconds)
     if args.backoff_base is not None:
         os.environ["TASKSHARD_BACKOFF_BASE"] = str(args.backoff_base)
+    if args.metrics_port is not None:
+        os.environ["TASKSHARD_METRICS_PORT"] = str(args.metrics_port)
 
     import kopf  # noqa: PLC0415 - after the environment is set
 
     import taskshard_operator.handlers  # noqa: F401, PLC0415 - registers the handlers
 
-    kopf.configure(verbose=args.verbose, debug=args.debug)
+    log_format = kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL
+    kopf.configure(verbose=args.verbose, debug=args.debug, log_format=log_format)
     if not (args.verbose or args.debug):
         # "Handler ... succeeded" for every timer tick drowns the operator's own lines.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskshard_operator import metrics, naming
 from taskshard_operator.cache import Observed
 from taskshard_operator.kube import Conflict, Kube
 
@@ -179,6 +180,8 @@ def carry_out(kube: Kube, observed: Observed, decision: Decision, *, emit: Emit,
             return CONFLICT_RETRY_SECONDS
         observed.wrote(decision.plural, result)
         body = result
+        if decision.new_phase is not None and decision.plural == naming.SHARD_PLURAL:
+            metrics.observe_phase(ns, name, decision.new_phase, result.get("status") or {})
         if decision.new_phase is not None and decision.new_phase == os.environ.get(CRASH_AFTER_PHASE_ENV):
             print(f"[fault injection] {name}: exiting after writing phase {decision.new_phase}", flush=True)
             os._exit(137)

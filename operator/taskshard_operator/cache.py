@@ -254,6 +254,15 @@ class KopfCache:
         with self._lock:
             self._overlay.pop((plural, namespace, name), None)
 
+    def shard_phases(self) -> list[str]:
+        """``status.phase`` of every watched TaskShard (Pending when not set yet), for the metrics."""
+        index = self._indexes.get(self.SHARDS, {})
+        return [
+            (record.get("status") or {}).get("phase") or "Pending"
+            for key in list(index)
+            for record in list(index.get(key) or [])
+        ]
+
     def keys(self) -> list[tuple[str, str, str]]:
         """Every watched Task and TaskShard as a work-queue key (``("task"|"shard", namespace, name)``)."""
         out = [("task", ns, name) for (ns, name) in list(self._indexes.get(self.TASKS, {}))]

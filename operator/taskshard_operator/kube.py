@@ -9,12 +9,14 @@ already exists: the step was done before), which is what makes re-running a prot
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from taskshard_operator import naming
+from taskshard_operator import metrics, naming
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -57,6 +59,25 @@ def load_config() -> None:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+
+
+def _counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Count each call of API method ``name`` in :mod:`taskshard_operator.metrics` by outcome."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = fn(*args, **kwargs)
+        except Conflict:
+            metrics.observe_api(name, "conflict")
+            raise
+        except Exception:
+            metrics.observe_api(name, "error")
+            raise
+        metrics.observe_api(name, "ok")
+        return result
+
+    return wrapper
 
 
 class Kube:
@@ -173,3 +194,7 @@ class Kube:
         except ApiException as e:
             if e.status != 409:
                 raise
+
+
+for _name in API_VERBS:
+    setattr(Kube, _name, _counted(_name, getattr(Kube, _name)))

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -45,6 +46,9 @@ class OperatorProcess:
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        from testinfra.common import free_port
+
+        self.metrics_port = free_port()
 
     def start(self, *, crash_after_phase: str | None = None) -> OperatorProcess:
         env = self.cluster.env()
@@ -65,6 +69,8 @@ class OperatorProcess:
             "2",
             "--backoff-base",
             "1",
+            "--metrics-port",
+            str(self.metrics_port),
         ]
         log = open(self.log_path, "a")  # noqa: SIM115 - owned by the child
         log.write(f"----- start {self.starts} (crash after phase: {crash_after_phase}) -----\n")
@@ -94,6 +100,18 @@ class OperatorProcess:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """The operator's Prometheus samples: ``{(name, sorted label pairs): value}`` (scraped now)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

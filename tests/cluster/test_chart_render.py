@@ -47,6 +47,7 @@ def test_helm_lint_strict_passes():
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
         ("probes.port=70000", "/probes/port"),
         ("storage.pvc.size=lots", "/storage/pvc/size"),
+        ("logFormat=xml", "/logFormat"),
         ("unknownKey=1", "unknownKey"),
     ],
 )
@@ -131,8 +132,11 @@ def test_namespaced_watch_binds_roles_only_in_those_namespaces():
 
 def test_optional_pieces_render_only_when_enabled():
     assert not by_kind(render(), "Service") and not by_kind(render(), "PersistentVolumeClaim")
-    docs = render("metrics.enabled=true", "storage.pvc.create=true", "peering.enabled=false")
-    assert by_kind(docs, "Service")[0]["spec"]["ports"][0]["targetPort"] == "probes"
+    docs = render("metrics.enabled=true", "storage.pvc.create=true", "peering.enabled=false", "logFormat=json")
+    assert by_kind(docs, "Service")[0]["spec"]["ports"][0]["targetPort"] == "metrics"
+    container = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    assert "--metrics-port=9090" in container["args"] and "--log-format=json" in container["args"]
     pvc = by_kind(docs, "PersistentVolumeClaim")[0]
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]

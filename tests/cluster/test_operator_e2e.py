@@ -103,6 +103,25 @@ def assert_children_started_after_parent_drained(data, task: str, parent: str, c
         assert first >= drained, f"{child} planned batch 0 {(drained - first) / 1e9:.3f}s before {parent} drained"
 
 
+def assert_operator_metrics(op, *, running: int, completed: int) -> None:
+    """The operator's /metrics: shards by phase from its cache, the split counter, passes and API calls counted,
+    and the split phases timed."""
+    samples = op.metrics()
+
+    def value(name: str, **labels: str) -> float:
+        return samples.get((f"taskshard_operator_{name}", tuple(sorted(labels.items()))), 0.0)
+
+    assert value("shards", phase="Running") == running and value("shards", phase="Split") == completed, samples
+    assert value("splits_total", outcome="completed") == completed
+    assert value("splits_total", outcome="accepted") == completed
+    assert (
+        value("passes_total", kind="shard", outcome="ok") > 0 and value("passes_total", kind="task", outcome="ok") > 0
+    )
+    assert value("api_requests_total", method="create_pod", outcome="ok") > 0
+    assert value("split_phase_seconds_count", phase="Draining") == completed
+    assert value("split_seconds_count") == completed
+
+
 def split(kubectl, shard: str, at: int | None = None) -> None:
     body = {"spec": {"split": {"requested": True, **({"at": at} if at is not None else {})}}}
     kubectl("patch", "taskshard", shard, "--type=merge", "-p", json.dumps(body))
@@ -153,6 +172,7 @@ def test_demo_splits_pod_kill_bad_requests_suspend_resume(kubectl, operator_proc
         assert "demo-0-16-driver" not in running_pods(kubectl)
         write_events(data, "demo", start=600, count=200)
         wait_results(data, "demo", START)
+        assert_operator_metrics(op, running=2, completed=1)
 
         # Split 2 at an explicit point: three active shards.
         split(kubectl, "demo-8-16", at=12)

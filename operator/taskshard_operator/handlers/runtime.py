@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from taskshard_operator import metrics
 from taskshard_operator.cache import KopfCache
 from taskshard_operator.kube import Kube
 from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
@@ -28,6 +29,8 @@ RESYNC_SECONDS = float(os.environ.get("TASKSHARD_RESYNC_SECONDS", "300"))
 BACKOFF_BASE = float(os.environ.get("TASKSHARD_BACKOFF_BASE", "2"))
 BACKOFF_CAP = float(os.environ.get("TASKSHARD_BACKOFF_CAP", "60"))
 WORKERS = int(os.environ.get("TASKSHARD_WORKERS", "8"))
+METRICS_PORT = int(os.environ.get("TASKSHARD_METRICS_PORT", "0"))
+"""Serve Prometheus metrics on this port (0: off; ``--metrics-port``)."""
 TASK_DEBOUNCE_SECONDS = 0.5
 """A Task's pass after a shard event waits this long, so a burst of shard events makes one Task pass."""
 
@@ -38,6 +41,9 @@ class Runtime:
         self.backoff = Backoff(base=BACKOFF_BASE, cap=BACKOFF_CAP)
         self.cache = KopfCache()
         self.queue = WorkQueue(lambda key: run_pass(key), workers=WORKERS)
+        self.queue.observer = lambda key, seconds, error: metrics.observe_pass(
+            key[0], seconds, "ok" if error is None else "error"
+        )
         self.context: contextvars.Context | None = None
 
     @property
@@ -61,6 +67,7 @@ RUNTIME = Runtime()
 def emit(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
     """Post a Kubernetes Event (through kopf's poster) and log it."""
     name = (body.get("metadata") or {}).get("name")
+    metrics.observe_event(reason)
     log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s %s: %s", reason, name, message)
     try:
         kopf.event(body, type=type_, reason=reason, message=message[:1000])

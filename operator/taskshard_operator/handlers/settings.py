@@ -1,5 +1,5 @@
 """Operator settings and lifecycle: the ``taskshard.io`` finalizer and annotation storage, event posting, the
-cache binding, the work queue's threads and the safety-net resync."""
+cache binding, the work queue's threads, the metrics endpoint and the safety-net resync."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import kopf
 
-from taskshard_operator import naming
-from taskshard_operator.handlers.runtime import RESYNC_SECONDS, RUNTIME
+from taskshard_operator import metrics, naming
+from taskshard_operator.handlers.runtime import METRICS_PORT, RESYNC_SECONDS, RUNTIME
 
 
 @kopf.on.startup()
@@ -30,6 +30,8 @@ def operator_startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     RUNTIME.kube  # noqa: B018 - load credentials once, at start
     RUNTIME.cache.bind(kwargs)
     RUNTIME.queue.start()
+    if METRICS_PORT:
+        metrics.serve(METRICS_PORT, RUNTIME.cache.shard_phases, RUNTIME.queue.pending)
 
 
 @kopf.on.cleanup()

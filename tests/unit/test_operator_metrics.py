@@ -1,0 +1,82 @@
+"""The operator's Prometheus metrics: what each observation records, the live gauges, the API call counter, and
+the endpoint serving every advertised name."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from taskshard_operator import kube, metrics
+
+pytestmark = pytest.mark.unit
+
+
+def sample(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(f"taskshard_operator_{name}", labels) or 0.0
+
+
+def test_split_phases_are_timed_and_a_whole_split_once_it_is_split():
+    before = {p: sample("split_phase_seconds_count", phase=p) for p in metrics.SPLIT_PHASES}
+    whole = sample("split_seconds_count")
+    status = {"split": {"at": 8, "acceptedTime": "2026-11-22T00:00:00Z"}}
+    for t, phase in enumerate(["Running", "SplitRequested", "Draining", "Drained", "ChildrenCreated", "Split"]):
+        metrics.observe_phase("ns", "unit-0-16", phase, status, now=100.0 + 2 * t)
+    after = {p: sample("split_phase_seconds_count", phase=p) for p in metrics.SPLIT_PHASES}
+    assert all(after[p] == before[p] + 1 for p in metrics.SPLIT_PHASES)
+    assert sample("split_seconds_count") == whole + 1
+    metrics.observe_phase("ns", "unit-0-16", "Split", status, now=200.0)  # terminal: nothing more is timed
+    assert sample("split_phase_seconds_count", phase="ChildrenCreated") == after["ChildrenCreated"]
+
+
+def test_split_events_count_by_outcome_and_other_events_do_not():
+    before = {o: sample("splits_total", outcome=o) for o in ("accepted", "rejected", "waiting", "completed")}
+    for reason in ("SplitAccepted", "SplitRejected", "SplitWaiting", "Split", "PodCreated", "PhaseSplit"):
+        metrics.observe_event(reason)
+    assert {o: sample("splits_total", outcome=o) - before[o] for o in before} == dict.fromkeys(before, 1)
+
+
+def test_passes_and_api_calls_are_counted_by_outcome():
+    ok, error = sample("passes_total", kind="shard", outcome="ok"), sample("passes_total", kind="shard", outcome="error")
+    metrics.observe_pass("shard", 0.01, "ok")
+    metrics.observe_pass("shard", 0.02, "error")
+    assert sample("passes_total", kind="shard", outcome="ok") == ok + 1
+    assert sample("passes_total", kind="shard", outcome="error") == error + 1
+
+    def conflicting():
+        raise kube.Conflict("changed")
+
+    counted = kube._counted("unit_write", conflicting)
+    with pytest.raises(kube.Conflict):
+        counted()
+    kube._counted("unit_write", lambda: None)()
+    assert sample("api_requests_total", method="unit_write", outcome="conflict") == 1
+    assert sample("api_requests_total", method="unit_write", outcome="ok") == 1
+    assert all(hasattr(getattr(kube.Kube, name), "__wrapped__") for name in kube.API_VERBS), "every method counted"
+
+
+def test_live_gauges_read_the_cache_and_the_queue_at_scrape_time():
+    phases = ["Running", "Running", "Split", "Pending"]
+    registry = CollectorRegistry()
+    registry.register(metrics.LiveGauges(lambda: phases, lambda: 7))
+    assert registry.get_sample_value("taskshard_operator_shards", {"phase": "Running"}) == 2
+    assert registry.get_sample_value("taskshard_operator_queue_depth") == 7
+    phases.append("Running")
+    assert registry.get_sample_value("taskshard_operator_shards", {"phase": "Running"}) == 3
+
+
+def test_the_endpoint_serves_every_advertised_metric():
+    from testinfra.common import free_port
+
+    port = free_port()
+    metrics.serve(port, lambda: ["Running"], lambda: 0, addr="127.0.0.1")
+    metrics.observe_pass("task", 0.01, "ok")
+    metrics.observe_api("create_pod", "ok")
+    metrics.observe_event("Split")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    names = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+    for name in metrics.METRIC_NAMES:
+        assert any(n == name or n.startswith(f"{name}_") for n in names), (name, sorted(names))
