@@ -39,7 +39,10 @@ def test_split_events_count_by_outcome_and_other_events_do_not():
 
 
 def test_passes_and_api_calls_are_counted_by_outcome():
-    ok, error = sample("passes_total", kind="shard", outcome="ok"), sample("passes_total", kind="shard", outcome="error")
+    ok, error = (
+        sample("passes_total", kind="shard", outcome="ok"),
+        sample("passes_total", kind="shard", outcome="error"),
+    )
     metrics.observe_pass("shard", 0.01, "ok")
     metrics.observe_pass("shard", 0.02, "error")
     assert sample("passes_total", kind="shard", outcome="ok") == ok + 1
