@@ -107,7 +107,7 @@ def test_examples_apply_and_come_back_as_valid_models(k):
         task = Task.from_k8s({**obj, "metadata": obj["metadata"]})
         assert task.spec.max_key_groups >= 1
     table = k("get", "tsk").stdout
-    assert table.split("\n")[0].split() == ["NAME", "SHARDS", "PHASE", "AGE"]
+    assert table.split("\n")[0].split() == ["NAME", "SHARDS", "PHASE", "READY", "AGE"]
 
 
 def test_server_defaults_match_the_models(k):
