@@ -15,18 +15,9 @@ from taskshard_operator import cache, naming
 from taskshard_operator import status as st
 from taskshard_operator.cache import KopfCache, SpecMemo, data_digest, not_older, object_record
 
-pytestmark = pytest.mark.unit
+from .operator_spec import NS, SPEC
 
-NS = "ns"
-SPEC: dict[str, Any] = {
-    "maxKeyGroups": 16,
-    "initialShards": 1,
-    "processor": {"builtin": "count"},
-    "source": {"journal": {"path": "/data/journal/t", "partitions": 2}},
-    "sink": {"directory": {"path": "/data/out/t"}},
-    "storage": {"path": "/data/state", "volume": {"hostPath": "/tmp/x"}},
-    "spark": {"image": "img:1"},
-}
+pytestmark = pytest.mark.unit
 
 
 def shard(name: str, version: str, *, task: str = "t", phase: str | None = None, ns: str = NS) -> dict[str, Any]:

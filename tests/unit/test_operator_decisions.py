@@ -23,19 +23,11 @@ from taskshard_operator.cache import data_digest, parse_task
 from taskshard_operator.reconcile_shard import decide_shard
 from taskshard_operator.reconcile_task import CREATE_PER_PASS, decide_task
 
+from .operator_spec import NS, SPEC
+
 pytestmark = pytest.mark.unit
 
-NS = "ns"
 TASK = "t"
-SPEC: dict[str, Any] = {
-    "maxKeyGroups": 16,
-    "initialShards": 1,
-    "processor": {"builtin": "count"},
-    "source": {"journal": {"path": "/data/journal/t", "partitions": 2}},
-    "sink": {"directory": {"path": "/data/out/t"}},
-    "storage": {"path": "/data/state", "volume": {"hostPath": "/tmp/x"}},
-    "spark": {"image": "img:1"},
-}
 PARENT = "t-0-16"
 LOW, HIGH = "t-0-8", "t-8-16"
 OLD_HASH = "0000000000000old"

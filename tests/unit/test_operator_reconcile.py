@@ -25,18 +25,9 @@ from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
 from taskshard_operator.reconcile_task import delete_task, reconcile_task
 from taskshard_operator.views import shard_views
 
-pytestmark = pytest.mark.unit
+from .operator_spec import NS, SPEC
 
-NS = "ns"
-SPEC = {
-    "maxKeyGroups": 16,
-    "initialShards": 1,
-    "processor": {"builtin": "count"},
-    "source": {"journal": {"path": "/data/journal/t", "partitions": 2}},
-    "sink": {"directory": {"path": "/data/out/t"}},
-    "storage": {"path": "/data/state", "volume": {"hostPath": "/tmp/x"}},
-    "spark": {"image": "img:1"},
-}
+pytestmark = pytest.mark.unit
 
 
 class Crash(Exception):
