@@ -23,6 +23,7 @@ the storage volume.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -133,68 +134,46 @@ def _announce_tiling(
         )
 
 
+@dataclass(frozen=True)
+class _Groups:
+    """The Task's shards grouped by what its status says about them (names; ``active`` are views)."""
+
+    active: list
+    creating: list[str]
+    rolling: list[str]
+    splitting: list[str]
+    failed: list[str]
+    not_running: list[str]
+    suspending: list[str]
+
+    @property
+    def total(self) -> int:
+        return len(self.active) + len(self.creating)
+
+
 def _summarise(decision, views, plan, spec, target, cond, generation) -> None:
     """Step 4: the Task's status from its shards (the initial shards still to create count as Pending)."""
     active = planner.owners(views)
     creating = [naming.shard_name(decision.name, r) for r in plan.create]
-    rolling = [v.name for v in active if not (v.wanted_hash == target and v.pod_hash == target)]
+    groups = _Groups(
+        active=active,
+        creating=creating,
+        rolling=[v.name for v in active if not (v.wanted_hash == target and v.pod_hash == target)],
+        splitting=[v.name for v in views if v.phase.splitting],
+        failed=[v.name for v in active if v.phase == ShardPhase.FAILED],
+        not_running=[v.name for v in active if v.phase != ShardPhase.RUNNING] + creating,
+        suspending=[v.name for v in active if spec.suspend and v.phase != ShardPhase.SUSPENDED],
+    )
     phase = planner.task_phase(views, tiling_error=plan.tiling_error, suspended=spec.suspend)
     if creating and phase == TaskPhase.RUNNING:
         phase = TaskPhase.PENDING
-    splitting = [v.name for v in views if v.phase.splitting]
-    failed = [v.name for v in active if v.phase.value == "Failed"]
-    not_running = [v.name for v in active if v.phase.value != "Running"] + creating
-    total = len(active) + len(creating)
-    suspending = [v.name for v in active if spec.suspend and v.phase != ShardPhase.SUSPENDED]
-    progress = "; ".join(
-        filter(
-            None,
-            [
-                f"suspending: {_names(suspending)}" if suspending else "",
-                f"splitting: {', '.join(splitting)}" if splitting else "",
-                f"rolling to {target}: {', '.join(rolling)}" if rolling else "",
-                f"creating {len(creating)} shards" if creating else "",
-            ],
-        )
-    )
-    conditions = [
-        cond(
-            st.TILED,
-            plan.tiling_error is None,
-            "Tiled" if plan.tiling_error is None else "TilingBroken",
-            plan.tiling_error or f"{total} active shards tile [0, {spec.max_key_groups})",
-        ),
-        _ready(cond, spec.suspend, active, not_running, suspending),
-        cond(
-            st.PROGRESSING,
-            bool(suspending or splitting or rolling or creating),
-            "Suspending"
-            if suspending
-            else "Splitting"
-            if splitting
-            else ("Rolling" if rolling else ("Creating" if creating else "Stable")),
-            progress,
-        ),
-        cond(
-            st.SPLITTING,
-            bool(splitting),
-            "ShardsSplitting" if splitting else "NotSplitting",
-            f"splitting: {', '.join(splitting)}" if splitting else "",
-        ),
-        cond(
-            st.DEGRADED,
-            bool(failed or plan.tiling_error),
-            "ShardsFailed" if failed else ("TilingBroken" if plan.tiling_error else "Healthy"),
-            plan.tiling_error or (f"failed: {_names(failed)}" if failed else ""),
-        ),
-    ]
     old_phase = (decision.body.get("status") or {}).get("phase")
     _set_status(
         decision,
         {
             "phase": phase.value,
             "observedGeneration": generation,
-            "shards": total,
+            "shards": groups.total,
             "activeShards": sorted(
                 [{"name": v.name, "keyGroups": v.key_groups.label(), "phase": v.phase.value} for v in active]
                 + [
@@ -204,7 +183,7 @@ def _summarise(decision, views, plan, spec, target, cond, generation) -> None:
                 key=lambda e: KeyGroupRange.from_label(e["keyGroups"]),
             ),
             "templateHash": target,
-            "conditions": conditions,
+            "conditions": _conditions(cond, spec, plan.tiling_error, groups, target),
         },
     )
     if old_phase != phase.value:
@@ -215,6 +194,49 @@ def _summarise(decision, views, plan, spec, target, cond, generation) -> None:
                 f"task {decision.name}: phase {old_phase or '-'} -> {phase.value}",
             )
         )
+
+
+def _conditions(cond, spec: TaskSpec, tiling_error: str | None, g: _Groups, target: str) -> list[dict[str, Any]]:
+    """The Task's conditions: Tiled, Ready, Progressing, Splitting, Degraded."""
+    progress = "; ".join(
+        filter(
+            None,
+            [
+                f"suspending: {_names(g.suspending)}" if g.suspending else "",
+                f"splitting: {', '.join(g.splitting)}" if g.splitting else "",
+                f"rolling to {target}: {', '.join(g.rolling)}" if g.rolling else "",
+                f"creating {len(g.creating)} shards" if g.creating else "",
+            ],
+        )
+    )
+    if g.suspending:
+        reason = "Suspending"
+    elif g.splitting:
+        reason = "Splitting"
+    else:
+        reason = "Rolling" if g.rolling else ("Creating" if g.creating else "Stable")
+    return [
+        cond(
+            st.TILED,
+            tiling_error is None,
+            "Tiled" if tiling_error is None else "TilingBroken",
+            tiling_error or f"{g.total} active shards tile [0, {spec.max_key_groups})",
+        ),
+        _ready(cond, spec.suspend, g.active, g.not_running, g.suspending),
+        cond(st.PROGRESSING, bool(g.suspending or g.splitting or g.rolling or g.creating), reason, progress),
+        cond(
+            st.SPLITTING,
+            bool(g.splitting),
+            "ShardsSplitting" if g.splitting else "NotSplitting",
+            f"splitting: {', '.join(g.splitting)}" if g.splitting else "",
+        ),
+        cond(
+            st.DEGRADED,
+            bool(g.failed or tiling_error),
+            "ShardsFailed" if g.failed else ("TilingBroken" if tiling_error else "Healthy"),
+            tiling_error or (f"failed: {_names(g.failed)}" if g.failed else ""),
+        ),
+    ]
 
 
 def _ready(cond, suspend: bool, active: list, not_running: list[str], suspending: list[str]) -> dict[str, Any]:
