@@ -910,6 +910,13 @@ def _nothing(ctx: ShardContext) -> None:
     """Stopped: terminal, nothing to do."""
 
 
+# The dispatch, one step function per phase (the protocol in the module docstring; every arrow is one pass):
+#
+#   Pending/Running/Failed --_reconcile_active--> (config, pod, mirror) | SplitRequested (a valid spec.split)
+#                                                 | Suspended (spec.suspend, once the pod is gone)
+#   SplitRequested --_step_request_drain--> Draining --_step_await_drain--> Drained
+#   Drained --_step_create_children--> ChildrenCreated --_step_finish_split--> Split (_keep_split: terminal)
+#   Suspended --_keep_suspended--> Pending (resumed)          Stopped: terminal
 STEPS = {
     P.PENDING: _reconcile_active,
     P.RUNNING: _reconcile_active,
