@@ -127,14 +127,14 @@ def _do(kube: Kube, observed: Observed, namespace: str, action: Action, backoff:
         if action.plural == "pods":
             created = kube.create_pod(namespace, action.body)
             if created is not None:
-                observed.wrote("pods", created)
+                observed.wrote("pods", created, created=True)
             return created
         if action.plural == "services":
             kube.ensure_service(namespace, action.body)
             return None
         created = kube.create_custom(action.plural, namespace, action.body)
         if created is not None:
-            observed.wrote(action.plural, created)
+            observed.wrote(action.plural, created, created=True)
         return created
     if isinstance(action, ApplyConfigMap):
         kube.apply_configmap(namespace, action.body, exists=action.exists)

@@ -14,7 +14,8 @@ Records:
 Write-through: a write returns the object as the API stored it. :meth:`KopfCache.wrote` keeps it as an overlay
 until the watch delivers that ``resourceVersion`` or a newer one, so the next pass never decides on a status
 older than the pass's own last write (and shards created by a pass count at once). A created pod is kept until
-the watch shows a pod of its name (a pass right after the create does not create it again). Overlays expire after
+the watch shows a pod of its name (a pass right after the create does not create it again). An updated object
+that the watch no longer shows was deleted: its overlay goes at once. Overlays expire after
 :data:`OVERLAY_TTL` seconds in any case. Writes are also conditional (``resourceVersion`` precondition), so a
 stale read can delay a step but never overwrite a newer status.
 
@@ -121,8 +122,9 @@ class Observed(Protocol):
 
     def configmap_digest(self, namespace: str, shard: str) -> str | None: ...
 
-    def wrote(self, plural: str, obj: Mapping[str, Any]) -> None:
-        """Record an object a write returned (write-through)."""
+    def wrote(self, plural: str, obj: Mapping[str, Any], *, created: bool = False) -> None:
+        """Record an object a write returned (write-through); ``created``: the write made it (the watch has not
+        shown it yet), else it updated an object the watch had shown."""
         ...
 
     def forget(self, plural: str, namespace: str, name: str) -> None:
@@ -172,7 +174,7 @@ class KopfCache:
 
     def __init__(self) -> None:
         self._indexes: dict[str, Mapping[Any, Any]] = {}
-        self._overlay: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
+        self._overlay: dict[tuple[str, str, str], tuple[float, dict[str, Any], bool]] = {}
         self._lock = threading.Lock()
         self._specs = SpecMemo()
 
@@ -199,8 +201,9 @@ class KopfCache:
             entry = self._overlay.get(key)
             if entry is None:
                 return seen
-            written_at, obj = entry
-            if not_older(_version(seen), _version(obj)) or time.monotonic() - written_at > OVERLAY_TTL:
+            written_at, obj, created = entry
+            gone = seen is None and not created  # updated, then deleted: the watch no longer shows it
+            if gone or not_older(_version(seen), _version(obj)) or time.monotonic() - written_at > OVERLAY_TTL:
                 del self._overlay[key]
                 return seen
         return obj
@@ -214,7 +217,7 @@ class KopfCache:
         with self._lock:
             written = [
                 name
-                for (plural, ns, name), (_, obj) in self._overlay.items()
+                for (plural, ns, name), (_, obj, _) in self._overlay.items()
                 if plural == naming.SHARD_PLURAL and ns == namespace and task_of(obj) == task
             ]
         names = set(seen) | set(written)
@@ -234,7 +237,7 @@ class KopfCache:
             entry = self._overlay.get(key)
             if entry is None:
                 return seen
-            written_at, created = entry
+            written_at, created, _ = entry
             if seen.exists or time.monotonic() - written_at > OVERLAY_TTL:
                 del self._overlay[key]  # the watch shows a pod of that name (this one or, gone, its successor)
                 return seen
@@ -243,12 +246,12 @@ class KopfCache:
     def configmap_digest(self, namespace: str, shard: str) -> str | None:
         return self._one(self.CONFIGMAPS, (namespace, shard))
 
-    def wrote(self, plural: str, obj: Mapping[str, Any]) -> None:
+    def wrote(self, plural: str, obj: Mapping[str, Any], *, created: bool = False) -> None:
         meta = obj.get("metadata") or {}
         name = (meta.get("labels") or {}).get(naming.LABEL_SHARD) if plural == "pods" else meta.get("name")
         key = (plural, meta.get("namespace") or "", name or "")
         with self._lock:
-            self._overlay[key] = (time.monotonic(), object_record(obj))
+            self._overlay[key] = (time.monotonic(), object_record(obj), created)
 
     def forget(self, plural: str, namespace: str, name: str) -> None:
         with self._lock:

@@ -298,7 +298,7 @@ def test_a_newer_watched_version_replaces_the_overlay(kc: KopfCache, indexes: In
 def test_the_overlay_is_a_record_and_a_copy(kc: KopfCache, indexes: Indexes):
     written = shard("s", "12", phase="Running")
     written["metadata"]["managedFields"] = [{"manager": "x"}]
-    kc.wrote(naming.SHARD_PLURAL, written)
+    kc.wrote(naming.SHARD_PLURAL, written, created=True)
     written["status"]["phase"] = "Failed"
     got = kc.shard(NS, "s")
     assert "managedFields" not in got["metadata"] and got["status"]["phase"] == "Running"
@@ -337,7 +337,7 @@ def test_an_overlay_older_than_the_ttl_is_ignored(kc: KopfCache, indexes: Indexe
 def test_an_expired_overlay_of_an_object_the_watch_never_showed_disappears(kc, indexes, monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(cache, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    kc.wrote(naming.SHARD_PLURAL, shard("created", "5"))
+    kc.wrote(naming.SHARD_PLURAL, shard("created", "5"), created=True)
     assert kc.shard(NS, "created") is not None
     assert [s["metadata"]["name"] for s in kc.shards_of_task(NS, "t")] == ["created"]
     clock[0] = cache.OVERLAY_TTL + 1
@@ -349,10 +349,10 @@ def test_shards_of_task_counts_just_created_shards_and_prefers_newer_writes(kc: 
     indexes.put_shard(shard("t-0-16", "10", phase="Running"))
     indexes.put_shard(shard("u-0-16", "10", task="u"))
     kc.wrote(naming.SHARD_PLURAL, shard("t-0-16", "14", phase="SplitRequested"))
-    kc.wrote(naming.SHARD_PLURAL, shard("t-0-8", "12"))  # created by the pass, not watched yet
-    kc.wrote(naming.SHARD_PLURAL, shard("t-8-16", "13"))
-    kc.wrote(naming.SHARD_PLURAL, shard("u-0-8", "15", task="u"))  # another task's
-    kc.wrote(naming.SHARD_PLURAL, shard("t-0-4", "16", ns="other"))  # another namespace's
+    kc.wrote(naming.SHARD_PLURAL, shard("t-0-8", "12"), created=True)  # created by the pass, not watched yet
+    kc.wrote(naming.SHARD_PLURAL, shard("t-8-16", "13"), created=True)
+    kc.wrote(naming.SHARD_PLURAL, shard("u-0-8", "15", task="u"), created=True)  # another task's
+    kc.wrote(naming.SHARD_PLURAL, shard("t-0-4", "16", ns="other"), created=True)  # another namespace's
 
     got = {s["metadata"]["name"]: s for s in kc.shards_of_task(NS, "t")}
     assert sorted(got) == ["t-0-16", "t-0-8", "t-8-16"]
@@ -383,3 +383,14 @@ def test_a_created_pod_counts_until_the_watch_shows_a_pod_of_its_name(kc: KopfCa
     assert kc.pod(NS, "t-0-8").phase == "Running"
     indexes.pods[(NS, "t-0-8")] = []
     assert kc.pod(NS, "t-0-8").exists is False, "the overlay is gone once the watch showed the pod"
+
+
+def test_an_updated_object_the_watch_no_longer_shows_was_deleted(kc: KopfCache, indexes: Indexes):
+    """A status write's overlay must not keep a deleted TaskShard alive (a pass would act for it)."""
+    indexes.put_shard(shard("s", "10", phase="Running"))
+    kc.wrote(naming.SHARD_PLURAL, shard("s", "12", phase="Failed"))
+    assert version(kc.shard(NS, "s")) == "12"
+    indexes.shards.pop((NS, "s"))
+    indexes.by_task[(NS, "t")] = []
+    assert kc.shard(NS, "s") is None
+    assert kc.shards_of_task(NS, "t") == []

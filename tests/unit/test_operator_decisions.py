@@ -84,7 +84,7 @@ class World:
     def configmap_digest(self, namespace: str, shard: str) -> str | None:
         return self.configmaps.get(shard)
 
-    def wrote(self, plural, obj) -> None:
+    def wrote(self, plural, obj, *, created=False) -> None:
         self.calls.append(("wrote", plural))
 
     def forget(self, plural, namespace, name) -> None:

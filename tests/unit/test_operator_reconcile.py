@@ -193,7 +193,7 @@ class FakeKube:
         cm = self.objects.get(("configmaps", naming.configmap_name(shard)))
         return data_digest(cm["data"]) if cm else None
 
-    def wrote(self, plural, obj):
+    def wrote(self, plural, obj, *, created=False):
         pass
 
     def forget(self, plural, namespace, name):
