@@ -248,7 +248,15 @@ class Demo:
             producer.join()
             ok = self.check_results()
             say(f"deleting Task {TASK} (shards and pods go; checkpoints stay under {self.data / 'state'})")
-            self.kubectl("delete", "task", TASK, "--wait=true", "--timeout=180s", check=False)
+            deleted = subprocess.run(
+                [self.binaries.kubectl, "-n", NAMESPACE, "delete", "task", TASK, "--wait=true", "--timeout=180s"],
+                env=self.env,
+                capture_output=True,
+                text=True,
+            )
+            if deleted.returncode != 0:
+                say(f"FAILED: deleting Task {TASK} did not finish in 180 s: {deleted.stderr.strip()}")
+                return 1
             return 0 if ok else 1
         finally:
             self._stop_producer.set()

@@ -50,7 +50,8 @@ class OperatorProcess:
 
         self.metrics_port = free_port()
 
-    def start(self, *, crash_after_phase: str | None = None) -> OperatorProcess:
+    def start(self, *, crash_after_phase: str | None = None, resync_seconds: float | None = 2) -> OperatorProcess:
+        """Start the operator (``resync_seconds=None``: its production default)."""
         env = self.cluster.env()
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
         env.pop("TASKSHARD_CRASH_AFTER_PHASE", None)
@@ -65,8 +66,7 @@ class OperatorProcess:
             "--standalone",
             "--liveness",
             "",
-            "--resync-seconds",
-            "2",
+            *(("--resync-seconds", str(resync_seconds)) if resync_seconds is not None else ()),
             "--backoff-base",
             "1",
             "--metrics-port",

@@ -161,3 +161,23 @@ def test_a_63_character_task_name_runs_and_a_64_character_one_is_refused(kubectl
     configmaps = get_json(kubectl, "configmaps", "-l", selector)["items"]
     assert len(configmaps) == 2
     kubectl("delete", "task", long_name, "--wait=false")
+
+
+def test_a_task_is_deleted_promptly_with_the_production_resync(kubectl, operator_process, tmp_path):  # noqa: F811
+    """Nothing the operator runs per Task (its resync daemon waits minutes between passes) holds the Task's
+    finalizer: with the production defaults, deleting a Task finishes within a minute."""
+    from testinfra.common import free_port
+
+    operator_process.stop()
+    operator_process.start(resync_seconds=None)
+    task = s3_task("gone", tmp_path, f"http://127.0.0.1:{free_port()}", "unused")
+    task["spec"]["storage"]["s3"].pop("credentialsSecret")
+    apply(kubectl, task)
+    wait_for(
+        lambda: (get_json(kubectl, "task", "gone").get("status") or {}).get("shards") == 1,
+        timeout=120,
+        what="the Task's shard",
+    )
+    deleted = kubectl("delete", "task", "gone", "--wait=true", "--timeout=60s", check=False)
+    assert deleted.returncode == 0, deleted.stderr
+    assert kubectl("get", "task", "gone", check=False).returncode != 0

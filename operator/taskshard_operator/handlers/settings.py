@@ -3,7 +3,6 @@ cache binding, the work queue's threads, the metrics endpoint and the safety-net
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from typing import Any
@@ -39,11 +38,12 @@ def operator_cleanup(**_: Any) -> None:
     RUNTIME.queue.stop()
 
 
-@kopf.daemon(naming.DOMAIN, naming.API_VERSION, naming.TASK_PLURAL, id="resync")
+@kopf.daemon(naming.DOMAIN, naming.API_VERSION, naming.TASK_PLURAL, id="resync", cancellation_timeout=1.0)
 async def resync(namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """The safety net: the Task and its shards get a pass every ``RESYNC_SECONDS`` (spread by a random phase),
-    whatever the watches said."""
-    await asyncio.sleep(random.uniform(0, RESYNC_SECONDS))
+    whatever the watches said. Every wait ends as soon as the daemon is stopped (a Task's deletion waits for
+    it)."""
+    await stopped.wait(random.uniform(0, RESYNC_SECONDS))
     while not stopped:
         RUNTIME.enqueue(("task", namespace, name))
         for shard in RUNTIME.cache.shards_of_task(namespace, name):
