@@ -16,7 +16,6 @@ Shape (camelCase on the wire; Python attributes are snake_case)::
       "restoreFrom": {"parent": "orders-0-128", "manifest": "/data/state/.../manifest.json"},   # or null
       "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"},
                 "triggerInterval": "1 second"},
-      "drainRequestFile": "/etc/taskshard-drain/requested",   # or null
       "terminationMessagePath": "/dev/termination-log",
       "expectedBatch": 41,            # the last batch the operator saw committed, or null (RecoveryLogMissing)
       "allowFreshStart": false        # the user's decision to start over when the recovery log is gone
@@ -410,12 +409,14 @@ class ShardConfig(_Model):
     storage: StorageSpec
     restore_from: RestoreFrom | None = None
     spark: SparkSettings = Field(default_factory=SparkSettings)
-    drain_request_file: str | None = Field(default=None, max_length=4096)
     termination_message_path: str = Field(default="/dev/termination-log", min_length=1, max_length=4096)
     expected_batch: int | None = Field(default=None, ge=-1)
     """The last batch the operator has seen this shard commit (``status.lastCheckpoint.batchId``): a recovery log
     that ends before it is missing or older, and the shard refuses to start (``RecoveryLogMissing``) instead of
     starting over from scratch. None: no batch seen yet."""
+    ready_file: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Created once the shard writes to its sink (a split child: once it took over from its parent) and removed
+    at start; the pod's readiness probe tests it. None: no such file."""
     allow_fresh_start: bool = False
     """The user's decision (TaskShard annotation ``taskshard.io/allow-fresh-start: "true"``) to start a shard
     whose recovery log is missing or older than ``expectedBatch`` over from its source's start positions."""

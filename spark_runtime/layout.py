@@ -13,6 +13,9 @@ docs/design-contracts.md::
         drain-requested                 drain marker: the journal source admits no new data once it exists
         drained.json                    the termination summary of a finished drain (a drained shard never
                                         processes again; a restart re-reports this and exits 0)
+        handover/                       a split in progress, as the parent: its children's requests and
+                                        readiness notes, the pre-copy pointer (spark_runtime.protocol)
+        catch-up.json                   a split child catching up: its cap and its parent's final positions
         restore/kg-<n>.json             what the seed reader opened for key group n (files, bytes, rows)
         snapshots/batch-<id>/
             state/key_group=<n>/*.parquet   the key-group-indexed state snapshot
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spark_runtime import protocol
 from spark_runtime.storage import Loc, location
 
 __all__ = [
@@ -89,11 +93,29 @@ class ShardPaths:
 
     @property
     def drain_marker(self) -> Loc:
-        return self.shard_dir / "drain-requested"
+        return self.shard_dir / protocol.DRAIN_MARKER
 
     @property
     def drained(self) -> Loc:
-        return self.shard_dir / "drained.json"
+        return self.shard_dir / protocol.DRAIN_SUMMARY
+
+    @property
+    def handover_dir(self) -> Loc:
+        return self.shard_dir / protocol.HANDOVER_DIR
+
+    def handover_request(self, child: str) -> Loc:
+        return self.handover_dir / protocol.request_name(child)
+
+    def handover_ready(self, child: str) -> Loc:
+        return self.handover_dir / protocol.ready_name(child)
+
+    @property
+    def precopy(self) -> Loc:
+        return self.handover_dir / protocol.PRECOPY_POINTER
+
+    @property
+    def catch_up(self) -> Loc:
+        return self.shard_dir / protocol.CATCH_UP_STATE
 
     @property
     def standby(self) -> Loc:

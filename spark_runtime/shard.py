@@ -3,23 +3,23 @@ process micro-batches, and drain.
 
 Lifecycle::
 
-    start ──> running ──(drainRequestFile says true | drain())──> draining ──> drained (exit 0, final)
+    start ──> running ──(every key group has a ready child | drain())──> draining ──> drained (exit 0, final)
       │          │  └──(SIGTERM alone)──> stopping ──> stopped (exit 0; a restart resumes)  ▲
       │          └──(query fails)──> failed (exit 1; the pod restarts it from the recovery log)
       └──(drained.json exists: this shard drained before)────────────────────────────────┘ (re-report)
 
-A split child whose ``restoreFrom.manifest`` names its parent's drain summary (``drained.json``, what the
-operator sets) starts on **standby** when that file does not exist yet: it starts Spark, runs its preflight and a
-rehearsal of its restore plan (:mod:`spark_runtime.rehearsal`), and waits without processing anything until the
-parent has finished its final drain. The parent writes the summary only after its query stopped for good, so no
-key group is ever processed by both; the child then restores with a warm JVM. A SIGTERM on standby exits 0
-(event ``stopped``, nothing processed).
+Splits are :mod:`spark_runtime.handover`'s: a split child whose ``restoreFrom.manifest`` names its parent's
+drain summary starts on **standby** while the parent keeps processing. A child of a source that can cap its
+reads (the journal) asks the parent for a pre-copy snapshot, restores it and catches up on its slice without
+emitting; a child of any other source (Kafka) warms up and waits. Once every key group has a ready child the
+parent drains finally and the children take over from its final positions. The runner only calls the hand-over
+(:meth:`ShardRunner.follow_split` in its poll loop, :meth:`ShardRunner.write_snapshot` for the pre-copy, and the
+emission rule in ``foreachBatch``). A SIGTERM on standby exits 0 (event ``stopped``, nothing processed).
 
-A *final* drain (the operator's split: the drain-request file says ``true``) is sticky: the shard never processes
-again, because its children own its key groups from then on. A SIGTERM on its own (pod deletion for a template
-roll, a node drain, an eviction) runs the same steps 1-6 (a savepoint snapshot and manifest) but is not final:
-step 7 writes no ``drained.json`` and removes the drain marker, so the next pod resumes from the recovery log.
-A SIGTERM that arrives while the drain-request file says ``true`` is final.
+A *final* drain (a split's hand-over) is sticky: the shard never processes again, because its children own its
+key groups from then on. A SIGTERM on its own (pod deletion for a template roll, a node drain, an eviction) runs
+the same steps 1-6 (a savepoint snapshot and manifest) but is not final: step 7 writes no ``drained.json`` and
+removes the drain marker, so the next pod resumes from the recovery log (and a hand-over in progress goes on).
 
 Recovery: the Spark checkpoint is the recovery log. A restart with the same config (after SIGKILL, OOM, node
 loss) resumes from the last committed batch: an uncommitted batch is replayed with the offsets Spark logged for
@@ -37,8 +37,9 @@ committed one and the split finishes; the children, new pods, redo the rest:
 4. Read the last committed batch ``N`` and its source end positions (concrete) from the checkpoint; the
    directory sink publishes its batches up to ``N`` and deletes the output of any later, uncommitted one.
 5. Export the state at ``N`` (Spark's State Data Source) as Parquet partitioned by key group into
-   ``snapshots/batch-N/state`` (a temporary directory renamed into place). Before any commit (N = -1) the
-   state is the seed, so a restored shard copies its slice of the parent's snapshot.
+   ``snapshots/batch-N/state``. Before any commit (N = -1) the state is the seed, so a restored shard copies
+   its slice of the parent's snapshot. Skipped by a final drain whose children all caught up: they hold the
+   state already, and the summary names the pre-copy manifest (:mod:`spark_runtime.handover`).
 6. Write ``manifest.json`` atomically: its presence marks the snapshot complete.
 7. Final drain: write ``drained.json`` (the summary, event ``drained``). Stop (SIGTERM only): remove the drain
    marker instead (event ``stopped``). The caller writes the termination message and exits 0.
@@ -57,14 +58,15 @@ from typing import Any
 
 from spark_runtime.checkpoint import last_committed_batch, last_planned_batch, read_offsets
 from spark_runtime.config import ConfigError, ShardConfig
+from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped
 from spark_runtime.identity import claim_task_storage
 from spark_runtime.layout import ShardPaths, SinkPaths
 from spark_runtime.pipeline import Plan, build_output_frame, export_state, make_plan
 from spark_runtime.problems import EnvironmentProblem
+from spark_runtime.protocol import DrainSummary, HandoverMode, SummaryEvent
 from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter, KafkaSinkWriter
 from spark_runtime.snapshot import (
     MANIFEST_VERSION,
-    RestoreError,
     check_restore,
     load_manifest,
     snapshot_stats,
@@ -87,14 +89,6 @@ GUARD_INTERVAL_SECONDS = 10.0
 still holds while no batch runs (Kafka ``assign`` never sees an added partition, so no batch would notice)."""
 S3_LIST_INTERVAL_SECONDS = 5.0
 """With storage on S3, how often ``poll()`` lists the commit log when no new batch was reported."""
-STANDBY_POLL_SECONDS = 0.2
-"""On standby, how often the parent's drain summary is looked for on a filesystem."""
-STANDBY_POLL_SECONDS_S3 = 0.5
-"""The same on S3 (each look is a HEAD request)."""
-STANDBY_LOG_SECONDS = 60.0
-DRAIN_SUMMARY_NAME = "drained.json"
-"""The file name of a final drain's summary (``ShardPaths.drained``); a ``restoreFrom.manifest`` of that name
-puts a split child on standby until it exists."""
 FAIL_BATCH_ENV = "TASKSHARD_FAULT_FAIL_BATCH"
 """Fault injection for drain tests: every attempt of the named micro-batch fails in ``foreachBatch`` before
 anything of it is written, as a poison record would."""
@@ -104,10 +98,6 @@ TERMINATION_MESSAGE_LIMIT = 4096
 
 class ShardFailed(RuntimeError):
     """The streaming query failed; the message holds Spark's error."""
-
-
-class StandbyStopped(RuntimeError):
-    """A SIGTERM (or ``request_drain``) arrived while the shard was on standby: nothing was processed."""
 
 
 def summary_message(summary: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
@@ -142,6 +132,7 @@ class ShardRunner:
         available_now: bool = False,
         drain_timeout: float = 90.0,
         rehearse: bool = True,
+        catch_up: bool | None = None,
     ) -> None:
         self.config = config
         self.s3 = s3_settings_from(config.storage.s3)
@@ -200,6 +191,12 @@ class ShardRunner:
         self._batches_from: int | None = None
         """The last batch committed before this runner's first query start (its later batches are its own)."""
         self.restarts_left = IN_PROCESS_RESTARTS
+        if catch_up is None:
+            catch_up = self.source.supports_catch_up
+        self.handover_mode = HandoverMode.CATCH_UP if catch_up else HandoverMode.RESTORE
+        """How this shard takes over as a split child (``catch_up`` None: what its source supports)."""
+        self.as_parent = ParentHandover(self)
+        self.as_child = ChildHandover(self, self.handover_mode) if config.restore_from is not None else None
         fail_batch = os.environ.get(FAIL_BATCH_ENV, "").strip()
         self._fail_batch = int(fail_batch) if fail_batch.isdigit() else None
         self._guarded_at = time.monotonic()
@@ -215,26 +212,20 @@ class ShardRunner:
         self._final = self._final or final
         self._drain.set()
 
-    def _file_requests_drain(self) -> bool:
-        path = self.config.drain_request_file
-        if not path:
-            return False
-        try:
-            return Path(path).read_text(encoding="utf-8").strip().lower() == "true"
-        except OSError:
-            return False
+    def stop_requested(self) -> bool:
+        """A drain or stop was requested in this process (SIGTERM, the request file, a caller)."""
+        return self._drain.is_set()
+
+    @property
+    def drain_reason(self) -> str:
+        return self._drain_reason
 
     def _final_drain_pending(self) -> bool:
-        """A final drain was asked for (the request file) or began in an earlier run (a ``final`` drain marker)."""
-        if self._file_requests_drain():
-            return True
+        """A final drain began in an earlier run (a ``final`` drain marker)."""
         marker = self.paths.drain_marker
         return marker.exists() and marker.read_text().startswith("final")
 
     def drain_requested(self) -> bool:
-        if self._file_requests_drain():
-            self.request_drain(f"file {self.config.drain_request_file}")
-            return True
         if self._drain.is_set():
             return True
         if self.paths.drain_marker.exists():  # an earlier run of this shard began a final drain
@@ -296,6 +287,8 @@ class ShardRunner:
             return False
         cfg = self.config
         self.check_recovery_log()
+        if cfg.ready_file:  # a container restarted in place keeps /tmp: not emitting until this run does
+            Path(cfg.ready_file).unlink(missing_ok=True)
         self.paths.shard_dir.mkdir()
         marker = self.paths.drain_marker
         if marker.exists() and marker.read_text().startswith("stop"):
@@ -304,7 +297,8 @@ class ShardRunner:
         self.seed_options = None
         # A split child checks the parent's manifest and takes its slice and positions.
         if cfg.restore_from is not None:
-            self.restore_manifest_uri = self._await_parent().uri()
+            assert self.as_child is not None
+            self.restore_manifest_uri = self.as_child.acquire().uri()
             manifest = load_manifest(location(self.restore_manifest_uri, self.s3))
             check_restore(
                 manifest,
@@ -332,81 +326,20 @@ class ShardRunner:
         self._write_lineage()
         return True
 
-    # ---------------------------------------------------------------- standby (a split child before its parent drained)
+    # ---------------------------------------------------------------- standby (a split child, spark_runtime.handover)
 
-    def _await_parent(self) -> Loc:
-        """The parent's snapshot manifest to restore from.
-
-        ``restoreFrom.manifest`` names either the manifest itself (which must exist) or the parent's drain summary
-        ``drained.json``, which the parent writes as the very last step of its final drain, after its query has
-        stopped for good; the summary names the manifest. The operator uses the summary so that children can
-        start while the parent is still draining: until the summary exists this shard is on **standby**. It
-        starts Spark, runs the source and sink preflight and a rehearsal of its restore plan
-        (:mod:`spark_runtime.rehearsal`), then waits, processing nothing. A SIGTERM while waiting raises
-        :class:`StandbyStopped`.
-        """
-        cfg = self.config
-        assert cfg.restore_from is not None
-        pointer = location(cfg.restore_from.manifest, self.s3)
-        if pointer.name != DRAIN_SUMMARY_NAME:
-            return pointer
-        if not pointer.exists():
-            t0, began = time.monotonic(), time.time()
-            log.info(
-                "shard %s on standby: parent %s has not drained yet (waiting for %s); warming up",
-                cfg.shard,
-                cfg.restore_from.parent,
-                pointer.uri(),
-            )
-            self._warm_up(should_stop=lambda: self._drain.is_set() or pointer.exists())
-            warm = time.time()
-            logged = time.monotonic()
-            while not pointer.exists():
-                if self._drain.is_set():
-                    raise StandbyStopped(f"stopped on standby ({self._drain_reason}) before parent drained")
-                if time.monotonic() - logged >= STANDBY_LOG_SECONDS:
-                    logged = time.monotonic()
-                    log.info("still on standby for %s (%.0fs)", pointer.uri(), logged - t0)
-                time.sleep(STANDBY_POLL_SECONDS_S3 if pointer.is_s3 else STANDBY_POLL_SECONDS)
-            self.standby_seconds = round(time.monotonic() - t0, 3)
-            log.info("parent %s drained after %.1fs on standby", cfg.restore_from.parent, self.standby_seconds)
-            self.paths.shard_dir.mkdir()
-            self.paths.standby.write_json(
-                {
-                    "parent": cfg.restore_from.parent,
-                    "began": round(began, 3),
-                    "warm": round(warm, 3),
-                    "parentDrainedSeen": round(time.time(), 3),
-                    "rehearsalSeconds": self.rehearsal_seconds,
-                    "standbySeconds": self.standby_seconds,
-                },
-                fsync=False,
-            )
-        summary = pointer.read_json()
-        if not isinstance(summary, dict) or summary.get("event") != "drained" or not summary.get("manifest"):
-            raise RestoreError(
-                f"restoreFrom.manifest: {pointer.uri()!r} is not a drain summary naming a manifest (got event "
-                f"{(summary or {}).get('event') if isinstance(summary, dict) else type(summary).__name__!r})"
-            )
-        if summary.get("shard") not in (None, cfg.restore_from.parent):
-            raise RestoreError(
-                f"restoreFrom.manifest: {pointer.uri()!r} is the drain summary of shard {summary.get('shard')!r}, "
-                f"not of restoreFrom.parent {cfg.restore_from.parent!r}"
-            )
-        return location(summary["manifest"], self.s3)
-
-    def _warm_up(self, should_stop: Any) -> None:
-        """Standby work: the SparkSession, the source/sink preflight, one rehearsal of the restore plan (cut short
-        once ``should_stop()``: the parent drained, or a SIGTERM)."""
+    def warm_up(self, *, rehearse: bool, should_stop: Any) -> None:
+        """Standby work (:mod:`spark_runtime.handover`): the SparkSession, the source/sink preflight and, with
+        ``rehearse``, one rehearsal of the restore plan (cut short once ``should_stop()``)."""
         if self.spark is None:
             from spark_runtime.session import spark_session
 
             self.spark = spark_session(self.config.spark.master, self.spark_conf())
         self._preflight()
-        if self.rehearse:
-            from spark_runtime.rehearsal import rehearse
+        if rehearse and self.rehearse:
+            from spark_runtime.rehearsal import rehearse as run_rehearsal
 
-            self.rehearsal_seconds = rehearse(self.spark, self.config, self.plan, should_stop=should_stop)
+            self.rehearsal_seconds = run_rehearsal(self.spark, self.config, self.plan, should_stop=should_stop)
 
     def _preflight(self) -> None:
         if not self._checked:
@@ -432,6 +365,7 @@ class ShardRunner:
         while True:
             try:
                 self._start_query()
+                self._mark_emitting()
                 return
             except EnvironmentProblem:
                 raise  # the pod's restarts (with back-off) retry it; the status shows why
@@ -469,6 +403,7 @@ class ShardRunner:
             max_records_per_trigger=int(conf.get("spark.taskshard.maxRecordsPerTrigger", "0")) or None,
             grouping=cfg.key_grouping,
             read_partitions=cfg.partitions_to_read,
+            catch_up_state=self.paths.catch_up if self.as_child is not None and self.as_child.state else None,
         )
         self._source_ctx = ctx
         events = self.source.stream(self.spark, ctx)
@@ -527,6 +462,11 @@ class ShardRunner:
             except EnvironmentProblem as problem:
                 self._stop_problem = problem
                 raise
+        if self.as_child is not None and not self.as_child.emits(int(batch_id)):
+            # Catching up: the parent emitted this input (spark_runtime.handover). The batch still runs to the
+            # end (Spark commits the state stores only of a DataFrame executed in full), into nothing.
+            df.write.format("noop").mode("overwrite").save()
+            return
         self.sink(df, batch_id)
 
     def _pin_start_positions(self) -> None:
@@ -697,12 +637,36 @@ class ShardRunner:
             if self.drain_requested():
                 break
             self.poll()
+            self.follow_split()
+            if self.drain_requested():
+                break
             if self.available_now and not self.query.isActive:
                 self.poll()
                 self.request_drain("caught up (availableNow)")
                 break
             time.sleep(poll_interval)
         return self.drain()
+
+    def follow_split(self) -> None:
+        """One step of a split in progress (:mod:`spark_runtime.handover`): as a catch-up child, follow the
+        parent; as a parent, answer the children and ask for the final drain once they are all ready."""
+        if self.as_child is not None:
+            self.as_child.tick()
+            self._mark_emitting()
+        reason = self.as_parent.tick()
+        if reason is not None:
+            self.request_drain(reason, final=True)
+
+    def _mark_emitting(self) -> None:
+        """Create ``readyFile`` (the pod's readiness) once the query runs and writes to the sink."""
+        path = self.config.ready_file
+        if not path or self.query is None or (self.as_child is not None and self.as_child.catching_up):
+            return
+        ready = Path(path)
+        if not ready.exists():
+            ready.parent.mkdir(parents=True, exist_ok=True)
+            ready.touch()
+            log.info("shard %s emits: ready", self.config.shard)
 
     # ---------------------------------------------------------------- drain
 
@@ -728,55 +692,98 @@ class ShardRunner:
             self.summary = self.paths.drained.read_json()
             return self.summary
         t0 = time.monotonic()
-        if self._file_requests_drain():
-            self._final = True
         final = self._final or not self._drain.is_set()  # drain() called directly is final
         kind = "final" if final else "stop"
         log.info("shard %s draining (%s, %s)", self.config.shard, self._drain_reason or "request", kind)
         # Step 1: persist the request; the source stops admitting data.
         self.paths.shard_dir.mkdir()
         self.paths.drain_marker.write_text(f"{kind} {utc_now()}\n")
-        # Step 2: wait for the micro-batch boundary.
-        if self.query is not None:
-            # A source that cannot hold back new data (Kafka) may run batches back to back under a backlog, so
-            # waiting long for a boundary only delays the split: stop soon and let the children redo the
-            # interrupted batch (the snapshot is of the last committed one).
-            timeout = self.drain_timeout if self.source.supports_drain_marker else min(self.drain_timeout, 10.0)
-            if not self.wait_until(self._at_boundary, timeout):
-                log.warning(
-                    "no batch boundary within %.0fs; stopping anyway (the snapshot uses the last "
-                    "committed batch, so it stays exact)",
-                    timeout,
-                )
-            # Step 3: stop (nothing is running).
-            if self.query.isActive:
-                self.query.stop()
-            exc = self.query.exception()
-            if exc is not None:
-                # A failed query (a poison record, a lost dependency) must not make the split impossible: its
-                # failing batch never committed, so the snapshot of the last committed batch is exact, and the
-                # children (new pods, with any template fix) redo the rest. Crash-looping here never ends.
-                log.warning(
-                    "the streaming query failed before or during the drain (%s); exporting the last committed batch %d",
-                    str(exc).splitlines()[0][:300],
-                    last_committed_batch(self.paths.checkpoint),
-                )
-            self.poll_after_stop()
-            self._recount_unreported_batches()
+        # Steps 2-3: the micro-batch boundary, then stop.
+        self._stop_at_boundary()
         # Step 4: the last committed batch and its positions (concrete: a child resumes exactly there).
         batch_id = last_committed_batch(self.paths.checkpoint)
         if isinstance(self.sink, DirectorySinkWriter):  # publish batches <= N; drop an interrupted batch's file
             self.sink.publish_committed(batch_id)
         positions = self.positions_at(batch_id)
         self.source.validate_positions(positions)
-        # Step 5: the key-group-indexed snapshot.
-        snap_dir = self.paths.snapshot_dir(batch_id)
-        state_dir = self.paths.state_dir(batch_id)
+        # Steps 5-6: the snapshot and its manifest, unless every child caught up (it has the state already).
+        caught_up = final and self.as_parent.catch_up_only()
+        if caught_up:
+            precopy = self.as_parent.ensure_precopy()
+            manifest_uri, snapshot_batch = precopy["manifest"], int(precopy["batchId"])
+            manifest = load_manifest(location(manifest_uri, self.s3))
+        else:
+            manifest = self.write_snapshot(batch_id)
+            manifest_uri, snapshot_batch = self.paths.manifest(batch_id).uri(), batch_id
+        if self.dead_letters is not None:
+            self.dead_letters.refresh()
+        # Step 7: the summary.
+        cfg = self.config
+        summary = DrainSummary(
+            event=SummaryEvent.DRAINED if final else SummaryEvent.STOPPED,
+            task=cfg.task,
+            shard=cfg.shard,
+            key_groups=manifest["keyGroups"],
+            batch_id=batch_id,
+            manifest=manifest_uri,
+            positions=positions,
+            state_rows=manifest["snapshot"].get("rows", 0),
+            snapshot_files=manifest["snapshot"].get("files", 0),
+            dead_letters=self.dead_letter_total if caught_up else manifest.get("deadLetters", 0),
+            drain_seconds=round(time.monotonic() - t0, 3),
+            time=utc_now() if caught_up else manifest.get("createdAt"),
+            handover=(HandoverMode.CATCH_UP if caught_up else HandoverMode.RESTORE) if final else None,
+            snapshot_batch_id=snapshot_batch,
+        ).to_json()
+        if final:
+            self.paths.drained.write_json(summary)
+        else:
+            self.paths.drain_marker.unlink()
+        self.summary = summary
+        log.info("shard %s %s at batch %d: %s", cfg.shard, summary["event"], batch_id, manifest_uri)
+        return summary
+
+    def _stop_at_boundary(self) -> None:
+        """Drain steps 2-3: wait for the micro-batch boundary (bounded), stop the query, account for its last
+        batches. A failed query does not stop a drain (its failing batch never committed)."""
+        if self.query is None:
+            return
+        # A source that cannot hold back new data (Kafka) may run batches back to back under a backlog, so
+        # waiting long for a boundary only delays the split: stop soon and let the children redo the
+        # interrupted batch (the snapshot is of the last committed one).
+        timeout = self.drain_timeout if self.source.supports_drain_marker else min(self.drain_timeout, 10.0)
+        if not self.wait_until(self._at_boundary, timeout):
+            log.warning(
+                "no batch boundary within %.0fs; stopping anyway (the snapshot uses the last "
+                "committed batch, so it stays exact)",
+                timeout,
+            )
+        if self.query.isActive:
+            self.query.stop()
+        exc = self.query.exception()
+        if exc is not None:
+            # A failed query (a poison record, a lost dependency) must not make the split impossible: its
+            # failing batch never committed, so the snapshot of the last committed batch is exact, and the
+            # children (new pods, with any template fix) redo the rest. Crash-looping here never ends.
+            log.warning(
+                "the streaming query failed before or during the drain (%s); exporting the last committed batch %d",
+                str(exc).splitlines()[0][:300],
+                last_committed_batch(self.paths.checkpoint),
+            )
+        self.poll_after_stop()
+        self._recount_unreported_batches()
+
+    def write_snapshot(self, batch_id: int) -> dict[str, Any]:
+        """Drain steps 5-6 for committed ``batch_id`` (also a parent's pre-copy, while its query runs): export
+        the key-group-indexed state, then write the manifest last. Returns the manifest; idempotent (an existing
+        manifest is returned as it is)."""
         manifest_path = self.paths.manifest(batch_id)
-        if not manifest_path.exists():
-            self._export(batch_id, snap_dir, state_dir)
-        stats = snapshot_stats(state_dir)
-        # Step 6: the manifest, written last.
+        if manifest_path.exists():
+            return manifest_path.read_json()
+        state_dir = self.paths.state_dir(batch_id)
+        self._export(batch_id, self.paths.snapshot_dir(batch_id), state_dir)
+        positions = self.positions_at(batch_id)
+        self.source.validate_positions(positions)
         if self.dead_letters is not None:
             self.dead_letters.refresh()
         cfg = self.config
@@ -796,7 +803,7 @@ class ShardRunner:
                 "path": state_dir.uri(),
                 "format": "parquet",
                 "partitionColumn": "key_group",
-                **stats,
+                **snapshot_stats(state_dir),
             },
             "checkpoint": self.paths.checkpoint.uri(),
             "parent": (
@@ -805,32 +812,8 @@ class ShardRunner:
             "deadLetters": self.dead_letter_total,
             "createdAt": utc_now(),
         }
-        if not manifest_path.exists():
-            manifest_path.write_json(manifest)
-        else:
-            manifest = manifest_path.read_json()
-        # Step 7: the summary.
-        summary = {
-            "event": "drained" if final else "stopped",
-            "task": cfg.task,
-            "shard": cfg.shard,
-            "keyGroups": manifest["keyGroups"],
-            "batchId": manifest["batchId"],
-            "manifest": manifest_path.uri(),
-            "positions": manifest["positions"],
-            "stateRows": manifest["snapshot"].get("rows", 0),
-            "snapshotFiles": manifest["snapshot"].get("files", 0),
-            "deadLetters": manifest.get("deadLetters", 0),
-            "drainSeconds": round(time.monotonic() - t0, 3),
-            "time": manifest.get("createdAt"),
-        }
-        if final:
-            self.paths.drained.write_json(summary)
-        else:
-            self.paths.drain_marker.unlink()
-        self.summary = summary
-        log.info("shard %s %s at batch %d: %s", cfg.shard, summary["event"], batch_id, manifest_path)
-        return summary
+        manifest_path.write_json(manifest)
+        return manifest
 
     def _recount_unreported_batches(self) -> None:
         """Spark posts a batch's progress, and with it the batch's observed source metrics, right after the

@@ -6,8 +6,8 @@ runtime config, the pod) is decided here and unit-tested as golden dicts.
 Pod contract (see docs/design-contracts.md "Shard pod <-> runtime"):
 - command ``python -m spark_runtime run --config /etc/taskshard/shard.json``; the config is the ConfigMap
   ``<shard>-config`` (key ``shard.json``) mounted read-only at ``/etc/taskshard``;
-- drain request: the pod annotation ``taskshard.io/drain`` projected by the downward API into
-  ``/etc/taskshard-drain/requested`` (the config's ``drainRequestFile``); the file holds ``true`` once asked;
+- no drain request reaches the pod from the operator: in a split, parent and children hand over through
+  storage only (``spark_runtime.handover``), and the parent's runtime stops by itself once its children are ready;
 - the runtime's JSON summary goes to ``/dev/termination-log`` and is read back from the container status;
 - ``restartPolicy: OnFailure`` (a crash restarts in place from the recovery log; a drain exits 0 and stays down),
   ``terminationGracePeriodSeconds`` long enough to finish a micro-batch and export a snapshot;
@@ -23,6 +23,7 @@ import hashlib
 import json
 from typing import Any
 
+from spark_runtime import protocol
 from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import naming
 from taskshard_operator.models.task import TaskSpec
@@ -159,8 +160,8 @@ def build_shard_config(
             "conf": conf,
             "triggerInterval": spark.get("triggerInterval", "1 second"),
         },
-        "drainRequestFile": naming.DRAIN_FILE,
         "terminationMessagePath": naming.TERMINATION_MESSAGE_PATH,
+        "readyFile": naming.EMITTING_FILE,
         **({"expectedBatch": expected_batch} if expected_batch is not None else {}),
         **({"allowFreshStart": True} if allow_fresh_start else {}),
     }
@@ -261,39 +262,23 @@ def build_pod(
     key_groups: KeyGroupRange,
     spec: TaskSpec,
     template_hash: str,
-    drain: bool = False,
     restarts_base: int = 0,
 ) -> dict[str, Any]:
     """The Spark driver pod ``<shard>-driver`` of a shard (owner reference added by the caller).
 
-    ``drain=True`` creates the pod with the drain annotation already set (a pod recreated during a drain
-    drains at once). ``restarts_base`` is recorded so that ``status.restarts`` survives pod replacement.
+    ``restarts_base`` is recorded so that ``status.restarts`` survives pod replacement.
     """
     annotations = {
         naming.ANNOTATION_TEMPLATE_HASH: template_hash,
         naming.ANNOTATION_RESTARTS_BASE: str(restarts_base),
     }
-    if drain:
-        annotations[naming.ANNOTATION_DRAIN] = "true"
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
-        {"name": "drain", "mountPath": naming.DRAIN_DIR, "readOnly": True},
         dict(TMP_MOUNT),
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": naming.configmap_name(shard)}},
         dict(TMP_VOLUME),
-        {
-            "name": "drain",
-            "downwardAPI": {
-                "items": [
-                    {
-                        "path": naming.DRAIN_FILE.rsplit("/", 1)[1],
-                        "fieldRef": {"fieldPath": f"metadata.annotations['{naming.ANNOTATION_DRAIN}']"},
-                    }
-                ]
-            },
-        },
     ]
     storage = _storage_volume(spec)
     if storage is not None:
@@ -316,6 +301,11 @@ def build_pod(
         "volumeMounts": mounts,
         "terminationMessagePath": naming.TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "File",
+        "readinessProbe": {
+            "exec": {"command": ["test", "-e", naming.EMITTING_FILE]},
+            "periodSeconds": naming.READINESS_PERIOD_SECONDS,
+            "failureThreshold": 1,
+        },
     }
     if spec.spark.image_pull_policy:
         container["imagePullPolicy"] = spec.spark.image_pull_policy
@@ -460,7 +450,7 @@ def task_storage_uri(task: str, spec: TaskSpec) -> str:
 def drain_summary_uri(task: str, spec: TaskSpec, shard: str) -> str:
     """Where shard ``shard``'s runtime writes its final drain summary (``ShardPaths.drained``): a split child's
     ``restoreFrom.manifest``, so that it can start on standby before the parent finished draining."""
-    return f"{task_storage_uri(task, spec)}/shards/{shard}/drained.json"
+    return protocol.drain_summary_uri(task_storage_uri(task, spec), shard)
 
 
 def build_cleanup_pod(*, task: str, spec: TaskSpec, task_uid: str | None = None) -> dict[str, Any] | None:

@@ -32,8 +32,6 @@ COMPONENT_SHARD = "shard"
 COMPONENT_EXECUTOR = "executor"
 COMPONENT_CLEANUP = "cleanup"
 
-ANNOTATION_DRAIN = f"{DOMAIN}/drain"
-"""On the driver pod: ``"true"`` asks the runtime to drain (projected into the pod by the downward API)."""
 ANNOTATION_TEMPLATE_HASH = f"{DOMAIN}/template-hash"
 """On a TaskShard: the Task template hash it should run (set by the Task's roll); on a pod: the one it runs."""
 ANNOTATION_ALLOW_FRESH_START = f"{DOMAIN}/allow-fresh-start"
@@ -49,9 +47,11 @@ CONTAINER_DRIVER = "driver"
 CONFIG_KEY = "shard.json"
 CONFIG_DIR = "/etc/taskshard"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
-DRAIN_DIR = "/etc/taskshard-drain"
-DRAIN_FILE = f"{DRAIN_DIR}/requested"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+EMITTING_FILE = "/tmp/taskshard-emitting"
+"""Created by the runtime once the shard writes to its sink (a split child: once it took over); the driver
+container's readiness probe tests it, so a TaskShard is Ready only while its shard emits."""
+READINESS_PERIOD_SECONDS = 2
 
 
 TASK_NAME_LIMIT = 63

@@ -10,10 +10,10 @@ decision was made from. Passes are serialised per shard by the work queue (``wor
 The split protocol (each phase is written to ``status`` *before* the step it names is acted on; a crash anywhere
 leaves a phase from which the next pass continues, and every action is idempotent)::
 
-    Running ──valid spec.split──> SplitRequested ──children created, pod told──> Draining
-      (write status.split.at,        (children on standby:                       │ container exited 0
-       nothing else)                  their pods warm, processing nothing)       ▼ with a drain summary
-                                                                              Drained (status.finalCheckpoint)
+    Running ──valid spec.split──> SplitRequested ──children created──> Draining
+      (write status.split.at,        (children warm up and catch up       │ the runtime stopped by itself:
+       nothing else)                  while the parent keeps processing)  ▼ exit 0 with a drain summary
+                                                                       Drained (status.finalCheckpoint)
     Split <──both children seen── ChildrenCreated <──parent pod deleted, children exist──┘
     (terminal; no pod, no ConfigMap)   (the children own the halves from here)
 
@@ -21,24 +21,26 @@ leaves a phase from which the next pass continues, and every action is idempoten
   in one patch (nothing else is touched yet). Crash after: the next pass finds SplitRequested.
 - Step 2, SplitRequested: create both children (deterministic names ``<task>-<start>-<at>`` and
   ``<task>-<at>-<end>``, owned by the Task, ``spec.restoreFrom.manifest`` = the parent's drain summary
-  ``drained.json``; 409 = created before), annotate the pod ``taskshard.io/drain=true`` (re-annotating is
-  harmless; a missing pod is recreated with the annotation), then write ``Draining`` with
-  ``status.lineage.children``. Crash between: both are done again. The children start on **standby** at once:
-  their pods start Spark and rehearse the restore while the parent drains, and process nothing until the
-  parent's runtime has written the drain summary (after its query stopped for good). Their phase stays Pending
-  (Ready=False, reason Standby) while the parent owns the range.
-- Step 3, Draining: wait for the driver container to exit 0 with a termination message naming the snapshot
-  manifest and batch id; write ``Drained`` with ``status.finalCheckpoint``. A pod that crashes while draining is
-  restarted in place by ``restartPolicy: OnFailure`` and drains again (the annotation stays); a deleted pod is
-  recreated with the annotation. Crash: the terminated container status is still there to read.
+  ``drained.json``; 409 = created before; a missing parent pod is recreated), then write ``Draining`` with
+  ``status.lineage.children``. Crash between: both are done again. The operator never annotates the parent's
+  pod: the children warm up and catch up while the parent keeps processing and emitting, and parent and
+  children hand over through storage only (``spark_runtime.handover``). The parent's runtime stops by itself at
+  a batch boundary once both children wrote their ready notes, and writes its drain summary. The children's
+  phase stays Pending (Ready=False, reason Standby) while the parent owns the range.
+- Step 3, Draining: wait for the driver container to exit 0 with a termination message naming the drain
+  summary's snapshot manifest and batch id; write ``Drained`` with ``status.finalCheckpoint``. A pod that crashes
+  during the hand-over is restarted in place by ``restartPolicy: OnFailure``, restores from its recovery log and
+  continues the hand-over; a deleted pod is recreated (without any annotation) and does the same. Crash: the
+  terminated container status is still there to read.
 - Step 4, Drained: delete the parent's stopped pod, make sure both children exist, and write
   ``ChildrenCreated``: from now on the children own the halves (and show Running once their pods run).
 - Step 5, ChildrenCreated: once both children exist and have been seen by their reconciler (``status.phase``
   set), write ``Split``. The parent keeps no pod and no ConfigMap.
 
-No key group is ever processed by two shards: a child's runtime starts its query only once the parent's drain
-summary exists, and the parent writes it as the last step of a final drain, after stopping its query; a final
-drain is sticky (a restarted parent pod re-reports it and never processes again). A pod is never created for a
+No key group's output is ever emitted by two shards: a child builds state while its parent runs but emits
+nothing for input at or before the parent's final positions, which the parent's drain summary names; the parent
+writes that summary as the last step of a final drain, after stopping its query; a final drain is sticky (a
+restarted parent pod re-reports it and never processes again). A pod is never created for a
 range another shard owns (:func:`taskshard_operator.planner.range_conflicts`). A stale cache can only delay a
 step: the status write is conditional, so a decision made from an old version writes nothing.
 """
@@ -277,8 +279,9 @@ def first_error(e: ValidationError) -> str:
 
 def _reconcile_active(ctx: ShardContext) -> None:
     """Pending, Running, Failed: the split request first, then the config, the pod, and the pod's state mirrored
-    (while the Task is suspended: stop instead)."""
-    if ctx.spec.suspend:
+    (while the Task is suspended: stop instead, except a split child whose parent is still handing over: the parent
+    stops only once both children are ready, so they run until it has handed the range over)."""
+    if ctx.spec.suspend and not _standby_parent(ctx):
         _suspend(ctx)
         return
     if _observe_split_request(ctx):
@@ -383,7 +386,7 @@ def _ensure_config(ctx: ShardContext) -> bool:
     return True
 
 
-def _create_pod(ctx: ShardContext, *, drain: bool, restarts_base: int) -> None:
+def _create_pod(ctx: ShardContext, *, restarts_base: int) -> None:
     if builders.executor_instances(ctx.spec) > 0:
         svc = builders.build_executor_service(task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups)
         kopf.adopt(svc, owner=ctx.shard)
@@ -394,7 +397,6 @@ def _create_pod(ctx: ShardContext, *, drain: bool, restarts_base: int) -> None:
         key_groups=ctx.key_groups,
         spec=ctx.spec,
         template_hash=ctx.template_hash,
-        drain=drain,
         restarts_base=restarts_base,
     )
     kopf.adopt(pod, owner=ctx.shard)
@@ -419,7 +421,7 @@ def _replace_or_create_pod(ctx: ShardContext) -> bool:
             return True
         if replacement:
             ctx.do(BackoffAction(ctx.uid))
-        _create_pod(ctx, drain=False, restarts_base=restarts)
+        _create_pod(ctx, restarts_base=restarts)
         ctx.write(
             {
                 **_base_patch(ctx),
@@ -462,15 +464,15 @@ def _checkpoint_patch(ctx: ShardContext) -> dict[str, Any]:
 
 
 def _replace_ended_pod(ctx: ShardContext) -> None:
-    """A pod that ended (Failed, or exited 0 without being asked to drain) is replaced: last-state restart."""
+    """A pod that ended (Failed, or exited 0 outside a split) is replaced: last-state restart."""
     pod = ctx.pod
     term = pod.terminated or pod.last_terminated
-    why = "failed" if pod.phase == "Failed" else "exited without a split drain request"
+    why = "failed" if pod.phase == "Failed" else "exited outside a split"
     failure = term.failure if term is not None else None
     if failure is not None:
         why += f", last exit code {term.exit_code}: {failure.text}"
     elif term is not None and term.drained:
-        why += f" after a final drain at batch {term.batch_id} (the drain-request annotation was set)"
+        why += f" after a final drain at batch {term.batch_id}"
     elif term is not None and (term.message or {}).get("event") == "stopped":
         why += f" after a SIGTERM stop at batch {term.batch_id} (the new pod resumes from the recovery log)"
     reason = failure.condition_reason("PodEnded") if failure is not None else "PodEnded"
@@ -520,13 +522,23 @@ def _mirror_pod(ctx: ShardContext) -> None:
             ctx.do(BackoffAction(ctx.uid, reset=True))
         else:
             ctx.decision.again_in(STABLE_SECONDS - running_for + 1)
+        if pod.ready:
+            ready = ctx.cond(st.READY, True, "Emitting", f"driver pod {pod.name} processes {ctx.key_groups}")
+        else:
+            ready = ctx.cond(
+                st.READY,
+                False,
+                "NotEmittingYet",
+                f"driver pod {pod.name} runs {ctx.key_groups} and has not written to the sink yet (starting its "
+                "query, restoring, or catching up with its parent's final positions)",
+            )
         ctx.write(
             {
                 **_base_patch(ctx),
                 **_checkpoint_patch(ctx),
                 "restarts": pod.restarts,
                 "conditions": [
-                    ctx.cond(st.READY, True, "PodRunning", f"driver pod {pod.name} runs {ctx.key_groups}"),
+                    ready,
                     ctx.cond(st.PROGRESSING, False, "Stable", ""),
                     ctx.cond(st.DEGRADED, False, "Healthy", ""),
                 ],
@@ -727,23 +739,17 @@ def _keep_suspended(ctx: ShardContext) -> None:
 # ---------------------------------------------------------------- split steps
 
 
-def _annotate_drain(ctx: ShardContext) -> None:
-    ctx.do(Patch("pods", ctx.pod.name, {"metadata": {"annotations": {naming.ANNOTATION_DRAIN: "true"}}}))
-
-
 def _step_request_drain(ctx: ShardContext) -> None:
-    """Step 2: SplitRequested -> (create the standby children, annotate the pod) -> Draining."""
+    """Step 2: SplitRequested -> (create the children) -> Draining. The parent's pod keeps processing; the
+    children and the parent's runtime hand over through storage (``spark_runtime.handover``)."""
     names = _ensure_children(ctx)
     if names is None:
         return  # a name collision (reported); the parent keeps processing until it is resolved
-    pod = ctx.pod
-    if not pod.exists:
-        _create_pod(ctx, drain=True, restarts_base=int(ctx.status.get("restarts") or 0))
-    elif not pod.drain_requested:
-        _annotate_drain(ctx)
+    if not ctx.pod.exists:
+        _create_pod(ctx, restarts_base=int(ctx.status.get("restarts") or 0))
     message = (
-        f"asked driver pod {naming.pod_name(ctx.name)} to drain (stop at a batch boundary, export a snapshot); "
-        f"children {names[0]} and {names[1]} wait on standby"
+        f"children {names[0]} and {names[1]} are catching up while {ctx.name} keeps processing; it stops at a "
+        "batch boundary once both are ready"
     )
     ctx.write(
         {
@@ -762,12 +768,9 @@ def _step_await_drain(ctx: ShardContext) -> None:
     """Step 3: Draining -> Drained once the container exited 0 with a manifest."""
     pod = ctx.pod
     if not pod.exists:
-        _create_pod(ctx, drain=True, restarts_base=int(ctx.status.get("restarts") or 0) + 1)
+        _create_pod(ctx, restarts_base=int(ctx.status.get("restarts") or 0) + 1)
         return
     if pod.deleting:
-        return
-    if not pod.drain_requested:
-        _annotate_drain(ctx)
         return
     term = pod.terminated
     if term is None:

@@ -205,6 +205,8 @@ class PodView:
     deleting: bool = False
     running: bool = False
     running_since: str | None = None
+    ready: bool = False
+    """The driver container passes its readiness probe: the shard emits (``naming.EMITTING_FILE``)."""
     """``state.running.startedAt`` of the driver container (RFC 3339), when it runs."""
     waiting_reason: str | None = None
     waiting_message: str | None = None
@@ -212,7 +214,6 @@ class PodView:
     restart_count: int = 0
     restarts_base: int = 0
     template_hash: str | None = None
-    drain_requested: bool = False
     terminated: Termination | None = None
     """The current terminated state (container stopped), else None."""
     last_terminated: Termination | None = None
@@ -292,12 +293,12 @@ def pod_view(pod: dict[str, Any] | None) -> PodView:
         deleting=bool(meta.get("deletionTimestamp")),
         running="running" in state,
         running_since=(state.get("running") or {}).get("startedAt"),
+        ready=bool(cs.get("ready")),
         waiting_reason=(state.get("waiting") or {}).get("reason"),
         waiting_message=(state.get("waiting") or {}).get("message"),
         restart_count=int(cs.get("restartCount") or 0),
         restarts_base=base,
         template_hash=annotations.get(naming.ANNOTATION_TEMPLATE_HASH),
-        drain_requested=annotations.get(naming.ANNOTATION_DRAIN) == "true",
         terminated=_termination(state),
         last_terminated=_termination(cs.get("lastState")),
     )

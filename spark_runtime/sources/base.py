@@ -23,6 +23,11 @@ and takes care of the rest of the record contract itself:
   at its start), so no new micro-batch begins and the runtime can stop at a batch boundary without
   interrupting one. A source that cannot do that sets ``supports_drain_marker = False``; the runtime then
   stops between triggers (still exact: the snapshot is taken at the last *committed* batch).
+- **Catch-up cap.** A source with ``supports_catch_up = True`` reads ``SourceContext.catch_up_state`` (a split
+  child's :class:`spark_runtime.protocol.CatchUpState`) before each micro-batch: until its phase is ``live`` no
+  batch ends past its ``limit``, and it writes no dead letters for input at or before the parent's ``final``
+  positions (or at all while they are unknown). A split child of such a source catches up while its parent runs
+  (:mod:`spark_runtime.handover`); one of any other source restores the parent's final snapshot instead.
 
 Key-group filtering is not the source's job: the runtime applies it natively in Spark right after the source.
 """
@@ -64,6 +69,8 @@ class SourceContext:
     source partitioned by the key, which then reads only ``read_partitions``."""
     read_partitions: list[int] | None = None
     """The partitions this shard reads (None: every partition)."""
+    catch_up_state: Loc | None = None
+    """A catching-up split child's ``catch-up.json`` (None: not catching up)."""
 
     @property
     def key_grouping(self) -> KeyGrouping:
@@ -75,6 +82,7 @@ class Source(Protocol):
 
     kind: str
     supports_drain_marker: bool
+    supports_catch_up: bool
 
     def stream(self, spark: SparkSession, ctx: SourceContext) -> DataFrame:
         """The streaming DataFrame of valid records."""

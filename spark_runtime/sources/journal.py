@@ -44,6 +44,7 @@ from pyspark.sql.streaming.datasource import (
 
 from spark_runtime.keygroups import KeyGrouping
 from spark_runtime.problems import EnvironmentProblem
+from spark_runtime.protocol import CatchUpPhase, CatchUpState, clamp
 from spark_runtime.records import RecordSpec, arrow_type, parse_lines, parse_lines_arrow
 from spark_runtime.sources.base import SourceContext
 from spark_runtime.storage import S3Settings, location
@@ -152,6 +153,8 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.range_end = int(options["rangeend"])
         self.dead_letter_dir = Path(options["deadletterdir"])
         self.drain_marker = location(options["drainmarker"], S3Settings.from_options(options))
+        catch_up = options.get("catchupstate") or ""
+        self.catch_up = location(catch_up, S3Settings.from_options(options)) if catch_up else None
         self.start_positions = json.loads(options.get("startpositions") or "null")
         self.max_bytes = int(options.get("maxbytespertrigger") or 0)
         self.piece_bytes = int(options.get("partitionbytes") or 32 * 1024 * 1024)
@@ -177,7 +180,25 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         if self.drain_marker.exists():
             return start  # draining: admit nothing new, so no new micro-batch starts
-        return self._complete_ends(start, limit)
+        ends = self._complete_ends(start, limit)
+        state = self._catch_up_state()
+        if state is not None and state.limit is not None and state.phase != CatchUpPhase.LIVE:
+            ends = clamp(ends, start, state.limit)  # catching up: never past the parent's positions
+        return ends
+
+    def _catch_up_state(self) -> CatchUpState | None:
+        if self.catch_up is None or not self.catch_up.exists():
+            return None
+        return CatchUpState.from_json(self.catch_up.read_json())
+
+    def _emits_dead_letters(self, piece: JournalPiece) -> bool:
+        """A catching-up child writes no dead letters for input its parent handled (see the source contract)."""
+        state = self._catch_up_state()
+        if state is None:
+            return True
+        if state.final is None:
+            return False
+        return piece.start >= int(state.final.get(partition_file(piece.index), 0))
 
     def _complete_ends(self, start: dict, limit: ReadLimit) -> dict:
         budget = None
@@ -270,7 +291,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             kg = self.grouping.of(d.key, piece.index)  # its key's group, or the null key's without one
             if self.range_start <= kg < self.range_end:
                 owned.append(d.to_record(shard=self.shard, partition=piece.index, key_group=kg))
-        if not owned:
+        if not owned or not self._emits_dead_letters(piece):
             return
         body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in owned).encode("utf-8")
         write_atomic(self.dead_letter_dir / f"p{piece.index}-{piece.start}-{piece.end}.jsonl", body, fsync=False)
@@ -295,6 +316,7 @@ class JournalSource:
 
     kind = "journal"
     supports_drain_marker = True
+    supports_catch_up = True
 
     def __init__(
         self,
@@ -375,6 +397,7 @@ class JournalSource:
             "rangeEnd": str(ctx.range_end),
             "deadLetterDir": str(ctx.dead_letter_dir),
             "drainMarker": ctx.drain_marker.uri(),
+            "catchUpState": ctx.catch_up_state.uri() if ctx.catch_up_state is not None else "",
             **(ctx.drain_marker.s3.options() if ctx.drain_marker.s3 is not None else {}),
             "startPositions": json.dumps(ctx.start_positions) if ctx.start_positions is not None else "",
             "maxBytesPerTrigger": str(ctx.max_bytes_per_trigger or 0),

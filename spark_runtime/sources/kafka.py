@@ -235,6 +235,8 @@ class KafkaReader:
 
     kind = "kafka"
     supports_drain_marker = False
+    supports_catch_up = False
+    """Spark's Kafka source cannot stop at given offsets in a streaming query: a split child restores instead."""
 
     def __init__(
         self,

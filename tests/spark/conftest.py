@@ -196,3 +196,17 @@ def wait_progress(env: TaskEnv, shard: str, predicate: Callable[[dict], bool], t
             return prog
         time.sleep(0.25)
     raise AssertionError(f"progress of {shard} never satisfied the condition: {env.progress(shard)}")
+
+
+def children_ready(env: TaskEnv, parent: str, start: int, end: int, mode: str = "restore") -> None:
+    """Write the ready notes two (restore-mode) children of ``parent`` would write for ``[start, end)``: the
+    signal that makes a running parent drain for good (``spark_runtime.handover``)."""
+    from spark_runtime.layout import ShardPaths
+    from spark_runtime.protocol import HandoverMode, HandoverNote
+
+    paths = ShardPaths.of(env.storage, env.task, parent)
+    paths.handover_dir.mkdir()
+    mid = (start + end) // 2
+    for a, b in ((start, mid), (mid, end)):
+        child = env.shard_name(a, b)
+        paths.handover_ready(child).write_json(HandoverNote(child, a, b, HandoverMode(mode)).to_json())

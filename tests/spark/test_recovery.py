@@ -1,8 +1,8 @@
 """Recovery: the shard runs as a subprocess (``python -m spark_runtime run --config``) and is SIGKILLed twice,
 once at the worst moment (its batch output written, the batch not yet committed) and once at an arbitrary
 moment while input streams in. Each restart with the same config resumes from the recovery log. A SIGTERM (a
-pod deletion) stops it at a batch boundary with a savepoint but leaves it resumable; the drain-request file
-(the operator's split) drains it for good (exit 0, summary in the termination-message file). The results equal
+pod deletion) stops it at a batch boundary with a savepoint but leaves it resumable; its children's ready
+notes (a split) drain it for good (exit 0, summary in the termination-message file). The results equal
 the reference: no loss, no double count, and the replayed batch rewrote the same output.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from spark_runtime.produce import generate_events
 from spark_runtime.sink import FAULT_ENV
 
-from .conftest import Reference, TaskEnv, wait_progress
+from .conftest import Reference, TaskEnv, children_ready, wait_progress
 
 pytestmark = pytest.mark.spark
 
@@ -81,10 +81,7 @@ def test_sigkill_and_restart_resume_exactly(make_task):
     shard = "orders-0-16"
     config_path = env.root / "shard.json"
     termination = env.root / "termination.log"
-    drain_file = env.root / "drain-requested"
-    config_path.write_text(
-        json.dumps(env.config_dict(0, 16, terminationMessagePath=str(termination), drainRequestFile=str(drain_file)))
-    )
+    config_path.write_text(json.dumps(env.config_dict(0, 16, terminationMessagePath=str(termination))))
     ref = Reference("sum", "amount")
     events = list(generate_events(1500, 50, seed=9))
 
@@ -129,12 +126,12 @@ def test_sigkill_and_restart_resume_exactly(make_task):
     assert stopped["event"] == "stopped" and Path(stopped["manifest"]).is_file()
     assert not (env.storage / env.task / "shards" / shard / "drained.json").exists()
 
-    # Run 4: resumes after the stop, catches up, and drains for good through the drain-request file.
+    # Run 4: resumes after the stop, catches up, and drains for good once its children are ready.
     produce(events[1200:])
     run4 = ShardProcess(env, config_path, "run4")
     target = env.journal_ends()
     wait_progress(env, shard, lambda p: p["positions"] == target, timeout=300)
-    drain_file.write_text("true")
+    children_ready(env, shard, 0, 16)
     assert run4.wait(timeout=180) == 0, run4.tail()
 
     summary = json.loads(termination.read_text())

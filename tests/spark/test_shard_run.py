@@ -14,7 +14,7 @@ import pytest
 from spark_runtime.keygroups import key_group
 from spark_runtime.produce import append_lines, generate_events
 
-from .conftest import Reference, TaskEnv
+from .conftest import Reference, TaskEnv, children_ready
 
 pytestmark = pytest.mark.spark
 
@@ -35,7 +35,8 @@ BAD_LINES = {
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, shard_spark):
-    """Run one sum shard over [0, 16) through three waves of input, then drain it via the drain-request file."""
+    """Run one sum shard over [0, 16) through three waves of input, then drain it as a split's parent does once
+    its children are ready."""
     from spark_runtime.shard import ShardRunner
 
     env = TaskEnv(
@@ -44,9 +45,7 @@ def run(tmp_path_factory, shard_spark):
         conf={"spark.taskshard.maxBytesPerTrigger": "12000"},  # several micro-batches per wave
     )
     ref = Reference("sum", "amount")
-    drain_file = env.root / "drain-requested"
-    drain_file.write_text("false")
-    runner = ShardRunner(env.config(0, 16, drainRequestFile=str(drain_file)), shard_spark)
+    runner = ShardRunner(env.config(0, 16), shard_spark)
 
     events = list(generate_events(900, 40, seed=11))
     env.produce(events[:300])
@@ -82,9 +81,9 @@ def run(tmp_path_factory, shard_spark):
     target = env.journal_ends()
     while time.monotonic() < deadline and (env.progress(runner.config.shard) or {}).get("positions") != target:
         time.sleep(0.2)
-    drain_file.write_text("true\n")
+    children_ready(env, runner.config.shard, 0, 16)
     thread.join(timeout=120)
-    assert not thread.is_alive(), "the shard did not drain after the drain-request file said true"
+    assert not thread.is_alive(), "the shard did not drain once its children were ready"
     return {
         "env": env,
         "ref": ref,

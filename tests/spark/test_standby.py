@@ -1,4 +1,5 @@
-"""Standby split children: a child whose ``restoreFrom.manifest`` names the parent's drain summary
+"""Standby split children in restore mode (``HandoverMode.RESTORE``, what a Kafka child does; forced here on the
+journal with ``catch_up=False``): a child whose ``restoreFrom.manifest`` names the parent's drain summary
 (``drained.json``) starts while the parent still runs, warms up (Spark, preflight, a rehearsal of its restore
 plan on a synthetic snapshot) and processes nothing until the parent's final drain wrote the summary; then it
 restores from the manifest the summary names. The task's results equal the reference: no event lost, none
@@ -102,7 +103,7 @@ def test_standby_child_waits_for_the_parent_drain_then_restores_exactly(kind, ma
     parent = ShardRunner(env.config(0, 16), shard_spark)
     drained = shard_dir(env, PARENT) / "drained.json"
     restore = {"parent": PARENT, "manifest": str(drained)}  # what the operator sets: the (future) summary
-    children = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in HALVES]
+    children = [ShardRunner(env.config(a, b, restore), shard_spark, catch_up=False) for a, b in HALVES]
     threads = [InThread(c.start, f"start {c.config.shard}") for c in children]
     try:
         produce(events[:250])
@@ -160,7 +161,7 @@ def test_sigterm_on_standby_stops_without_processing(make_task, shard_spark, cap
     env = make_task(processor={"builtin": "count"}, max_key_groups=16)
     env.produce(list(generate_events(100, 10, seed=2)))  # input the child would process if it ran
     drained = shard_dir(env, PARENT) / "drained.json"  # the parent never drains
-    child = ShardRunner(env.config(0, 8, {"parent": PARENT, "manifest": str(drained)}), shard_spark)
+    child = ShardRunner(env.config(0, 8, {"parent": PARENT, "manifest": str(drained)}), shard_spark, catch_up=False)
     thread = InThread(child.run, f"run {child.config.shard}")
     try:
         thread.start()

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from spark_runtime.keygroups import KeyGroupRange as R
-from taskshard_operator import builders
+from taskshard_operator import builders, naming
 from taskshard_operator.models.task import TaskSpec
 from taskshard_operator.reconcile_shard import validate_shard_config
 
@@ -91,8 +91,8 @@ def test_build_shard_config_golden_and_valid_for_the_runtime():
         "storage": {"path": "/data/state"},
         "restoreFrom": {"parent": "orders-0-128", "manifest": "/data/state/orders/shards/x/manifest.json"},
         "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"}, "triggerInterval": "1 second"},
-        "drainRequestFile": "/etc/taskshard-drain/requested",
         "terminationMessagePath": "/dev/termination-log",
+        "readyFile": "/tmp/taskshard-emitting",
     }
     validate_shard_config(config)
     config["restoreFrom"] = None
@@ -159,12 +159,16 @@ def test_build_pod_golden():
                     "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
                     "volumeMounts": [
                         {"name": "config", "mountPath": "/etc/taskshard", "readOnly": True},
-                        {"name": "drain", "mountPath": "/etc/taskshard-drain", "readOnly": True},
                         {"name": "tmp", "mountPath": "/tmp"},
                         {"name": "storage", "mountPath": "/data"},
                     ],
                     "terminationMessagePath": "/dev/termination-log",
                     "terminationMessagePolicy": "File",
+                    "readinessProbe": {
+                        "exec": {"command": ["test", "-e", "/tmp/taskshard-emitting"]},
+                        "periodSeconds": 2,
+                        "failureThreshold": 1,
+                    },
                     "securityContext": {
                         "allowPrivilegeEscalation": False,
                         "readOnlyRootFilesystem": True,
@@ -175,17 +179,6 @@ def test_build_pod_golden():
             "volumes": [
                 {"name": "config", "configMap": {"name": "orders-0-64-config"}},
                 {"name": "tmp", "emptyDir": {}},
-                {
-                    "name": "drain",
-                    "downwardAPI": {
-                        "items": [
-                            {
-                                "path": "requested",
-                                "fieldRef": {"fieldPath": "metadata.annotations['taskshard.io/drain']"},
-                            }
-                        ]
-                    },
-                },
                 {"name": "storage", "hostPath": {"path": "/srv/taskshard", "type": "DirectoryOrCreate"}},
             ],
         },
@@ -193,15 +186,16 @@ def test_build_pod_golden():
 
 
 def test_pod_variants():
-    drain = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=spec(), template_hash="h", drain=True)
-    assert drain["metadata"]["annotations"]["taskshard.io/drain"] == "true"
+    with pytest.raises(TypeError):  # no drain request reaches a pod from the operator any more
+        builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=spec(), template_hash="h", drain=True)
     pvc = spec(storage__volume={"persistentVolumeClaim": {"claimName": "state"}, "mountPath": "/mnt/s"})
     pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=pvc, template_hash="h")
     assert {"name": "storage", "persistentVolumeClaim": {"claimName": "state"}} in pod["spec"]["volumes"]
     assert {"name": "storage", "mountPath": "/mnt/s"} in pod["spec"]["containers"][0]["volumeMounts"]
     s3 = TaskSpec.from_k8s({**SPEC, "storage": {"s3": {"bucket": "bkt"}}})
     pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s3, template_hash="h")
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["config", "tmp", "drain"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["config", "tmp"]
+    assert [m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]] == ["config", "tmp"]
     pulled = spec(spark__imagePullPolicy="IfNotPresent")
     pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=pulled, template_hash="h")
     assert pod["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
@@ -539,3 +533,13 @@ def test_the_restricted_reading_refuses_a_pod_without_security_contexts():
     assert checks == {"allowPrivilegeEscalation", "runAsNonRoot", "seccompProfile", "capabilities_restricted"}
     pod["spec"]["securityContext"] = {"runAsUser": 0, "seccompProfile": {"type": "Unconfined"}}
     assert {v.split(":")[0] for v in restricted_violations(pod)} >= {"runAsUser", "seccompProfile"}
+
+
+def test_the_driver_pod_is_ready_only_when_the_runtime_emits():
+    pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=spec(), template_hash="h")
+    container = pod["spec"]["containers"][0]
+    assert container["readinessProbe"]["exec"]["command"] == ["test", "-e", naming.EMITTING_FILE]
+    tmp = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/tmp" in tmp and naming.EMITTING_FILE.startswith("/tmp/"), "the runtime can write it: an emptyDir"
+    config = builders.build_shard_config(task="o", namespace="ns", shard="o-0-8", key_groups=R(0, 8), spec=spec())
+    assert config["readyFile"] == naming.EMITTING_FILE

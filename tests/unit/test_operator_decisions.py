@@ -170,16 +170,15 @@ def make_pod(
     state: dict[str, Any] | None = None,
     restart_count: int = 0,
     template: str | None = None,
-    drain: bool = False,
     deleting: bool = False,
+    ready: bool | None = None,
 ) -> dict[str, Any]:
-    """A driver pod as the API shows it (``status`` empty: created, not scheduled yet)."""
+    """A driver pod as the API shows it (``status`` empty: created, not scheduled yet). ``ready`` (the readiness
+    probe: the shard emits) defaults to whether the container runs."""
     annotations = {
         naming.ANNOTATION_TEMPLATE_HASH: template or HASH,
         naming.ANNOTATION_RESTARTS_BASE: "0",
     }
-    if drain:
-        annotations[naming.ANNOTATION_DRAIN] = "true"
     meta: dict[str, Any] = {
         "name": naming.pod_name(shard),
         "namespace": NS,
@@ -193,7 +192,14 @@ def make_pod(
     if phase is not None:
         status["phase"] = phase
     if state is not None:
-        status["containerStatuses"] = [{"name": naming.CONTAINER_DRIVER, "restartCount": restart_count, "state": state}]
+        status["containerStatuses"] = [
+            {
+                "name": naming.CONTAINER_DRIVER,
+                "restartCount": restart_count,
+                "state": state,
+                "ready": "running" in state if ready is None else ready,
+            }
+        ]
     return {"metadata": meta, "status": status}
 
 
@@ -296,7 +302,7 @@ CASES: dict[str, dict[str, Any]] = {
         config=True,
         phases={"Pending": "Running", "Running": None, "Failed": "Running"},
         actions=["Backoff(reset)"],
-        reason=(st.READY, "PodRunning"),
+        reason=(st.READY, "Emitting"),
         requeue=None,
     ),
     "running-just-started": dict(
@@ -308,7 +314,7 @@ CASES: dict[str, dict[str, Any]] = {
         config=True,
         phases={"Pending": "Running", "Running": None, "Failed": "Running"},
         actions=[],
-        reason=(st.READY, "PodRunning"),
+        reason=(st.READY, "Emitting"),
         requeue=(50.0, 61.0),  # looks again once it ran STABLE_SECONDS (then resets the back-off)
     ),
     "crash-loop": dict(
@@ -418,7 +424,8 @@ def test_a_new_pod_is_built_for_this_shard():
     assert meta["name"] == naming.pod_name(PARENT)
     assert meta["annotations"][naming.ANNOTATION_TEMPLATE_HASH] == HASH
     assert meta["annotations"][naming.ANNOTATION_RESTARTS_BASE] == "3"
-    assert naming.ANNOTATION_DRAIN not in meta["annotations"]
+    assert set(meta["annotations"]) == {naming.ANNOTATION_TEMPLATE_HASH, naming.ANNOTATION_RESTARTS_BASE}
+    assert not [v for v in create.body["spec"]["volumes"] if "downwardAPI" in v], "no drain-request volume"
     assert meta["ownerReferences"][0]["uid"] == f"uid-{PARENT}"
     assert create.announce is not None and create.announce.reason == "PodCreated"
     decision = decide(world, PARENT)
@@ -513,7 +520,9 @@ def add_children(world: World, *, phases: tuple[str | None, str | None] = (None,
         add_shard(world, name, phase=phase, restore_from=PARENT, observed_generation=None)
 
 
-def test_split_requested_creates_standby_children_and_asks_the_pod_to_drain():
+def test_split_requested_creates_standby_children_and_leaves_the_pod_alone():
+    """The children hand over with the parent through storage: the parent's pod is neither patched nor
+    replaced, it keeps processing until its runtime stops by itself."""
     world = World()
     add_shard(world, PARENT, phase="SplitRequested", generation=2, observed_generation=2, status=split_status())
     world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
@@ -521,7 +530,8 @@ def test_split_requested_creates_standby_children_and_asks_the_pod_to_drain():
 
     assert decision.status["phase"] == "Draining"
     assert decision.status["lineage"] == {"children": [LOW, HIGH]}
-    assert kinds(decision) == ["Create(taskshards)", "Create(taskshards)", "Patch(pods)"]
+    assert kinds(decision) == ["Create(taskshards)", "Create(taskshards)"]
+    assert not actions_of(decision, Patch), "the parent's pod is not annotated"
     low, high = actions_of(decision, Create, naming.SHARD_PLURAL)
     manifest = "/data/state/t/shards/t-0-16/drained.json"
     for create, name, kg in ((low, LOW, {"start": 0, "end": 8}), (high, HIGH, {"start": 8, "end": 16})):
@@ -530,20 +540,19 @@ def test_split_requested_creates_standby_children_and_asks_the_pod_to_drain():
         assert create.body["spec"]["restoreFrom"] == {"parent": PARENT, "manifest": manifest}
         assert create.body["metadata"]["ownerReferences"][0]["uid"] == "task-uid", "owned by the Task"
         assert create.body["metadata"]["annotations"][naming.ANNOTATION_TEMPLATE_HASH] == HASH
-    (patch,) = actions_of(decision, Patch, "pods")
-    assert patch.name == naming.pod_name(PARENT)
-    assert patch.patch == {"metadata": {"annotations": {naming.ANNOTATION_DRAIN: "true"}}}
     assert "Draining" in [e.reason for e in decision.events]
 
 
-def test_split_requested_recreates_a_missing_pod_with_the_drain_annotation():
+def test_split_requested_recreates_a_missing_pod_without_a_drain_annotation():
     world = World()
     add_shard(world, PARENT, phase="SplitRequested", generation=2, observed_generation=2, status=split_status())
     add_children(world)
     decision = decide(world, PARENT)
     assert kinds(decision) == ["Create(pods)"], "the children exist: not created again"
     (create,) = actions_of(decision, Create, "pods")
-    assert create.body["metadata"]["annotations"][naming.ANNOTATION_DRAIN] == "true"
+    annotations = create.body["metadata"]["annotations"]
+    assert set(annotations) == {naming.ANNOTATION_TEMPLATE_HASH, naming.ANNOTATION_RESTARTS_BASE}
+    assert not [v for v in create.body["spec"]["volumes"] if "downwardAPI" in v]
     assert decision.status["phase"] == "Draining"
 
 
@@ -558,7 +567,7 @@ def test_a_child_name_taken_by_a_non_child_holds_the_split(taken: str):
     assert "lineage" not in decision.status
     degraded = condition(decision, st.DEGRADED)
     assert degraded["status"] == "True" and degraded["reason"] == "ChildNameTaken" and taken in degraded["message"]
-    assert not actions_of(decision, Patch, "pods"), "the pod is not asked to drain: it keeps processing"
+    assert not actions_of(decision, Patch, "pods"), "the pod is left alone: it keeps processing"
     assert all(a.body["metadata"]["name"] != taken for a in actions_of(decision, Create, naming.SHARD_PLURAL))
     assert [e.reason for e in decision.events] == ["ChildNameTaken"]
 
@@ -567,7 +576,7 @@ def test_draining_pod_that_exited_with_a_drain_summary_makes_the_shard_drained()
     world = World()
     add_shard(world, PARENT, phase="Draining", generation=2, observed_generation=2, status=split_status())
     add_children(world)
-    world.pods[PARENT] = make_pod(PARENT, phase="Succeeded", state=terminated(0, DRAIN_SUMMARY), drain=True)
+    world.pods[PARENT] = make_pod(PARENT, phase="Succeeded", state=terminated(0, DRAIN_SUMMARY))
     decision = decide(world, PARENT)
     assert decision.status["phase"] == "Drained"
     assert decision.status["finalCheckpoint"] == {"batchId": 7, "manifest": "/x/manifest.json"}
@@ -575,7 +584,9 @@ def test_draining_pod_that_exited_with_a_drain_summary_makes_the_shard_drained()
     assert kinds(decision) == [], "the pod is deleted in the next step, after Drained is written"
 
 
-def test_draining_without_a_pod_recreates_it_draining():
+def test_draining_without_a_pod_recreates_it_without_a_drain_annotation():
+    """A pod deleted during the hand-over is recreated as any pod is: its runtime resumes from the recovery log
+    and continues the hand-over through storage."""
     world = World()
     add_shard(world, PARENT, phase="Draining", generation=2, observed_generation=2, status=split_status())
     add_children(world)
@@ -583,32 +594,34 @@ def test_draining_without_a_pod_recreates_it_draining():
     assert kinds(decision) == ["Create(pods)"]
     (create,) = actions_of(decision, Create, "pods")
     annotations = create.body["metadata"]["annotations"]
-    assert annotations[naming.ANNOTATION_DRAIN] == "true"
+    assert set(annotations) == {naming.ANNOTATION_TEMPLATE_HASH, naming.ANNOTATION_RESTARTS_BASE}
     assert annotations[naming.ANNOTATION_RESTARTS_BASE] == "2"
+    assert not [v for v in create.body["spec"]["volumes"] if "downwardAPI" in v]
     assert "phase" not in decision.status
 
 
 @pytest.mark.parametrize(
     ("pod", "want_actions", "want_reason"),
     [
-        (lambda: make_pod(PARENT, phase="Running", state=running(), drain=True), [], None),
-        (lambda: make_pod(PARENT, phase="Running", state=running()), ["Patch(pods)"], None),
-        (lambda: make_pod(PARENT, phase="Running", state=running(), drain=True, deleting=True), [], None),
+        (lambda: make_pod(PARENT, phase="Running", state=running()), [], None),
+        (lambda: make_pod(PARENT, phase="Running", state=running(), restart_count=1), [], None),
+        (lambda: make_pod(PARENT, phase="Running", state=running(), deleting=True), [], None),
         (
-            lambda: make_pod(PARENT, phase="Running", state={"waiting": {"reason": "CrashLoopBackOff"}}, drain=True),
+            lambda: make_pod(PARENT, phase="Running", state={"waiting": {"reason": "CrashLoopBackOff"}}),
             [],
             "DrainRetry",
         ),
         (
-            lambda: make_pod(PARENT, phase="Succeeded", state=terminated(0, {"event": "stopped"}), drain=True),
+            lambda: make_pod(PARENT, phase="Succeeded", state=terminated(0, {"event": "stopped"})),
             ["Delete(pods)"],
             "DrainWithoutManifest",
         ),
     ],
-    ids=["still-draining", "not-annotated", "deleting", "crash-loop", "ended-without-manifest"],
+    ids=["still-handing-over", "restarted-in-place", "deleting", "crash-loop", "ended-without-manifest"],
 )
 def test_draining_waits_for_a_drain_summary(pod, want_actions, want_reason):
-    """Draining never moves on without a drain summary with a manifest (no phase change in any of these)."""
+    """Draining never moves on without a drain summary with a manifest (no phase change in any of these), and
+    never patches the pod: the parent's runtime stops by itself."""
     world = World()
     add_shard(world, PARENT, phase="Draining", generation=2, observed_generation=2, status=split_status())
     add_children(world)
@@ -630,7 +643,7 @@ def test_drained_deletes_the_stopped_pod_and_hands_over_to_the_children():
     world = World()
     add_shard(world, PARENT, phase="Drained", generation=2, observed_generation=2, status=drained_status())
     add_children(world)
-    world.pods[PARENT] = make_pod(PARENT, phase="Succeeded", state=terminated(0, DRAIN_SUMMARY), drain=True)
+    world.pods[PARENT] = make_pod(PARENT, phase="Succeeded", state=terminated(0, DRAIN_SUMMARY))
     decision = decide(world, PARENT)
     assert decision.status["phase"] == "ChildrenCreated"
     assert kinds(decision) == ["Delete(pods)"]
@@ -650,7 +663,7 @@ def test_drained_never_hands_over_while_the_parent_container_could_run():
     world = World()
     add_shard(world, PARENT, phase="Drained", generation=2, observed_generation=2, status=drained_status())
     add_children(world)
-    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running(), drain=True)
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
     decision = decide(world, PARENT)
     assert decision.status == {} and decision.actions == []
 
@@ -742,7 +755,7 @@ def test_a_child_whose_parent_holds_the_range_is_pending_on_standby(parent_phase
 def test_a_child_runs_once_the_parent_handed_over(parent_phase: str):
     decision = decide(standby_world(parent_phase, None), LOW)
     assert decision.status["phase"] == "Running"
-    assert condition(decision, st.READY)["reason"] == "PodRunning"
+    assert condition(decision, st.READY)["reason"] == "Emitting"
 
 
 def test_a_standby_child_without_a_pod_gets_one_despite_the_parent_owning_the_range():
@@ -750,6 +763,27 @@ def test_a_standby_child_without_a_pod_gets_one_despite_the_parent_owning_the_ra
     del world.pods[LOW]
     decision = decide(world, LOW)
     assert kinds(decision) == ["Create(pods)"], "a child overlaps only its parent, which it waits for"
+
+
+@pytest.mark.parametrize("parent_phase", ["SplitRequested", "Draining"])
+def test_a_suspended_task_keeps_standby_children_running_until_the_hand_over(parent_phase: str):
+    """The parent stops only once both children are ready: suspending them would leave it running for good."""
+    world = standby_world(parent_phase, None)
+    world.tasks[TASK]["spec"]["suspend"] = True
+    decision = decide(world, LOW)
+    assert not actions_of(decision, Delete), "the standby child's pod is not stopped"
+    assert decision.status["phase"] == "Pending" and condition(decision, st.READY)["reason"] == "Standby"
+    del world.pods[LOW]
+    assert kinds(decide(world, LOW)) == ["Create(pods)"]
+
+
+@pytest.mark.parametrize("parent_phase", ["ChildrenCreated", "Split"])
+def test_a_suspended_task_stops_a_child_once_the_parent_handed_over(parent_phase: str):
+    world = standby_world(parent_phase, "Running")
+    world.tasks[TASK]["spec"]["suspend"] = True
+    decision = decide(world, LOW)
+    assert kinds(decision) == ["Delete(pods)"]
+    assert condition(decision, st.READY)["reason"] == "Suspending"
 
 
 def test_a_child_that_failed_on_standby_goes_back_to_standby_not_running():
@@ -986,3 +1020,16 @@ def test_the_config_carries_the_last_committed_batch_and_the_fresh_start_decisio
     shard["metadata"]["annotations"][naming.ANNOTATION_ALLOW_FRESH_START] = "true"
     (apply,) = actions_of(decide(world, PARENT), ApplyConfigMap)
     assert json.loads(apply.body["data"][naming.CONFIG_KEY])["allowFreshStart"] is True
+
+
+def test_a_child_that_runs_but_does_not_emit_yet_is_running_and_not_ready():
+    """After the hand-over a child owns its range (Running) but is Ready only once its readiness probe sees it
+    emit (it still catches up with the parent's final positions)."""
+    world = standby_world("Split", None)
+    world.pods[LOW] = make_pod(LOW, phase="Running", state=running(), ready=False)
+    decision = decide(world, LOW)
+    assert decision.status["phase"] == "Running"
+    ready = condition(decision, st.READY)
+    assert ready["status"] == "False" and ready["reason"] == "NotEmittingYet"
+    assert "catching up" in ready["message"]
+

@@ -39,7 +39,6 @@ def test_every_key_is_domain_prefixed():
         naming.LABEL_SHARD,
         naming.LABEL_KEY_GROUPS,
         naming.LABEL_COMPONENT,
-        naming.ANNOTATION_DRAIN,
         naming.ANNOTATION_TEMPLATE_HASH,
         naming.ANNOTATION_RESTARTS_BASE,
         naming.FINALIZER,

@@ -1,6 +1,8 @@
 """The reconcilers against an in-memory API: the split protocol, crash-and-resume at every step, refusals,
-pod replacement and rolls. The "world" (kubelet + shard runtime) is simulated: a pod runs once created and,
-once annotated ``taskshard.io/drain=true``, exits 0 with a termination message naming a snapshot manifest.
+pod replacement and rolls. The "world" (kubelet + shard runtime) is simulated: a pod runs once created and, once
+both of its split children run (their runtimes are caught up and wrote their ready notes: the hand-over goes
+through storage, the operator never touches the parent's pod), exits 0 with a termination message naming a
+snapshot manifest.
 
 The in-memory API is also the passes' cache (:class:`taskshard_operator.cache.Observed`), always fresh unless a
 test makes it lag; a pass never reads through the API (``reads`` stays 0).
@@ -65,6 +67,8 @@ class FakeKube:
         self.created: list[tuple[str, str]] = []
         self.drained: set[str] = set()
         """Shards whose runtime wrote its drain summary (the world's state, not the API's)."""
+        self.pod_patches: list[tuple[str, dict]] = []
+        """Every patch of a pod (the split protocol makes none: the hand-over goes through storage)."""
         self.versions = itertools.count(1)
         self.reads = 0
         """GETs and LISTs through the API (a pass must make none: it reads the cache)."""
@@ -139,6 +143,7 @@ class FakeKube:
         return self._new("pods", body)
 
     def patch_pod(self, namespace, name, patch):
+        self.pod_patches.append((name, copy.deepcopy(patch)))
         if ("pods", name) in self.objects:
             _merge(self.objects[("pods", name)], patch)
             self._mutated()
@@ -207,21 +212,33 @@ class FakeKube:
         return {o["metadata"]["name"]: o for (k, _), o in self.objects.items() if k == "pods"}
 
 
-def world_step(kube: FakeKube, batch: dict[str, int], *, drain: bool = True) -> None:
-    """What the kubelet and the runtime do between operator passes (``drain=False``: pods asked to drain keep
-    running, as a drain in progress)."""
+def children_ready(kube: FakeKube, shard: str) -> bool:
+    """Both split children of ``shard`` run (in the simulated world: they caught up and wrote ready notes)."""
+    children = [
+        name for name, s in kube.shards().items() if (s.get("spec", {}).get("restoreFrom") or {}).get("parent") == shard
+    ]
+    if len(children) != 2:
+        return False
+    for child in children:
+        pod = kube.pods().get(naming.pod_name(child))
+        state = (((pod or {}).get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {})
+        if "running" not in state:
+            return False
+    return True
+
+
+def world_step(kube: FakeKube, batch: dict[str, int], *, hand_over: bool = True) -> None:
+    """What the kubelet and the runtime do between operator passes: a running parent whose children are ready
+    stops by itself with a drain summary (``hand_over=False``: it keeps running, a hand-over in progress)."""
     for _name, pod in kube.pods().items():
         status = pod.setdefault("status", {})
         state = (status.get("containerStatuses") or [{}])[0].get("state", {})
         if not status.get("phase"):
             status.update(
-                phase="Running", containerStatuses=[{"name": "driver", "restartCount": 0, "state": {"running": {}}}]
+                phase="Running",
+                containerStatuses=[{"name": "driver", "restartCount": 0, "state": {"running": {}}, "ready": True}],
             )
-        elif (
-            drain
-            and "running" in state
-            and (pod["metadata"].get("annotations") or {}).get(naming.ANNOTATION_DRAIN) == "true"
-        ):
+        elif hand_over and "running" in state and children_ready(kube, pod["metadata"]["labels"][naming.LABEL_SHARD]):
             shard = pod["metadata"]["labels"][naming.LABEL_SHARD]
             batch[shard] = batch.get(shard, 0) + 3
             kube.drained.add(shard)  # the runtime wrote drained.json, then exited
@@ -243,8 +260,8 @@ def world_step(kube: FakeKube, batch: dict[str, int], *, drain: bool = True) -> 
 
 
 def running_ranges(kube: FakeKube) -> list[KeyGroupRange]:
-    """The ranges of pods that process (or may any moment): running or just created, except a split child whose
-    parent has not written its drain summary yet (the runtime keeps such a child on standby)."""
+    """The ranges of pods that emit (or may any moment): running or just created, except a split child whose
+    parent has not written its drain summary yet (such a child may build state but emits nothing)."""
     out = []
     for pod in kube.pods().values():
         state = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {})
@@ -424,6 +441,7 @@ def test_split_protocol_end_to_end():
     request_split(kube, "t-0-16", at=4)
     converge(kube, events)
     assert phases(kube) == {"t-0-16": "Split", "t-0-4": "Running", "t-4-16": "Running"}
+    assert kube.pod_patches == [], "no pod is patched: the parent stops by itself once its children are ready"
     parent = kube.shards()["t-0-16"]
     assert "t-0-16-driver" not in kube.pods()
     assert ("configmaps", "t-0-16-config") not in kube.objects
@@ -452,11 +470,11 @@ def test_children_wait_on_standby_while_the_parent_drains():
     converge(kube, events)
     request_split(kube, "t-0-16")
     batch: dict[str, int] = {}
-    for _ in range(4):  # operator passes while the parent's drain is still in progress
+    for _ in range(4):  # operator passes while the hand-over is still in progress
         reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
         for name in list(kube.shards()):
             reconcile_shard(kube, kube, NS, name, emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
-        world_step(kube, batch, drain=False)
+        world_step(kube, batch, hand_over=False)
     assert phases(kube) == {"t-0-16": "Draining", "t-0-8": "Pending", "t-8-16": "Pending"}
     assert set(kube.pods()) == {"t-0-16-driver", "t-0-8-driver", "t-8-16-driver"}  # children start early
     for child in ("t-0-8", "t-8-16"):
@@ -464,6 +482,7 @@ def test_children_wait_on_standby_while_the_parent_drains():
         assert ready["status"] == "False" and ready["reason"] == "Standby", ready
         assert "parent t-0-16" in ready["message"]
     assert kube.shards()["t-0-16"]["status"]["lineage"]["children"] == ["t-0-8", "t-8-16"]
+    assert kube.pod_patches == [], "the parent's pod is not asked to drain"
     task = kube.objects[("tasks", "t")]["status"]
     assert task["phase"] == "Splitting"
     assert [s["name"] for s in task["activeShards"]] == ["t-0-16"]  # the parent owns the range until hand-over
@@ -489,7 +508,8 @@ def test_a_taken_child_name_holds_the_split_before_the_drain():
     converge(kube, events)
     assert phases(kube)["t-0-16"] == "SplitRequested"  # not drained: it keeps processing its range
     pod = kube.pods()["t-0-16-driver"]
-    assert (pod["metadata"].get("annotations") or {}).get(naming.ANNOTATION_DRAIN) != "true"
+    assert "running" in pod["status"]["containerStatuses"][0]["state"], "the parent's pod keeps running"
+    assert "t-8-16" not in kube.shards(), "no child is created while the other's name is taken"
     degraded = next(c for c in kube.shards()["t-0-16"]["status"]["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "ChildNameTaken" and "t-0-8" in degraded["message"]
 
@@ -750,7 +770,7 @@ def test_crash_loop_shows_the_runtime_error_once_per_error():
     # Recovered: Healthy again; the same error later is announced again.
     kube.objects[("pods", "t-0-16-driver")]["status"] = {
         "phase": "Running",
-        "containerStatuses": [{"name": "driver", "restartCount": 5, "state": {"running": {}}}],
+        "containerStatuses": [{"name": "driver", "restartCount": 5, "state": {"running": {}}, "ready": True}],
     }
     one_pass(kube, events)
     assert shard_conditions(kube)["Degraded"]["status"] == "False"
@@ -845,7 +865,7 @@ def test_missing_credentials_secret_is_named(kubelet):
     # The Secret appears: the pod runs, the shard is healthy.
     kube.objects[("pods", "t-0-16-driver")]["status"] = {
         "phase": "Running",
-        "containerStatuses": [{"name": "driver", "restartCount": 0, "state": {"running": {}}}],
+        "containerStatuses": [{"name": "driver", "restartCount": 0, "state": {"running": {}}, "ready": True}],
     }
     one_pass(kube, events)
     conds = shard_conditions(kube)

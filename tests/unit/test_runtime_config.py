@@ -34,7 +34,6 @@ def make_config():
                 "conf": {"spark.sql.shuffle.partitions": "4"},
                 "triggerInterval": "1 second",
             },
-            "drainRequestFile": "/etc/taskshard-drain/requested",
             "terminationMessagePath": "/dev/termination-log",
         }
         for dotted, value in overrides.items():
@@ -71,13 +70,20 @@ def test_operator_shape_is_valid(make_config):
 
 
 def test_defaults(make_config):
-    data = make_config(spark=_DELETE, drainRequestFile=_DELETE, terminationMessagePath=_DELETE, keyField=_DELETE)
+    data = make_config(spark=_DELETE, terminationMessagePath=_DELETE, keyField=_DELETE)
     cfg = parse_config(data)
     assert cfg.spark.master == "local[2]"
     assert cfg.spark.trigger_interval == "1 second"
     assert cfg.termination_message_path == "/dev/termination-log"
-    assert cfg.drain_request_file is None
     assert cfg.key_field == "key"
+
+
+def test_drain_request_file_is_gone(make_config):
+    """A split's drain is no longer requested through a file (parent and children hand over through storage):
+    the field is unknown, hence rejected like any other."""
+    assert not hasattr(parse_config(make_config()), "drain_request_file")
+    problems = problems_of(make_config(drainRequestFile="/etc/taskshard-drain/requested"))
+    assert any(p.startswith("drainRequestFile: unknown field") for p in problems), problems
 
 
 def test_task_spec_sub_objects_are_accepted_verbatim(make_config):

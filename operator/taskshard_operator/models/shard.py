@@ -40,13 +40,13 @@ class ShardPhase(StrEnum):
     ::
 
         Pending ──pod runs──> Running ──spec.split.requested (valid)──> SplitRequested  (status.split.at)
-          ▲  │                  ▲  │                                        │ drain requested from the pod
+          ▲  │                  ▲  │                                        │ both children created
           │  │                  │  │                                        ▼
           │  │   restart (last- │  │                                    Draining
           │  │   state recovery)┘  │                                        │ pod exits 0 with a snapshot
           │  ▼                     ▼                                        ▼
           └─ Failed <──────────────┘ (pod or restore failed)            Drained  (status.finalCheckpoint)
-                                                                            │ both children created
+                                                                            │ parent pod deleted
         Any phase ──Task deleted──> Stopped (terminal)                      ▼
         Pending/Running/Failed ──Task suspended, pod gone──> Suspended ──resumed──> Pending
                                                                       ChildrenCreated (status.lineage.children)
@@ -56,13 +56,14 @@ class ShardPhase(StrEnum):
 
     Ownership: a shard owns its range (counts in the Task's tiling) in Pending, Running, SplitRequested,
     Draining, Drained, Failed and Suspended; from ChildrenCreated on its two children own the halves instead.
-    The children are created when the drain is requested and wait on **standby** (phase Pending, condition
-    Ready=False reason Standby): their pods start Spark and rehearse the restore but process nothing until the
-    parent's runtime has written its drain summary, which it does only after its query stopped for good. So a
-    range is never processed by parent and child at once, and the children's cold start overlaps the parent's
-    drain. An invalid split request changes no phase (condition SplitRejected instead). Failed goes back to
-    Pending when the operator retries; Running goes back to Pending when its pod is replaced (a template roll or
-    a deleted pod), and the new pod resumes from the recovery log.
+    The children are created when the split is accepted and wait on **standby** (phase Pending, condition
+    Ready=False reason Standby): their pods warm up and catch up with the parent, which keeps processing and
+    emitting, but emit nothing for its range. Parent and children hand over through storage only; the parent's
+    runtime stops at a batch boundary by itself once both children are ready, and writes its drain summary. So
+    a range's output is never emitted by parent and child at once, and the children's cold start and catch-up
+    overlap the parent's processing. An invalid split request changes no phase (condition SplitRejected
+    instead). Failed goes back to Pending when the operator retries; Running goes back to Pending when its pod
+    is replaced (a template roll or a deleted pod), and the new pod resumes from the recovery log.
     """
 
     PENDING = "Pending"
@@ -72,11 +73,12 @@ class ShardPhase(StrEnum):
     SPLIT_REQUESTED = "SplitRequested"
     """A valid split request was accepted; the split point is recorded in ``status.split``."""
     DRAINING = "Draining"
-    """The pod was asked to stop at a micro-batch boundary and export a key-group-indexed snapshot."""
+    """The children are catching up; the pod keeps processing until it stops by itself at a micro-batch
+    boundary once both are ready, and writes its drain summary."""
     DRAINED = "Drained"
     """The pod exited after its final checkpoint; ``status.finalCheckpoint`` holds the snapshot manifest."""
     CHILDREN_CREATED = "ChildrenCreated"
-    """The parent's pod is gone; both children (``status.lineage.children``, created at the drain request)
+    """The parent's pod is gone; both children (``status.lineage.children``, created at SplitRequested)
     restore from the final checkpoint and own the halves."""
     SPLIT = "Split"
     """Terminal: the children took over; this shard owns no key groups any more."""
@@ -167,8 +169,8 @@ class RestoreFrom(K8sModel):
         description=(
             "Path (absolute, or an s3:// or s3a:// URI) of the parent's snapshot manifest.json, or of the parent's "
             "drain summary drained.json, which names the manifest: the operator sets the latter and creates the "
-            "child when the parent starts draining, so the child waits warm (standby) and processes nothing "
-            "until the parent has stopped for good."
+            "child when the split is accepted, so the child warms up and catches up (standby) while the parent "
+            "keeps processing, and emits nothing for its range until the parent has stopped for good."
         ),
     )
 

@@ -1,0 +1,364 @@
+"""The runtime's side of a split: a parent keeps processing until its children have caught up.
+
+The operator accepts a split by creating both children (``restoreFrom.manifest`` = the parent's drain summary);
+from then on parent and children talk only through storage (names: :mod:`spark_runtime.protocol`), so no
+signal waits for a kubelet to refresh a volume. The invariant: **for every key group, exactly one shard emits
+output at any moment**. A child may build state while its parent runs; it writes nothing to the sink (results
+or dead letters) for input at or before the parent's final positions.
+
+Catch-up (``HandoverMode.CATCH_UP``, a source that can cap what it admits: the journal)::
+
+      child                                   parent (keeps processing and emitting throughout)
+      ─────                                   ──────
+      warm up (SparkSession, preflight)
+      write handover/request-<child> ───────> sees a catch-up request: exports a snapshot of its latest
+                                              committed batch K while its query runs, writes the manifest,
+      <────────────────────────────────────── then handover/precopy.json
+      catch-up.json: SHADOW, limit = K
+      restore the slice of K (batch 0) and
+      follow the parent: limit = the parent's
+      committed positions (its progress.json);
+      nothing emitted
+      caught up to the limit: ──────────────> every key group has a ready child: final drain at a batch
+      write handover/ready-<child>            boundary (no export); drained.json names batch N, positions F
+      <────────────────────────────────────── and the pre-copy manifest
+      catch-up.json: FINAL, limit = F
+      reached F: catch-up.json LIVE, no limit;
+      every later batch starts at or after F
+      and emits (the child owns its range)
+
+Restore (``HandoverMode.RESTORE``, a source that cannot cap its reads: Kafka): the child warms up (with a
+rehearsal of its restore plan), writes its request and its ready note at once, and waits; once every key group
+has a ready child the parent drains, exporting the state of its final batch, and the children restore it.
+
+Crash safety, by construction: every step is a file written once (atomically) and re-read on restart.
+
+- A parent restarted mid-hand-over resumes from its recovery log, finds the pointer and the notes, and drains
+  when they cover its range (a restarted final drain goes on from its drain marker, see ``shard.py``).
+- A child restarted in SHADOW or FINAL resumes from its own recovery log with its ``catch-up.json``: the same
+  cap, the same emission rule. A batch replayed after a crash starts where it started before, so it emits
+  (or not) as before.
+- Why nothing is emitted twice: while the parent has not drained, a child's batches end at or before the
+  parent's committed positions (the cap) and emit nothing; once the parent drained at ``F`` the cap is ``F``
+  until the child has committed exactly ``F``, so no batch straddles ``F``: a batch emits iff it starts at or
+  after ``F`` (:meth:`spark_runtime.protocol.CatchUpState.emits_from`). A restored child's batch 0 (the seed)
+  never emits. Dead letters follow the same rule in the source.
+- Why nothing is lost: the child's state is the parent's at ``K`` plus every record after ``K`` of its key
+  groups, each processed once in its own recovery log; the parent emitted everything up to ``F``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from spark_runtime.checkpoint import last_committed_batch
+from spark_runtime.protocol import (
+    DRAIN_SUMMARY,
+    CatchUpPhase,
+    CatchUpState,
+    DrainSummary,
+    HandoverMode,
+    HandoverNote,
+    SummaryEvent,
+    at_or_after,
+    covers,
+)
+from spark_runtime.snapshot import RestoreError, utc_now
+from spark_runtime.storage import Loc, location
+
+__all__ = ["ChildHandover", "ParentHandover", "StandbyStopped"]
+
+log = logging.getLogger("taskshard.handover")
+
+POLL_SECONDS = 0.2
+"""How often a waiting child looks for its parent's answer on a filesystem."""
+POLL_SECONDS_S3 = 0.5
+"""The same on S3 (each look is a HEAD request)."""
+PARENT_LOOK_SECONDS_S3 = 1.0
+"""How often a running parent lists its ``handover/`` directory on S3 (on a filesystem: every poll)."""
+STANDBY_LOG_SECONDS = 60.0
+
+
+class StandbyStopped(RuntimeError):
+    """A SIGTERM (or ``request_drain``) arrived while the shard was on standby: nothing was processed."""
+
+
+class ParentHandover:
+    """A shard as a parent: answers catch-up requests with a pre-copy snapshot and asks for its own final drain
+    once every key group has a ready child. ``runner`` is the :class:`spark_runtime.shard.ShardRunner`."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.paths = runner.paths
+        self._looked_at = 0.0
+        self._precopy: dict[str, Any] | None = None
+
+    def notes(self) -> tuple[list[HandoverNote], list[HandoverNote]]:
+        """The children's requests and ready notes."""
+        requests: list[HandoverNote] = []
+        ready: list[HandoverNote] = []
+        directory = self.paths.handover_dir
+        if not directory.exists():
+            return requests, ready
+        for f in directory.iterdir():
+            kind = f.name.split("-", 1)[0]
+            if kind in ("request", "ready") and f.name.endswith(".json"):
+                (requests if kind == "request" else ready).append(HandoverNote.from_json(f.read_json()))
+        return requests, ready
+
+    def tick(self) -> str | None:
+        """One look (throttled on S3): export the pre-copy when a catch-up child asked for one; return why to
+        drain finally once the ready notes cover this shard's range, else None."""
+        now = time.monotonic()
+        if self.runner.storage.is_s3 and now - self._looked_at < PARENT_LOOK_SECONDS_S3:
+            return None
+        self._looked_at = now
+        requests, ready = self.notes()
+        if any(r.mode == HandoverMode.CATCH_UP for r in requests):
+            self.ensure_precopy()
+        cfg = self.runner.config
+        if ready and covers(ready, cfg.key_groups.start, cfg.key_groups.end):
+            names = ", ".join(f"{n.child} ({n.mode})" for n in sorted(ready, key=lambda n: n.start))
+            return f"children ready: {names}"
+        return None
+
+    def catch_up_only(self) -> bool:
+        """Whether every key group's ready child caught up (the final drain then exports nothing)."""
+        _, ready = self.notes()
+        cfg = self.runner.config
+        caught_up = [n for n in ready if n.mode == HandoverMode.CATCH_UP]
+        return bool(caught_up) and covers(caught_up, cfg.key_groups.start, cfg.key_groups.end)
+
+    def precopy(self) -> dict[str, Any] | None:
+        if self._precopy is None and self.paths.precopy.exists():
+            self._precopy = self.paths.precopy.read_json()
+        return self._precopy
+
+    def ensure_precopy(self) -> dict[str, Any]:
+        """The pre-copy pointer, exporting the snapshot of the latest committed batch first (the query keeps
+        running; the State Data Source reads a committed version). Idempotent."""
+        found = self.precopy()
+        if found is not None:
+            return found
+        t0 = time.monotonic()
+        batch_id = last_committed_batch(self.paths.checkpoint)
+        manifest = self.runner.write_snapshot(batch_id)
+        pointer = {
+            "manifest": self.paths.manifest(batch_id).uri(),
+            "batchId": batch_id,
+            "positions": manifest["positions"],
+            "stateRows": manifest["snapshot"].get("rows", 0),
+            "exportSeconds": round(time.monotonic() - t0, 3),
+            "time": utc_now(),
+        }
+        self.paths.handover_dir.mkdir()
+        self.paths.precopy.write_json(pointer)
+        self._precopy = pointer
+        log.info(
+            "shard %s: pre-copy snapshot of batch %d for its catch-up children (%s rows, %.1fs, still processing)",
+            self.runner.config.shard,
+            batch_id,
+            pointer["stateRows"],
+            pointer["exportSeconds"],
+        )
+        return pointer
+
+
+class ChildHandover:
+    """A split child's side (see the module docstring). ``runner`` is its ShardRunner; ``mode`` how it takes over."""
+
+    def __init__(self, runner: Any, mode: HandoverMode) -> None:
+        self.runner = runner
+        self.mode = mode
+        cfg = runner.config
+        assert cfg.restore_from is not None
+        self.parent = cfg.restore_from.parent
+        self.paths = runner.paths
+        self.parent_paths = runner.paths.shard_path(self.parent)
+        self.pointer = location(cfg.restore_from.manifest, runner.s3)
+        self.state: CatchUpState | None = None
+        self._limit_batch: int | None = None
+        """The parent's batch whose positions are the current limit (None: not read from its progress yet)."""
+        self.took_over_at: float | None = None
+
+    @property
+    def catching_up(self) -> bool:
+        return self.state is not None and self.state.phase != CatchUpPhase.LIVE
+
+    # ---------------------------------------------------------------- before the query: which snapshot
+
+    def acquire(self) -> Loc:
+        """The manifest to restore from; on standby until the parent answers (raises :class:`StandbyStopped`
+        on a stop request). Names the manifest itself when ``restoreFrom.manifest`` is not a drain summary."""
+        if self.pointer.name != DRAIN_SUMMARY:
+            return self.pointer
+        if self.paths.catch_up.exists():  # a restart: the same snapshot, the same cap
+            self.state = CatchUpState.from_json(self.paths.catch_up.read_json())
+            log.info("shard %s resumes its catch-up (%s)", self.runner.config.shard, self.state.phase)
+            return location(self.state.manifest, self.runner.s3)
+        if not self.pointer.exists():
+            self._standby()
+        if self.state is not None:
+            return location(self.state.manifest, self.runner.s3)
+        summary = self._drain_summary()
+        if summary.handover == HandoverMode.CATCH_UP:
+            raise RestoreError(
+                f"restoreFrom.manifest: parent {self.parent} handed over to catch-up children at batch "
+                f"{summary.batch_id}, but this shard's catch-up state {self.paths.catch_up.uri()} is missing: its "
+                f"manifest is of batch {summary.snapshot_batch_id}, so restoring it at the final positions would "
+                "lose what came in between (was this shard's storage removed?)",
+                reason="CatchUpStateMissing",
+            )
+        return location(summary.manifest or "", self.runner.s3)
+
+    def _note(self) -> HandoverNote:
+        cfg = self.runner.config
+        return HandoverNote(cfg.shard, cfg.key_groups.start, cfg.key_groups.end, self.mode, utc_now())
+
+    def _standby(self) -> None:
+        runner, cfg = self.runner, self.runner.config
+        t0, began = time.monotonic(), time.time()
+        log.info(
+            "shard %s on standby: parent %s still owns the range; warming up (%s)", cfg.shard, self.parent, self.mode
+        )
+        runner.warm_up(
+            rehearse=self.mode == HandoverMode.RESTORE,
+            should_stop=lambda: runner.stop_requested() or self.pointer.exists(),
+        )
+        warm = time.time()
+        self.parent_paths.handover_dir.mkdir()
+        self.parent_paths.handover_request(cfg.shard).write_json(self._note().to_json())
+        if self.mode == HandoverMode.RESTORE:
+            self.parent_paths.handover_ready(cfg.shard).write_json(self._note().to_json())
+        precopy = self.parent_paths.precopy
+        wait_for = [self.pointer] + ([precopy] if self.mode == HandoverMode.CATCH_UP else [])
+        logged = time.monotonic()
+        while not any(f.exists() for f in wait_for):
+            if runner.stop_requested():
+                raise StandbyStopped(f"stopped on standby ({runner.drain_reason}) before the parent answered")
+            if time.monotonic() - logged >= STANDBY_LOG_SECONDS:
+                logged = time.monotonic()
+                log.info("still on standby for %s (%.0fs)", self.parent, logged - t0)
+            time.sleep(POLL_SECONDS_S3 if self.pointer.is_s3 else POLL_SECONDS)
+        runner.standby_seconds = round(time.monotonic() - t0, 3)
+        if self.mode == HandoverMode.CATCH_UP and not self.pointer.exists():
+            answer = precopy.read_json()
+            self.state = CatchUpState(
+                self.parent, str(answer["manifest"]), CatchUpPhase.SHADOW, limit=dict(answer["positions"])
+            )
+            self._save()
+        log.info("parent %s answered after %.1fs on standby", self.parent, runner.standby_seconds)
+        self.paths.shard_dir.mkdir()
+        self.paths.standby.write_json(
+            {
+                "parent": self.parent,
+                "mode": str(self.mode),
+                "began": round(began, 3),
+                "warm": round(warm, 3),
+                "parentAnswered": round(time.time(), 3),
+                "rehearsalSeconds": runner.rehearsal_seconds,
+                "standbySeconds": runner.standby_seconds,
+            },
+            fsync=False,
+        )
+
+    def _drain_summary(self) -> DrainSummary:
+        data = self.pointer.read_json()
+        event = data.get("event") if isinstance(data, dict) else None
+        if event != SummaryEvent.DRAINED or not data.get("manifest"):
+            raise RestoreError(
+                f"restoreFrom.manifest: {self.pointer.uri()!r} is not a drain summary naming a manifest (got event "
+                f"{event if isinstance(data, dict) else type(data).__name__!r})"
+            )
+        if data.get("shard") not in (None, self.parent):
+            raise RestoreError(
+                f"restoreFrom.manifest: {self.pointer.uri()!r} is the drain summary of shard {data.get('shard')!r}, "
+                f"not of restoreFrom.parent {self.parent!r}"
+            )
+        return DrainSummary.from_json(data)
+
+    # ---------------------------------------------------------------- while the query runs
+
+    def _save(self) -> None:
+        assert self.state is not None
+        self.paths.shard_dir.mkdir()
+        self.paths.catch_up.write_json(self.state.to_json())
+
+    def _own(self, positions: dict[str, Any]) -> dict[str, Any]:
+        return self.runner.source.validate_positions(positions)
+
+    def tick(self) -> None:
+        """Follow the parent (called by the runner's poll loop): raise the cap to the parent's committed
+        positions, say ready once caught up, switch to FINAL when the parent drained and to LIVE at its final
+        positions."""
+        state = self.state
+        if state is None or state.phase == CatchUpPhase.LIVE:
+            return
+        committed = last_committed_batch(self.paths.checkpoint)
+        end = self.runner.positions_at(committed) if committed >= 0 else None
+        if state.phase == CatchUpPhase.SHADOW:
+            if self.pointer.exists():
+                final = self._own(self._drain_summary().positions)
+                state = self.state = CatchUpState(
+                    state.parent, state.manifest, CatchUpPhase.FINAL, limit=final, final=final, ready=state.ready
+                )
+                self._save()
+                log.info(
+                    "shard %s: parent %s drained at %s; catching up to there",
+                    self.runner.config.shard,
+                    self.parent,
+                    final,
+                )
+            else:
+                self._follow(state, end)
+                return
+        if end is not None and state.final is not None and at_or_after(end, state.final):
+            self.state = CatchUpState(state.parent, state.manifest, CatchUpPhase.LIVE, final=state.final, ready=True)
+            self._save()
+            self.took_over_at = time.time()
+            log.info(
+                "shard %s caught up with its parent's final positions at batch %d: it emits from here",
+                self.runner.config.shard,
+                committed,
+            )
+
+    def _follow(self, state: CatchUpState, end: dict[str, Any] | None) -> None:
+        if (
+            not state.ready
+            and end is not None
+            and self._limit_batch is not None
+            and state.limit is not None
+            and at_or_after(end, state.limit)
+        ):
+            self.parent_paths.handover_ready(self.runner.config.shard).write_json(self._note().to_json())
+            state = self.state = CatchUpState(state.parent, state.manifest, state.phase, limit=state.limit, ready=True)
+            self._save()
+            log.info(
+                "shard %s caught up with parent %s (batch %d): ready",
+                self.runner.config.shard,
+                self.parent,
+                self._limit_batch,
+            )
+        progress = self.parent_paths.progress
+        if not progress.exists():
+            return
+        data = progress.read_json()
+        batch = int(data.get("batchId", -1))
+        if self._limit_batch is not None and batch <= self._limit_batch:
+            return
+        limit = self._own(data["positions"])
+        if state.limit is None or limit != state.limit and at_or_after(limit, state.limit):
+            self.state = CatchUpState(state.parent, state.manifest, state.phase, limit=limit, ready=state.ready)
+            self._save()
+        self._limit_batch = batch
+
+    def emits(self, batch_id: int) -> bool:
+        """Whether batch ``batch_id`` of this child writes to the sink (see the module docstring)."""
+        state = self.state
+        if state is None:
+            return True
+        if batch_id == 0 or state.final is None:
+            return False
+        return state.emits_from(self.runner.positions_at(batch_id - 1))

@@ -1,0 +1,262 @@
+"""The split protocol's contract: every name, file and record the operator and the shard runtime share.
+
+Pure: no Spark, no Kubernetes client, no I/O. The runtime (:mod:`spark_runtime.handover`,
+:mod:`spark_runtime.layout`, :mod:`spark_runtime.shard`) and the operator (``taskshard_operator.builders``,
+``taskshard_operator.status``) both import it, so a file name or a summary field is spelled in one place.
+
+Files of a split (under ``<root>/<task>/shards/``; see ``docs/split-protocol.md`` for the sequence)::
+
+    <parent>/handover/request-<child>.json   a child asks to take over its range (HandoverNote, mode)
+    <parent>/handover/precopy.json           the parent's answer to a catch-up request: the manifest of a
+                                             snapshot of its latest committed batch, exported while it runs
+    <parent>/handover/ready-<child>.json     a child has caught up (catch-up) or is warm (restore)
+    <parent>/drained.json                    the parent's final drain summary (DrainSummary): its final
+                                             batch and positions; written after its query stopped for good
+    <child>/catch-up.json                    the child's catch-up state (CatchUpState): what it may read and
+                                             from which positions on it emits
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "CATCH_UP_STATE",
+    "DRAIN_MARKER",
+    "DRAIN_SUMMARY",
+    "HANDOVER_DIR",
+    "PRECOPY_POINTER",
+    "CatchUpPhase",
+    "CatchUpState",
+    "DrainSummary",
+    "HandoverMode",
+    "HandoverNote",
+    "SummaryEvent",
+    "at_or_after",
+    "clamp",
+    "drain_summary_uri",
+    "ready_name",
+    "request_name",
+]
+
+SHARDS_DIR = "shards"
+DRAIN_SUMMARY = "drained.json"
+"""A final drain's summary, in the parent's shard directory."""
+DRAIN_MARKER = "drain-requested"
+HANDOVER_DIR = "handover"
+PRECOPY_POINTER = "precopy.json"
+CATCH_UP_STATE = "catch-up.json"
+
+
+def request_name(child: str) -> str:
+    return f"request-{child}.json"
+
+
+def ready_name(child: str) -> str:
+    return f"ready-{child}.json"
+
+
+def shard_dir_uri(task_root: str, shard: str) -> str:
+    """``<task_root>/shards/<shard>``: a shard's directory given its Task's storage root (a path or a URI)."""
+    return f"{task_root.rstrip('/')}/{SHARDS_DIR}/{shard}"
+
+
+def drain_summary_uri(task_root: str, shard: str) -> str:
+    """Where ``shard`` writes its final drain summary: a split child's ``restoreFrom.manifest``."""
+    return f"{shard_dir_uri(task_root, shard)}/{DRAIN_SUMMARY}"
+
+
+class SummaryEvent(StrEnum):
+    """The ``event`` of the runtime's termination message."""
+
+    DRAINED = "drained"
+    """A final drain: the shard's children own its key groups from here on."""
+    STOPPED = "stopped"
+    """A non-final stop (a SIGTERM alone): the next pod resumes from the recovery log."""
+    FAILED = "failed"
+
+
+class HandoverMode(StrEnum):
+    """How a child takes over (chosen by the child from its source, written in its request)."""
+
+    CATCH_UP = "catch-up"
+    """The child restores a snapshot the parent exported while running, then processes its slice of the
+    input up to the parent's committed positions without emitting; the parent stops once every child has
+    caught up, and the children emit from exactly its final positions (a source that can cap what it
+    admits: the journal)."""
+    RESTORE = "restore"
+    """The child warms up and waits; the parent stops, exports its final state, and the child restores it
+    (a source that cannot cap its reads at given positions: Kafka)."""
+
+
+class CatchUpPhase(StrEnum):
+    SHADOW = "shadow"
+    """Following the parent: reads at most up to the parent's committed positions, emits nothing."""
+    FINAL = "final"
+    """The parent drained: reads up to its final positions, still emits nothing."""
+    LIVE = "live"
+    """Reached the parent's final positions: reads freely and emits; the child owns its range."""
+
+
+@dataclass(frozen=True)
+class HandoverNote:
+    """A child's request or readiness note in its parent's ``handover/`` directory."""
+
+    child: str
+    start: int
+    end: int
+    mode: HandoverMode
+    time: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "child": self.child,
+            "keyGroups": {"start": self.start, "end": self.end},
+            "mode": str(self.mode),
+            "time": self.time,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> HandoverNote:
+        kg = data["keyGroups"]
+        return cls(
+            str(data["child"]),
+            int(kg["start"]),
+            int(kg["end"]),
+            HandoverMode(data["mode"]),
+            str(data.get("time") or ""),
+        )
+
+
+def covers(notes: list[HandoverNote], start: int, end: int) -> bool:
+    """Whether the notes' key-group ranges cover ``[start, end)`` entirely."""
+    at = start
+    for note in sorted(notes, key=lambda n: n.start):
+        if note.start > at:
+            return False
+        at = max(at, note.end)
+    return at >= end
+
+
+@dataclass(frozen=True)
+class CatchUpState:
+    """A catch-up child's state (``catch-up.json`` in its own directory); read by its runner and its source."""
+
+    parent: str
+    manifest: str
+    """The parent's pre-copy snapshot manifest this child restored from."""
+    phase: CatchUpPhase
+    limit: dict[str, Any] | None = None
+    """SHADOW and FINAL: the positions the source may not read past (None in LIVE)."""
+    final: dict[str, Any] | None = None
+    """The parent's final positions (FINAL, LIVE): a batch starting at or after them emits."""
+    ready: bool = False
+    """Whether the ready note was written to the parent."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "phase": str(self.phase)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CatchUpState:
+        return cls(
+            parent=str(data["parent"]),
+            manifest=str(data["manifest"]),
+            phase=CatchUpPhase(data["phase"]),
+            limit=data.get("limit"),
+            final=data.get("final"),
+            ready=bool(data.get("ready")),
+        )
+
+    def emits_from(self, start: Mapping[str, Any]) -> bool:
+        """Whether a batch that starts at ``start`` emits: only once the parent's final positions are known and
+        the batch starts at or after them (the cap keeps every earlier batch at or before them)."""
+        return self.final is not None and at_or_after(start, self.final)
+
+
+def _leaves(positions: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], int]]:
+    for key, value in positions.items():
+        if isinstance(value, Mapping):
+            yield from _leaves(value, (*prefix, str(key)))
+        else:
+            yield (*prefix, str(key)), int(value)
+
+
+def at_or_after(positions: Mapping[str, Any], bound: Mapping[str, Any]) -> bool:
+    """Whether every position named in ``positions`` is at or after the same one in ``bound`` (journal
+    ``{file: offset}`` or Kafka ``{topic: {partition: offset}}``); a name ``bound`` lacks is not compared."""
+    limits = dict(_leaves(bound))
+    return all(value >= limits[name] for name, value in _leaves(positions) if name in limits)
+
+
+def clamp(ends: Mapping[str, int], start: Mapping[str, int], limit: Mapping[str, Any]) -> dict[str, int]:
+    """Flat (journal) end positions capped at ``limit``, never below ``start``."""
+    out = {}
+    for name, end in ends.items():
+        cap = limit.get(name)
+        out[name] = end if cap is None else max(int(start.get(name, 0)), min(int(end), int(cap)))
+    return out
+
+
+@dataclass(frozen=True)
+class DrainSummary:
+    """What the runtime writes to ``drained.json`` and its termination message after a drain or stop."""
+
+    event: SummaryEvent
+    task: str
+    shard: str
+    batch_id: int
+    manifest: str | None
+    positions: dict[str, Any] = field(default_factory=dict)
+    key_groups: dict[str, int] | None = None
+    state_rows: int = 0
+    snapshot_files: int = 0
+    dead_letters: int = 0
+    drain_seconds: float = 0.0
+    time: str | None = None
+    handover: HandoverMode | None = None
+    """How the children take over (None: not a split, or an older runtime)."""
+    snapshot_batch_id: int | None = None
+    """The batch of the snapshot ``manifest`` names (before ``batch_id`` after a catch-up hand-over)."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "event": str(self.event),
+            "task": self.task,
+            "shard": self.shard,
+            "keyGroups": self.key_groups,
+            "batchId": self.batch_id,
+            "manifest": self.manifest,
+            "positions": self.positions,
+            "stateRows": self.state_rows,
+            "snapshotFiles": self.snapshot_files,
+            "deadLetters": self.dead_letters,
+            "drainSeconds": self.drain_seconds,
+            "time": self.time,
+        }
+        if self.handover is not None:
+            out["handover"] = str(self.handover)
+            out["snapshotBatchId"] = self.snapshot_batch_id
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DrainSummary:
+        handover = data.get("handover")
+        return cls(
+            event=SummaryEvent(data["event"]),
+            task=str(data.get("task") or ""),
+            shard=str(data.get("shard") or ""),
+            batch_id=int(data["batchId"]),
+            manifest=data.get("manifest"),
+            positions=dict(data.get("positions") or {}),
+            key_groups=data.get("keyGroups"),
+            state_rows=int(data.get("stateRows") or 0),
+            snapshot_files=int(data.get("snapshotFiles") or 0),
+            dead_letters=int(data.get("deadLetters") or 0),
+            drain_seconds=float(data.get("drainSeconds") or 0.0),
+            time=data.get("time"),
+            handover=HandoverMode(handover) if handover else None,
+            snapshot_batch_id=data.get("snapshotBatchId"),
+        )

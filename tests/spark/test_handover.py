@@ -1,0 +1,159 @@
+"""The catch-up hand-over (spark_runtime.handover): a split's children restore a pre-copy snapshot and catch up
+on their slices while the parent keeps processing and emitting; the parent stops once both are ready, and the
+children emit from exactly its final positions.
+
+Each test runs parent and children as real :class:`ShardRunner` loops (``run()``, in threads) on the shared
+SparkSession, against a real journal, and compares the task's results with a plain-Python count.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from spark_runtime.produce import append_lines, generate_events
+
+from .conftest import TaskEnv, wait_progress
+from .test_split import PROCESSORS, task_with_reference
+from .test_standby import HALVES, PARENT, InThread, release, shard_dir
+
+pytestmark = pytest.mark.spark
+
+BAD = ["{bad json", '{"key": null, "amount": 1}']
+"""Two dead letters per wave (no key: they belong to the null key's key group, so to exactly one shard)."""
+
+
+def caught_up(env: TaskEnv, shard: str, timeout: float = 240.0) -> dict:
+    ends = env.journal_ends()
+    return wait_progress(env, shard, lambda p: p["positions"] == ends, timeout)
+
+
+def checkpoint_positions(env: TaskEnv, shard: str, batch_id: int) -> dict[str, Any]:
+    """The journal end positions of ``batch_id`` in ``shard``'s offset log (the seed's entry skipped)."""
+    lines = (shard_dir(env, shard) / "checkpoint" / "offsets" / str(batch_id)).read_text().splitlines()
+    for line in lines[2:]:
+        entry = json.loads(line) if line.strip() not in ("", "-") else None
+        if isinstance(entry, dict) and all(k.endswith(".jsonl") for k in entry):
+            return entry
+    raise AssertionError(f"no journal offsets in batch {batch_id} of {shard}: {lines}")
+
+
+def committed(env: TaskEnv, shard: str) -> list[int]:
+    return sorted(int(f.name) for f in (shard_dir(env, shard) / "checkpoint" / "commits").iterdir() if f.name.isdigit())
+
+
+def emitted(env: TaskEnv, shard: str) -> list[int]:
+    """The batches of ``shard`` that wrote results (published or pending)."""
+    root = env.sink / f"shard={shard}"
+    return sorted(int(f.name.split("-")[1].split(".")[0]) for f in root.glob("**/batch-*.*"))
+
+
+@pytest.mark.parametrize("kind", sorted(PROCESSORS))
+def test_children_catch_up_while_the_parent_runs_then_take_over_exactly(kind, make_task, shard_spark):
+    from spark_runtime.shard import ShardRunner
+
+    env, ref, produce = task_with_reference(make_task, kind)
+    events = list(generate_events(1200, 48, seed=21))
+    produce(events[:400])
+    append_lines(env.journal, 0, BAD)
+    parent = ShardRunner(env.config(0, 16), shard_spark)
+    restore = {"parent": PARENT, "manifest": str(shard_dir(env, PARENT) / "drained.json")}
+    children = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in HALVES]
+    threads = [InThread(parent.run, "run parent")] + [InThread(c.run, f"run {c.config.shard}") for c in children]
+    try:
+        threads[0].start()
+        caught_up(env, PARENT)
+        for t in threads[1:]:
+            t.start()
+        # Input keeps arriving during the hand-over; the parent processes it (and emits) until it stops.
+        sent = 400
+        while threads[0].is_alive() and sent < 1000:
+            produce(events[sent : sent + 25])
+            sent += 25
+            target = env.journal_ends()
+            wait_progress(env, PARENT, lambda p, t=target: p["positions"] == t or parent.already_drained, timeout=120)
+        summary = threads[0].finish(240)
+        append_lines(env.journal, 1, BAD)
+        produce(events[sent:])
+        for c in children:
+            caught_up(env, c.config.shard)
+        assert env.results() == ref.results, "no event lost, none counted twice"
+
+        # The parent handed over without a final export, after committing batches past its pre-copy.
+        precopy = json.loads((shard_dir(env, PARENT) / "handover" / "precopy.json").read_text())
+        assert summary["event"] == "drained" and summary["handover"] == "catch-up"
+        assert summary["snapshotBatchId"] == precopy["batchId"] < summary["batchId"], "the parent kept committing"
+        final = summary["positions"]
+        assert final == checkpoint_positions(env, PARENT, summary["batchId"])
+        assert max(emitted(env, PARENT)) <= summary["batchId"]
+        for child in children:
+            shard = child.config.shard
+            state = json.loads((shard_dir(env, shard) / "catch-up.json").read_text())
+            assert state["phase"] == "live" and state["final"] == final and state["ready"]
+            out = emitted(env, shard)
+            shadow = [b for b in committed(env, shard) if b not in out]
+            assert 0 in shadow and out, f"{shard}: the restore batch emits nothing, later batches do"
+            # One hand-over per key group: the parent emitted up to F, the child from F, never both.
+            assert all(_le(env, shard, b, final) for b in shadow), f"{shard} caught up no further than F"
+            assert checkpoint_positions(env, shard, out[0] - 1) == final, f"{shard} emits from exactly F"
+            assert max(shadow) < out[0]
+    finally:
+        release(children, threads[1:])
+        parent.stop()
+    summaries = [summary] + [c.drain() for c in children]
+    assert sum(s["deadLetters"] for s in summaries) == 2 * len(BAD), "each dead letter counted by one shard"
+    assert env.results() == ref.results
+
+
+def _le(env: TaskEnv, shard: str, batch_id: int, bound: dict[str, int]) -> bool:
+    """Whether batch ``batch_id`` of ``shard`` ended at or before ``bound`` in every partition."""
+    return all(v <= bound[k] for k, v in checkpoint_positions(env, shard, batch_id).items())
+
+
+def test_a_child_killed_while_catching_up_resumes_its_catch_up(make_task, shard_spark):
+    """A child whose runner dies mid-catch-up (its query stopped, as a SIGKILL leaves it) restarts from its own
+    recovery log with the same ``catch-up.json``: it emits nothing it caught up on, and the results are exact."""
+    from spark_runtime.shard import ShardRunner
+
+    env, ref, produce = task_with_reference(make_task, "builtin-count")
+    events = list(generate_events(900, 40, seed=5))
+    produce(events[:300])
+    parent = ShardRunner(env.config(0, 16), shard_spark)
+    restore = {"parent": PARENT, "manifest": str(shard_dir(env, PARENT) / "drained.json")}
+    low = ShardRunner(env.config(*HALVES[0], restore), shard_spark)
+    threads = [InThread(parent.run, "run parent"), InThread(low.run, "run low")]
+    restarted: list[Any] = []
+    try:
+        threads[0].start()
+        caught_up(env, PARENT)
+        threads[1].start()
+        low_dir = shard_dir(env, low.config.shard)
+        wait_progress(env, low.config.shard, lambda p: p["batchId"] >= 0, timeout=240)
+        # "Kill" the low child mid-catch-up: stop its query and loop without any drain step.
+        low.stop()
+        low.request_drain("test: simulated kill", final=False)
+        threads[1].join(120)
+        state = json.loads((low_dir / "catch-up.json").read_text())
+        assert state["phase"] == "shadow", "killed while catching up"
+        produce(events[300:600])  # the parent processes on; nobody else owns [0, 8) yet
+        again = ShardRunner(env.config(*HALVES[0], restore), shard_spark)
+        high = ShardRunner(env.config(*HALVES[1], restore), shard_spark)
+        restarted += [again, high]
+        threads += [InThread(again.run, "rerun low"), InThread(high.run, "run high")]
+        for t in threads[2:]:
+            t.start()
+        summary = threads[0].finish(300)
+        produce(events[600:])
+        for c in restarted:
+            caught_up(env, c.config.shard)
+        assert summary["handover"] == "catch-up"
+        assert env.results() == ref.results, "no event lost, none counted twice"
+        assert again.as_child is not None and again.as_child.state is not None
+        assert again.as_child.state.phase == "live"
+        out = emitted(env, again.config.shard)
+        assert out and checkpoint_positions(env, again.config.shard, out[0] - 1) == summary["positions"]
+    finally:
+        release([low, *restarted], threads[1:])
+        parent.stop()
