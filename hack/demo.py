@@ -7,8 +7,12 @@ Steps, each printed as it happens:
    namespace).
 3. A Task counting events per key over 128 key groups, one initial shard, reading a 2-partition journal in
    ``<run dir>/data`` (mounted into the shard pods as ``/data`` through a hostPath volume).
-4. A producer appends events all along. The shard is split at its midpoint, then its left child is split again:
-   the same edit a user makes with ``kubectl edit taskshard NAME`` (``spec.split.requested: true``).
+4. A producer appends events all along. Once the shard holds state (a few committed batches) it is split at its
+   midpoint, then its left child is split again the same way: the edit a user makes with
+   ``kubectl edit taskshard NAME`` (``spec.split.requested: true``). The parent keeps processing while its
+   children catch up; a split is done when both children are Ready, i.e. emitting. For each split the demo
+   prints how long the split range went without output (the processing gap: the parent's last commit to the
+   later child's first emitting commit) and how many batches the parent committed meanwhile.
 5. The producer stops; once the shards have caught up, every key's count is compared with a plain-Python count
    of the journal: nothing lost, nothing counted twice. Shard tables before and after are printed.
 
@@ -177,19 +181,77 @@ class Demo:
             self.produced += len(events)
             self._stop_producer.wait(0.5)
 
+    def shard_dir(self, shard: str) -> Path:
+        return self.data / "state" / TASK / "shards" / shard
+
+    def committed(self, shard: str) -> dict[int, float]:
+        """Committed batch ids of ``shard`` and when each was committed (the commit log's mtimes)."""
+        commits = self.shard_dir(shard) / "checkpoint" / "commits"
+        return (
+            {int(f.name): f.stat().st_mtime for f in commits.glob("*") if f.name.isdigit()} if commits.is_dir() else {}
+        )
+
+    def wait_for_state(self, shard: str, batches: int = 3) -> None:
+        """Wait until ``shard`` has committed ``batches`` batches: a split then hands over real state."""
+        deadline = time.monotonic() + PHASE_TIMEOUT
+        while len(self.committed(shard)) < batches:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{shard} did not commit {batches} batches in {PHASE_TIMEOUT}s")
+            self._check_operator()
+            time.sleep(0.5)
+
+    def ready(self, shard: str) -> bool:
+        conditions = ((self.shards().get(shard) or {}).get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def first_emitting_commit(self, shard: str) -> float | None:
+        """When ``shard`` committed the first batch that wrote results (a catching-up child's earlier batches
+        write nothing)."""
+        out = self.data / "output" / TASK / f"shard={shard}"
+        ids = sorted(int(f.name.split("-")[1].split(".")[0]) for f in out.glob("**/batch-*.jsonl"))
+        return self.committed(shard).get(ids[0]) if ids else None
+
     def split(self, shard: str) -> tuple[str, str]:
+        self.wait_for_state(shard)
         spec = self.shards()[shard]["spec"]["keyGroups"]
         mid = spec["start"] + (spec["end"] - spec["start"]) // 2
+        held = len(self.committed(shard))
         say(
-            f"splitting {shard} [{spec['start']}, {spec['end']}) at its midpoint {mid} "
-            f"(kubectl edit taskshard {shard}: spec.split.requested: true); {self.produced} events so far"
+            f"splitting {shard} [{spec['start']}, {spec['end']}) at its midpoint {mid} after {held} committed "
+            f"batches (kubectl edit taskshard {shard}: spec.split.requested: true); {self.produced} events so far"
         )
+        requested = time.time()
         self.kubectl("patch", "taskshard", shard, "--type", "merge", "-p", '{"spec":{"split":{"requested":true}}}')
         left, right = f"{TASK}-{spec['start']}-{mid}", f"{TASK}-{mid}-{spec['end']}"
         started = time.monotonic()
         self.wait_phases({shard: "Split", left: "Running", right: "Running"})
-        print(f"    split done in {time.monotonic() - started:.0f}s: {left} and {right} are Running", flush=True)
+        deadline = time.monotonic() + PHASE_TIMEOUT
+        while not (self.ready(left) and self.ready(right)):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{left} and {right} did not become Ready (emitting) in {PHASE_TIMEOUT}s")
+            time.sleep(0.5)
+        print(
+            f"    split done in {time.monotonic() - started:.0f}s: {left} and {right} are Ready (emitting)", flush=True
+        )
+        self.report_gap(shard, (left, right), requested)
         return left, right
+
+    def report_gap(self, parent: str, children: tuple[str, str], requested: float) -> None:
+        summary = json.loads((self.shard_dir(parent) / "drained.json").read_text())
+        parent_commits = self.committed(parent)
+        last = parent_commits.get(summary["batchId"])
+        firsts = [self.first_emitting_commit(c) for c in children]
+        during = sum(1 for t in parent_commits.values() if requested <= t <= (last or requested))
+        if last is None or None in firsts:
+            print(f"    processing gap: not measurable (commit times missing: {last}, {firsts})", flush=True)
+            return
+        gap = max(firsts) - last  # type: ignore[type-var]
+        print(
+            f"    the parent committed {during} batches while its children caught up ({summary.get('handover')} "
+            f"hand-over at batch {summary['batchId']}); the split range went {gap:.1f}s without output "
+            "(parent's last commit -> the later child's first emitting commit)",
+            flush=True,
+        )
 
     def reference(self) -> dict[str, int]:
         counts: Counter[str] = Counter()

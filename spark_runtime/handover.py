@@ -50,6 +50,7 @@ Crash safety, by construction: every step is a file written once (atomically) an
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -79,6 +80,8 @@ POLL_SECONDS_S3 = 0.5
 PARENT_LOOK_SECONDS_S3 = 1.0
 """How often a running parent lists its ``handover/`` directory on S3 (on a filesystem: every poll)."""
 STANDBY_LOG_SECONDS = 60.0
+LIMITS_KEPT = 16
+"""How many of the parent's recent positions a catching-up child remembers for its ready check."""
 
 
 class StandbyStopped(RuntimeError):
@@ -94,6 +97,7 @@ class ParentHandover:
         self.paths = runner.paths
         self._looked_at = 0.0
         self._precopy: dict[str, Any] | None = None
+        self._exporting: threading.Thread | None = None
 
     def notes(self) -> tuple[list[HandoverNote], list[HandoverNote]]:
         """The children's requests and ready notes."""
@@ -114,10 +118,13 @@ class ParentHandover:
         now = time.monotonic()
         if self.runner.storage.is_s3 and now - self._looked_at < PARENT_LOOK_SECONDS_S3:
             return None
+        child = self.runner.as_child
+        if child is not None and child.catching_up:
+            return None  # its own parent still emits its range: it cannot hand that range on yet
         self._looked_at = now
         requests, ready = self.notes()
         if any(r.mode == HandoverMode.CATCH_UP for r in requests):
-            self.ensure_precopy()
+            self._start_precopy()
         cfg = self.runner.config
         if ready and covers(ready, cfg.key_groups.start, cfg.key_groups.end):
             names = ", ".join(f"{n.child} ({n.mode})" for n in sorted(ready, key=lambda n: n.start))
@@ -135,6 +142,24 @@ class ParentHandover:
         if self._precopy is None and self.paths.precopy.exists():
             self._precopy = self.paths.precopy.read_json()
         return self._precopy
+
+    def _start_precopy(self) -> None:
+        """Export the pre-copy in a thread: the poll loop goes on (progress for the children, the ready check)."""
+        if self.precopy() is not None or (self._exporting is not None and self._exporting.is_alive()):
+            return
+        self._exporting = threading.Thread(target=self._precopy_or_log, name="taskshard-precopy", daemon=True)
+        self._exporting.start()
+
+    def _precopy_or_log(self) -> None:
+        try:
+            self.ensure_precopy()
+        except Exception:  # retried at the next look; the children wait on standby meanwhile
+            log.exception("shard %s: the pre-copy export failed; retrying", self.runner.config.shard)
+
+    def wait_export(self) -> None:
+        """Let a pre-copy export in progress finish (a drain must not export the same batch at the same time)."""
+        if self._exporting is not None:
+            self._exporting.join()
 
     def ensure_precopy(self) -> dict[str, Any]:
         """The pre-copy pointer, exporting the snapshot of the latest committed batch first (the query keeps
@@ -181,6 +206,8 @@ class ChildHandover:
         self.state: CatchUpState | None = None
         self._limit_batch: int | None = None
         """The parent's batch whose positions are the current limit (None: not read from its progress yet)."""
+        self._limits_given: list[dict[str, Any]] = []
+        """The last limits read from the parent's progress (this process), newest last."""
         self.took_over_at: float | None = None
 
     @property
@@ -325,22 +352,15 @@ class ChildHandover:
             )
 
     def _follow(self, state: CatchUpState, end: dict[str, Any] | None) -> None:
-        if (
-            not state.ready
-            and end is not None
-            and self._limit_batch is not None
-            and state.limit is not None
-            and at_or_after(end, state.limit)
-        ):
+        """Raise the limit to the parent's latest committed positions; say ready once a batch of this child ended
+        exactly at a limit it was given from the parent's progress (that batch took everything the parent had
+        committed when it was planned: the child keeps pace, at most one of its batches behind). Comparing with
+        the *current* limit instead would depend on luck whenever the parent commits faster than the child."""
+        if not state.ready and end is not None and any(end == own for own in self._limits_given):
             self.parent_paths.handover_ready(self.runner.config.shard).write_json(self._note().to_json())
             state = self.state = CatchUpState(state.parent, state.manifest, state.phase, limit=state.limit, ready=True)
             self._save()
-            log.info(
-                "shard %s caught up with parent %s (batch %d): ready",
-                self.runner.config.shard,
-                self.parent,
-                self._limit_batch,
-            )
+            log.info("shard %s caught up with parent %s: ready", self.runner.config.shard, self.parent)
         progress = self.parent_paths.progress
         if not progress.exists():
             return
@@ -353,6 +373,7 @@ class ChildHandover:
             self.state = CatchUpState(state.parent, state.manifest, state.phase, limit=limit, ready=state.ready)
             self._save()
         self._limit_batch = batch
+        self._limits_given = [*self._limits_given[-(LIMITS_KEPT - 1) :], limit]
 
     def emits(self, batch_id: int) -> bool:
         """Whether batch ``batch_id`` of this child writes to the sink (see the module docstring)."""

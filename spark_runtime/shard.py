@@ -435,7 +435,7 @@ class ShardRunner:
             self.source.kind,
             f"resumed after batch {self.last_committed}"
             if resumed
-            else (f"restored from {cfg.restore_from.manifest}" if cfg.restore_from else "fresh"),
+            else (f"restored from {self.restore_manifest_uri}" if cfg.restore_from else "fresh"),
         )
 
     def _guard_while_idle(self) -> None:
@@ -700,6 +700,7 @@ class ShardRunner:
         self.paths.drain_marker.write_text(f"{kind} {utc_now()}\n")
         # Steps 2-3: the micro-batch boundary, then stop.
         self._stop_at_boundary()
+        self.as_parent.wait_export()
         # Step 4: the last committed batch and its positions (concrete: a child resumes exactly there).
         batch_id = last_committed_batch(self.paths.checkpoint)
         if isinstance(self.sink, DirectorySinkWriter):  # publish batches <= N; drop an interrupted batch's file
@@ -707,6 +708,8 @@ class ShardRunner:
         positions = self.positions_at(batch_id)
         self.source.validate_positions(positions)
         # Steps 5-6: the snapshot and its manifest, unless every child caught up (it has the state already).
+        if self.dead_letters is not None:
+            self.dead_letters.refresh()
         caught_up = final and self.as_parent.catch_up_only()
         if caught_up:
             precopy = self.as_parent.ensure_precopy()
@@ -715,8 +718,6 @@ class ShardRunner:
         else:
             manifest = self.write_snapshot(batch_id)
             manifest_uri, snapshot_batch = self.paths.manifest(batch_id).uri(), batch_id
-        if self.dead_letters is not None:
-            self.dead_letters.refresh()
         # Step 7: the summary.
         cfg = self.config
         summary = DrainSummary(
@@ -784,8 +785,6 @@ class ShardRunner:
         self._export(batch_id, self.paths.snapshot_dir(batch_id), state_dir)
         positions = self.positions_at(batch_id)
         self.source.validate_positions(positions)
-        if self.dead_letters is not None:
-            self.dead_letters.refresh()
         cfg = self.config
         manifest = {
             "version": MANIFEST_VERSION,

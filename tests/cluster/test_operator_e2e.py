@@ -49,9 +49,9 @@ PARENT_OWNS_RANGE = {"SplitRequested", "Draining", "Drained"}
 class OverlapWatcher(threading.Thread):
     """Polls the shard pods; records any instant at which two running pods own overlapping key groups.
 
-    A split child's pod runs on standby while its parent drains (it processes nothing until the parent's drain
-    summary exists; :func:`assert_children_started_after_parent_drained` checks that from the files), so a
-    child whose parent's phase still owns the range is not counted."""
+    A split child's pod runs while its parent still owns the range (it catches up but emits nothing until the
+    parent's drain summary exists; :func:`assert_single_hand_over` checks that from the files), so a child whose
+    parent's phase still owns the range is not counted."""
 
     def __init__(self, kubectl) -> None:
         super().__init__(daemon=True)
@@ -89,18 +89,28 @@ class OverlapWatcher(threading.Thread):
         self.join(timeout=10)
 
 
-def assert_children_started_after_parent_drained(data, task: str, parent: str, children) -> None:
-    """From the runtime's files: each child planned its first batch only after the parent wrote its drain
-    summary (the parent's query had stopped for good), and the parent committed nothing after it."""
+def assert_single_hand_over(data, task: str, parent: str, children) -> None:
+    """From the runtime's files: the parent committed nothing after its drain summary, and each child emitted
+    nothing before it: its first batch that wrote results was planned after the summary and starts exactly at
+    the parent's final positions (a catching-up child's earlier batches wrote nothing). Call it once input
+    arrived after the split (a child emits only batches with input)."""
     shards = data / "state" / task / "shards"
-    drained = (shards / parent / "drained.json").stat().st_mtime_ns
+    summary_path = shards / parent / "drained.json"
+    drained = summary_path.stat().st_mtime_ns
+    summary = json.loads(summary_path.read_text())
     commits = [f.stat().st_mtime_ns for f in (shards / parent / "checkpoint" / "commits").iterdir()]
     assert max(commits, default=0) <= drained
     for child in children:
-        planned = shards / child / "checkpoint" / "offsets" / "0"
-        wait_for(planned.exists, START, f"{child} planned its first batch")
-        first = planned.stat().st_mtime_ns
-        assert first >= drained, f"{child} planned batch 0 {(drained - first) / 1e9:.3f}s before {parent} drained"
+        out = data / "output" / task / f"shard={child}"
+        wait_for(lambda o=out: any(o.glob("**/batch-*.jsonl")), START, f"{child} emitted its first batch")
+        first = min(int(f.name.split("-")[1].split(".")[0]) for f in out.glob("**/batch-*.jsonl"))
+        planned = shards / child / "checkpoint" / "offsets" / str(first)
+        assert planned.stat().st_mtime_ns >= drained, f"{child} emitted batch {first} planned before {parent} drained"
+        if first > 0:  # a catching-up child: its first emitting batch starts at the parent's final positions
+            lines = (shards / child / "checkpoint" / "offsets" / str(first - 1)).read_text().splitlines()
+            starts = [json.loads(x) for x in lines[2:] if x.strip().startswith("{")]
+            journal = [p for p in starts if all(k.endswith(".jsonl") for k in p)]
+            assert journal and journal[0] == {k: summary["positions"][k] for k in journal[0]}, (child, journal)
 
 
 def assert_operator_metrics(op, *, running: int, completed: int) -> None:
@@ -165,13 +175,13 @@ def test_demo_splits_pod_kill_bad_requests_suspend_resume(kubectl, operator_proc
         # Split 1 at the midpoint.
         split(kubectl, "demo-0-16")
         wait_phases(kubectl, {"demo-0-16": "Split", "demo-0-8": "Running", "demo-8-16": "Running"}, START, op)
-        assert_children_started_after_parent_drained(data, "demo", "demo-0-16", ("demo-0-8", "demo-8-16"))
         parent = status(kubectl, "taskshard", "demo-0-16")
         assert parent["lineage"]["children"] == ["demo-0-8", "demo-8-16"]
         assert parent["finalCheckpoint"]["manifest"].endswith("manifest.json")
         assert "demo-0-16-driver" not in running_pods(kubectl)
         write_events(data, "demo", start=600, count=200)
         wait_results(data, "demo", START)
+        assert_single_hand_over(data, "demo", "demo-0-16", ("demo-0-8", "demo-8-16"))
         assert_operator_metrics(op, running=2, completed=1)
 
         # Split 2 at an explicit point: three active shards.
@@ -290,12 +300,12 @@ def test_operator_killed_mid_split_at_each_step(kubectl, operator_process, tmp_p
             assert shard_phases(kubectl)[parent] == step
             op.start()
             wait_phases(kubectl, {parent: "Split", **dict.fromkeys(children, "Running")}, START, op)
-            assert_children_started_after_parent_drained(data, "crash", parent, children)
             expected_shards |= set(children)
             assert set(shard_phases(kubectl)) == expected_shards  # no duplicate or stray children
             write_events(data, "crash", start=produced, count=100)
             produced += 100
             wait_results(data, "crash", START)
+            assert_single_hand_over(data, "crash", parent, children)
         assert sum(expected_counts(data, "crash").values()) == produced
         assert actual_counts(data, "crash") == expected_counts(data, "crash")
     finally:
