@@ -1,21 +1,23 @@
 """Run every TaskShard benchmark and write ``docs/benchmarks.md`` (tables, plots, commands, machine, load).
 
-    .venv/bin/python bench/run_all.py            # full parameters (about 20-30 minutes on 2 cores)
-    .venv/bin/python bench/run_all.py --quick    # smaller inputs, fewer repeats (about 10-15 minutes)
+    .venv/bin/python bench/run_all.py            # full parameters (about an hour on 2 cores; splits take longest)
+    .venv/bin/python bench/run_all.py --quick    # smaller inputs, fewer repeats (about 30 minutes)
     .venv/bin/python bench/run_all.py --only split,restore      # re-run some; the others' last results are kept
     .venv/bin/python bench/run_all.py --docs-only                # rebuild the page from the last results
 
 The benchmarks (issue 8), each a script that prints its table and writes JSON + PNG into ``--out``:
 
 1. ``throughput``: ``bench/shard_throughput.py`` (per-shard throughput vs Spark's ``groupBy(key).count()``);
-2. ``split``: ``bench/split_latency.py`` (split request -> both children's first batch, per phase);
+2. ``split``: ``bench/split_latency.py`` (the catch-up hand-over: processing gap, and split request -> both
+   children emit, per phase; next to the previous protocol's numbers);
 3. ``restore``: ``bench/restore_cost.py`` (restoring half of a 1M-key state vs all of it);
 4. ``scaling``: ``bench/scaling.py`` (1, 2, 4, 8 shards, reading everything and partition-nested: throughput,
    read amplification, CPU per event, a model of shards on their own cores);
 5. ``operator``: ``bench/operator_scale.py`` (500 TaskShards: time, peak memory, slowest handler call);
 6. ``kafka``: ``bench/kafka_read_amplification.py`` (a real Kafka topic read by 1, 2, 4 and 8 shards, both modes);
 7. ``split-chain``: ``bench/split_latency.py --mode chain`` (splits next to other running shards; informational);
-8. ``child-cpu``: ``bench/child_cpu.py`` (a fresh split child's CPU by JVM thread and Python process; informational).
+8. ``child-cpu``: ``bench/child_cpu.py`` (a fresh split child's CPU by JVM thread and Python process; informational);
+9. ``split-1m``: ``bench/split_latency.py --keys 1000000`` (the same split with 1,000,000 keys of state).
 
 They run one after another (never two at once: they would measure each other), each in its own process, with
 the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
@@ -42,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DEFAULT_OUT, REPO, LoadSampler, load_text, machine, md_table, say  # noqa: E402
 
 PY = ".venv/bin/python"
+SPLIT_1M = ["--keys", "1000000", "--prefill", "3000000", "--steady-timeout", "1800", "--split-timeout", "1800"]
 
 BENCHMARKS: dict[str, dict[str, Any]] = {
     "throughput": {
@@ -107,6 +110,16 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         "result": "child_cpu",
         "full": ["--keys", "50000", "--repeat", "2"],
         "quick": ["--keys", "50000", "--repeat", "1"],
+    },
+    "split-1m": {
+        "number": 9,
+        "title": "Split latency with 1,000,000 keys of state",
+        "script": "bench/split_latency.py",
+        "result": "split_latency_1m",
+        # The first batch of each Task holds the whole pre-fill (every key once, then random ones): the wait for
+        # the parent to get steady and the hand-over itself get more time than with 50,000 keys.
+        "full": SPLIT_1M + ["--splits", "2"],
+        "quick": SPLIT_1M + ["--splits", "1"],
     },
 }
 
@@ -211,61 +224,128 @@ def findings(key: str, data: dict[str, Any]) -> list[str]:
         return []
 
 
-def _findings(key: str, data: dict[str, Any]) -> list[str]:
-    raw = data.get("raw") or {}
+def _split_findings(data: dict[str, Any]) -> list[str]:
+    """Sections 2, 7 and 9 (``bench/split_latency.py``: the catch-up hand-over)."""
+    raw = data["raw"]
+    results = raw["results"]
     out = []
-    if key in ("split", "split-chain"):
-        results = raw["results"]
-        total = _median([r["total"] for r in results])
-        groups = {g: _median([r["groups"][g] for r in results]) for g in results[0]["groups"]}
-        seg = {k: _median([r["segments"][k] or 0 for r in results]) for k in results[0]["segments"]}
-        top = max(groups, key=groups.get)
-        verdict = ("met" if total <= 20 else "missed") if key == "split" else "reported, no target"
+
+    def med(values: list[Any]) -> float | None:
+        present = [v for v in values if v is not None]
+        return _median(present) if present else None
+
+    def verdict(i: int) -> str:
+        goals = data.get("targets") or []
+        if i >= len(goals) or goals[i].get("target") == "reported":
+            return "reported, no target"
+        return f"target {goals[i]['target']}: {'met' if goals[i].get('met') else 'missed'}"
+
+    gap = med([r["processingGap"] for r in results])
+    total = _median([r["total"] for r in results])
+    gap_text = f"{gap:.1f} s" if gap is not None else "not measured"
+    out.append(
+        f"Median processing gap {gap_text} ({verdict(0)}): from the parent's last committed batch to the later "
+        "child's first emitting batch, while no shard produced output for the split range. Median "
+        f"{total:.1f} s from the split request until both children emit ({verdict(1)})."
+    )
+    h = [r["handover"] for r in results]
+    commits = med([x["commitsInWindow"] for x in h])
+    window = med([x["windowSeconds"] for x in h])
+    longest = med([x["longestCommitGap"] for x in h])
+    cadence = med([x["commitIntervalBefore"] for x in h])
+    if commits is not None and window is not None:
+        text = (
+            f"The parent kept processing during the hand-over: a median {commits:.0f} batches committed in the "
+            f"{window:.1f} s from the request to its drained.json"
+        )
+        if longest is not None:
+            text += f", the longest pause between two of its commits {longest:.1f} s"
+        if cadence is not None:
+            text += f" (one commit every {cadence:.1f} s before the request)"
+        out.append(text + ".")
+    groups = {g: _median([r["groups"][g] for r in results]) for g in results[0]["groups"]}
+    ordered = sorted(groups.items(), key=lambda kv: -kv[1])
+    out.append(
+        "On the critical path (the child that emitted last), by group: "
+        + ", ".join(f"{g} {v:.1f} s ({v / total:.0%})" for g, v in ordered if v)
+        + ". Everything up to 'parent stop' overlaps with the parent's processing; only the end of 'parent stop' "
+        "and 'take-over' fall inside the processing gap."
+    )
+    slow = [max(r["childTimes"].values(), key=lambda c: c.get("ready") or 0) for r in results]
+    shadow = [med([c.get(k) for c in slow]) for k in ("shadowBatches", "shadowInterval", "parentIntervalInShadow")]
+    if all(v is not None for v in shadow):
         out.append(
-            f"Median {total:.1f} s from the request to both children's first batch (target 20 s: {verdict}). "
-            f"The largest group is {top} ({groups[top]:.1f} s, {groups[top] / total:.0%} of the total)."
+            f"Catch-up: the child that got ready last followed the parent for a median {shadow[0]:.0f} batches (one "
+            f"every {shadow[1]:.1f} s, the parent one every {shadow[2]:.1f} s meanwhile) before one of its batches "
+            "ended at the parent's latest committed positions as it had read them, which is when it writes its "
+            "ready note."
         )
+    parts = {k: med([x["gapParts"][k] for x in h]) for k in ("lastCommitToDrained", "drainedToLive", "liveToEmit")}
+    if all(v is not None for v in parts.values()):
         out.append(
-            f"The children warm up on standby while the parent drains; after the parent's drain summary, the child "
-            f"takes {seg['handoff']:.1f} s to pick it up (longer when its warm-up had not finished), "
-            f"{seg['query']:.1f} s to start its query on the warm JVM and {seg['batch0']:.1f} s for batch 0 (its "
-            "seed slice plus the events that arrived meanwhile)."
+            f"The gap, piece by piece (medians): the parent's last commit -> its drained.json "
+            f"{parts['lastCommitToDrained']:.1f} s, drained.json -> the later child reached the final positions "
+            f"{parts['drainedToLive']:.1f} s, -> its first emitting batch committed {parts['liveToEmit']:.1f} s."
         )
-        by_split = ", ".join(
-            f"split {i + 1}: {r['total']:.1f} s ({r.get('otherShards', i)} other shards running)"
-            for i, r in enumerate(results)
-        )
-        out.append(f"By split: {by_split}.")
-        steal = [r.get("stealPercent") for r in results if r.get("stealPercent") is not None]
-        if steal:
-            out.append(
-                f"CPU steal by the hypervisor during the splits: {', '.join(f'{s:.0f}%' for s in steal)} of this VM's "
-                "CPU time went to other guests (/proc/stat), which stretches every segment."
+    previous = raw.get("previous")
+    if previous:
+        busy = med([r["cpu"]["machine"]["busy"] for r in results if r.get("cpu")])
+        out.append(
+            f"Before and after: under the {previous['label']}, the processing gap was {previous['gap']:.1f} s, the "
+            f"request -> both children's first batch {previous['total']:.1f} s, and a split cost "
+            f"{previous['busy']:.0f} machine-busy CPU seconds; with the catch-up hand-over (this run, medians) "
+            f"{gap_text}, {total:.1f} s"
+            + (f" and {busy:.0f} CPU seconds" if busy is not None else "")
+            + (
+                f" (mean load average during the runs: {previous['load']:.1f} then, "
+                f"{data['load']['during']['mean']:.1f} now)."
+                if previous.get("load") is not None and data.get("load")
+                else "."
             )
-        cpu = [r["cpu"] for r in results if r.get("cpu")]
-        if cpu:
-            busy = _median([c["machine"]["busy"] for c in cpu])
-            idle = _median([c["machine"]["idle"] for c in cpu])
-            per_child = [
+        )
+    by_split = ", ".join(
+        f"split {i + 1}: gap "
+        + (f"{r['processingGap']:.1f} s" if r.get("processingGap") is not None else "-")
+        + f", total {r['total']:.1f} s ({r.get('otherShards', i)} other shards running)"
+        for i, r in enumerate(results)
+    )
+    out.append(f"By split: {by_split}.")
+    steal = [r.get("stealPercent") for r in results if r.get("stealPercent") is not None]
+    if steal:
+        out.append(
+            f"CPU steal by the hypervisor during the splits: {', '.join(f'{s:.0f}%' for s in steal)} of this VM's "
+            "CPU time went to other guests (/proc/stat), which stretches every segment."
+        )
+    cpu = [r["cpu"] for r in results if r.get("cpu")]
+    if cpu:
+        busy = _median([c["machine"]["busy"] for c in cpu])
+        idle = _median([c["machine"]["idle"] for c in cpu])
+        parent = _median([c["groups"].get("parent JVM", 0.0) + c["groups"].get("parent Python", 0.0) for c in cpu])
+        child = _median(
+            [
                 c["groups"].get(f"child {n} JVM", 0.0) + c["groups"].get(f"child {n} Python", 0.0)
                 for c in cpu
                 for n in (1, 2)
             ]
-            child = _median(per_child)
-            cores = (data.get("machine") or {}).get("cores") or os.cpu_count() or 1
-            out.append(
-                f"CPU work (table 4): a split keeps this machine busy for a median {busy:.0f} CPU seconds "
-                f"(idle {idle:.1f} s in all), about {child:.0f} of them in each child (JVM, JIT and Python workers, "
-                f"from its pod's start to its first batch). On {cores} cores that much work takes at least "
-                f"{busy / cores:.0f} s with no CPU stolen: the split is CPU-bound here, and the 20 s "
-                "target needs less work per split, not more overlap."
-            )
-        out.append(
-            f"The parent side: drain {groups['drain']:.1f} s (the drain annotation reaching the runtime "
-            f"{seg['signal']:.1f} s, the last batch plus query stop {seg['stop']:.1f} s), snapshot export "
-            f"{groups['snapshot export']:.1f} s for about {_median([r['parentStateRows'] for r in results]):,.0f} "
-            "keys."
         )
+        named = ("parent", "child 1", "child 2", "control plane", "node agent", "operator")
+        other = _median([sum(v for k, v in c["groups"].items() if not k.startswith(named)) for c in cpu])
+        cores = (data.get("machine") or {}).get("cores") or os.cpu_count() or 1
+        out.append(
+            f"CPU work until both children emit: a median {busy:.0f} machine-busy CPU seconds per split (idle "
+            f"{idle:.1f} s), {parent:.0f} of them in the parent (it processes until the children are ready), "
+            f"about {child:.0f} in each child (JVM, JIT and Python workers) and {other:.0f} in processes outside "
+            f"the split (this benchmark's samplers, other work on the machine). On {cores} cores that much work "
+            f"takes at least {busy / cores:.0f} s with no CPU stolen."
+        )
+    return out
+
+
+def _findings(key: str, data: dict[str, Any]) -> list[str]:
+    raw = data.get("raw") or {}
+    out = []
+    if key in ("split", "split-chain", "split-1m"):
+        out += _split_findings(data)
     elif key == "child-cpu":
         rows = raw["runs"]
         for opts, runs in rows.items():

@@ -1,46 +1,70 @@
-"""Split latency on the local control plane: from the split request to both children's first committed batch.
+"""Split latency on the local control plane: from the split request until both children emit results.
 
 A script, not a test. It starts the local control plane **with** the node agent (shard pods really run, as
 ``python -m spark_runtime run`` processes with their own JVM), installs the CRDs, runs the operator
 (``python -m taskshard_operator``, production defaults), pre-fills a journal (``--prefill`` events over ``--keys``
-keys) and applies a Task (builtin count, 128 key groups, one initial shard) while a producer appends ``--rate``
-events per second. Once the shard has caught up with the pre-fill it is split (``spec.split.requested: true``,
-the edit ``kubectl edit taskshard`` makes). ``--mode independent`` (default) repeats this ``--splits`` times with
-a fresh Task each (the previous one deleted first), so every trial splits one shard on an otherwise idle machine;
+keys; the first ``--keys`` events name every key once, so the parent holds all of them) and applies a Task
+(builtin count, 128 key groups, one initial shard) while a producer appends ``--rate`` events per second. Once
+the shard has caught up with the pre-fill it is split (``spec.split.requested: true``, the edit
+``kubectl edit taskshard`` makes). ``--mode independent`` (default) repeats this ``--splits`` times with a fresh
+Task each (the previous one deleted first), so every trial splits one shard on an otherwise idle machine;
 ``--mode chain`` splits the left child again and again while the other children keep running.
 
-Each split is timed on one clock (this machine's wall clock) from two kinds of sources:
+The protocol measured is the catch-up hand-over of a journal source (``spark_runtime/handover.py``): the operator
+creates both children and leaves the parent's pod alone, so the parent **keeps processing and emitting** while
 
-- Kubernetes watches on TaskShards and Pods, stamped on arrival: shard phases (SplitRequested, Draining,
-  Drained, ...), children created, child pods created, containers running, the parent's container terminated;
-- the runtime's files on the shared volume (nanosecond mtimes or recorded wall-clock times): the parent's
-  ``drain-requested`` marker (the runtime began draining), its snapshot directory's creation time (statx birth
-  time: the export began), its ``manifest.json`` (the export ended) and ``drained.json`` (the drain summary, the
-  children's go signal); each child's ``standby.json`` (standby began, warm-up done, parent's summary seen),
-  ``lineage.json`` (restore checks done), ``checkpoint/offsets/0`` (batch 0 planned) and
-  ``checkpoint/commits/0`` (first batch committed: the restore is done).
+1. each child warms up (pod, JVM, SparkSession, preflight) and writes ``<parent>/handover/request-<child>.json``;
+2. the parent, still running, exports a pre-copy snapshot of its latest committed batch K and writes
+   ``<parent>/handover/precopy.json``;
+3. the child restores its slice of K (its batch 0, which emits nothing) and follows the parent in shadow
+   (processes its slice up to the parent's committed positions, emits nothing), then writes
+   ``<parent>/handover/ready-<child>.json``;
+4. once both children are ready the parent drains finally: ``drain-requested``, its last batch N
+   (``checkpoint/commits/<N>``), ``drained.json`` (no export: it names the pre-copy manifest);
+5. each child catches up to the parent's final positions (``catch-up.json`` turns ``live``) and its next
+   batches emit: the first batch with a results file (``/data/output/<task>/shard=<child>/batch-<n>.jsonl``,
+   or ``_pending/``) is its first emitting batch.
 
-The children are created at the drain request and warm up on standby in parallel with the drain. The critical
-path runs through the child that committed last. It is cut into consecutive segments, grouped as
+The headline is the **processing gap**: the parent's last commit (``commits/<drained.batchId>``) -> the later
+child's first emitting commit, while no shard emits for the split range. Each split is timed on one
+clock (this machine's wall clock) from Kubernetes watches on TaskShards and Pods (stamped on arrival: phases,
+children created, pods created, containers running or terminated) and from the runtime's files on the shared
+volume (nanosecond mtimes, or the epoch times recorded in ``standby.json``). The critical path runs through the
+child that emitted last and is cut into consecutive segments, grouped as
 
-    drain            request -> drain summary written, minus the export (operator accepts, creates the children
-                     and annotates the pod; the annotation reaches the runtime's drain file; the batch finishes
-                     and the query stops; manifest and summary are written)
-    snapshot export  export start -> manifest written
-    hand-off         drain summary -> the child took it up and checked the manifest (includes the rest of the
-                     child's warm-up when that was not done yet)
-    restore          query start on the warm JVM -> batch 0 (seed slice + new events) committed
+    accept           request -> parent phase Draining seen (the operator accepted and created both children)
+    child warm-up    -> the child's standby began (pod, container, runtime start), -> standby warm (JVM,
+                     SparkSession, preflight), -> its request note written
+    pre-copy         request note -> precopy.json (the parent exports batch K while it runs; 0 when the other
+                     child asked first and the pre-copy was there already)
+    restore          precopy.json -> the child's commits/0 (pre-copy seen, query start, seed slice restored)
+    catch-up         commits/0 -> the child's ready note (shadow batches up to the parent's positions), then the
+                     wait for the other child's ready note
+    parent stop      last ready note -> drain-requested (the parent notices) -> drained.json (its last batch
+                     finishes, the query stops)
+    take-over        drained.json -> the child's catch-up.json turns live (it saw the summary and reached the
+                     final positions) -> its first emitting batch committed
 
-A third table shows the standby children's own timeline (created, pod running, warm) next to the parent's.
-Prints the tables and the median, writes ``<out>/split_latency.{json,png}``. Target (issue 8): <= 20 s.
+A point that is missing (None) leaves its time to the next segment; a point earlier than the one before it
+counts 0 (noted). Further tables: the children's own timelines (with their shadow batches against the parent's
+commit interval); the parent during the hand-over (its commit times from ``checkpoint/commits/*`` mtimes, listed
+every 0.5 s while the split runs since Spark keeps only the last 100 entries: it kept processing; the pre-copy;
+its stop); CPU seconds by
+process group until both children emit; and, for the default parameters, this run next to the previous protocol
+(drain at once, then restore) as last measured. Prints the tables, writes ``<out>/split_latency*.{json,png}``.
+Targets: processing gap (median) <= 5 s with 50,000 keys, <= 8 s with more (1,000,000); request -> both
+children emit (median) <= 90 s. ``--mode chain`` reports the same numbers without targets.
 
     .venv/bin/python bench/split_latency.py --splits 3
+    .venv/bin/python bench/split_latency.py --keys 1000000 --prefill 3000000 --splits 2 \
+        --steady-timeout 1800 --split-timeout 1800      # bench/run_all.py's split-1m: split_latency_1m.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -57,7 +81,6 @@ from common import (  # noqa: E402
     REPO,
     VENV_BIN,
     LoadSampler,
-    birth_time,
     command_line,
     kubectl_retry,
     machine,
@@ -75,28 +98,155 @@ TASK = "split"
 MAX_KEY_GROUPS = 128
 PARTITIONS = 2
 GROUP, VERSION = "taskshard.io", "v1alpha1"
-TARGET_SECONDS = 20.0
+DEFAULT_KEYS = 50_000
+TARGET_GAP = 5.0
+"""Processing gap (median), seconds, with up to ``DEFAULT_KEYS`` keys of state."""
+TARGET_GAP_LARGE = 8.0
+"""The same with more keys of state (1,000,000)."""
+TARGET_TOTAL = 90.0
+"""Split request -> both children emit (median), seconds."""
+
+PREVIOUS_LABEL = "previous protocol (drain, then restore), measured 2026-11-22 on this machine"
+PREVIOUS = {"gap": 37.67, "total": 39.32, "busy": 78.58, "load": 4.54}
+"""The drain-then-restore protocol's medians (docs/benchmarks.md, section 2, run 2026-11-22T11:10:21Z, 3 independent
+splits, 50,000 keys, 400 events/s, trigger 1 second): processing gap, request -> both children's first committed
+batch (their first batch after the restore), machine busy CPU seconds per split; and the mean 1-minute load
+average during that run. The code that measured them is gone with that protocol, so they are constants here."""
 
 SEGMENTS = [
     # (key, label, group)
-    ("accept", "operator accepts, creates the standby children, annotates the pod", "drain"),
-    ("signal", "annotation reaches the runtime (downward API)", "drain"),
-    ("stop", "batch boundary, query stopped", "drain"),
-    ("export", "snapshot export (state -> Parquet by key group)", "snapshot export"),
-    ("summary", "manifest, then drain summary written", "drain"),
-    ("handoff", "child sees the summary (or finishes warming up), restore checks", "hand-off"),
-    ("query", "query start on the warm JVM (batch 0 planned)", "restore"),
-    ("batch0", "batch 0: seed slice + new events, commit", "restore"),
+    ("accept", "operator accepts, creates both children (parent phase Draining)", "accept"),
+    ("podStart", "child pod and runtime start (standby began)", "child warm-up"),
+    ("warm", "JVM, SparkSession, preflight (standby warm)", "child warm-up"),
+    ("ask", "request note written to the parent", "child warm-up"),
+    ("precopy", "parent exports the pre-copy of batch K while running (precopy.json)", "pre-copy"),
+    ("restore", "child restores its slice of K: batch 0 committed (emits nothing)", "restore"),
+    ("shadow", "child follows the parent's positions without emitting (ready note)", "catch-up"),
+    ("sibling", "waits for the other child's ready note", "catch-up"),
+    ("notice", "parent sees both ready notes (drain-requested)", "parent stop"),
+    ("stop", "parent's last batch finishes, query stops (drained.json)", "parent stop"),
+    ("final", "child reaches the parent's final positions (catch-up.json live)", "take-over"),
+    ("emit", "child's first emitting batch committed", "take-over"),
 ]
-GROUPS = ["drain", "snapshot export", "hand-off", "restore"]
+GROUPS = ["accept", "child warm-up", "pre-copy", "restore", "catch-up", "parent stop", "take-over"]
 GROUP_COLORS = {
-    "drain": "#1f77b4",
-    "snapshot export": "#ff7f0e",
-    "hand-off": "#9467bd",
+    "accept": "#7f7f7f",
+    "child warm-up": "#1f77b4",
+    "pre-copy": "#ff7f0e",
     "restore": "#d62728",
+    "catch-up": "#9467bd",
+    "parent stop": "#8c564b",
+    "take-over": "#2ca02c",
 }
-STANDBY_COLUMNS = ["child created", "pod created", "container running", "standby began", "warm", "parent drained"]
-"""The standby children's start, in parallel with the drain (seconds after the request)."""
+CHILD_COLUMNS = [
+    # (key in the per-child times, column)
+    ("created", "child created"),
+    ("podCreated", "pod created"),
+    ("running", "container running"),
+    ("standbyBegan", "standby began"),
+    ("warm", "warm"),
+    ("request", "request note"),
+    ("answered", "pre-copy seen"),
+    ("batch0", "batch 0 committed"),
+    ("ready", "ready note"),
+    ("live", "caught up (live)"),
+    ("phaseRunning", "phase Running"),
+    ("emitted", "first emitting batch committed"),
+]
+"""The children's own timelines (seconds after the split request)."""
+
+
+def keys_tag(keys: int) -> str:
+    """``1m`` for 1,000,000 keys, ``200k`` for 200,000: the suffix of a non-default run's result name."""
+    if keys % 1_000_000 == 0:
+        return f"{keys // 1_000_000}m"
+    if keys % 1_000 == 0:
+        return f"{keys // 1_000}k"
+    return str(keys)
+
+
+def result_name(mode: str, keys: int) -> str:
+    """``split_latency`` (independent, 50,000 keys), ``split_latency_chain``, ``split_latency_1m``, ..."""
+    name = "split_latency" if mode == "independent" else "split_latency_chain"
+    return name if keys == DEFAULT_KEYS else f"{name}_{keys_tag(keys)}"
+
+
+def gap_target(keys: int) -> tuple[str, float]:
+    """The processing-gap target row's name and bound: its name depends on ``--keys``, so the 50,000- and the
+    1,000,000-key rows coexist in the docs' Targets table."""
+    if keys == DEFAULT_KEYS:
+        return "processing gap, split range without output (median)", TARGET_GAP
+    bound = TARGET_GAP if keys < DEFAULT_KEYS else TARGET_GAP_LARGE
+    return f"processing gap with {keys:,} keys of state (median)", bound
+
+
+def total_target_name(keys: int) -> str:
+    if keys == DEFAULT_KEYS:
+        return "split request -> both children emit (median)"
+    return f"split request -> both children emit with {keys:,} keys of state (median)"
+
+
+def median(values: list[float | None]) -> float | None:
+    """The median of the values that were measured (None when none was)."""
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 3) if present else None
+
+
+def since(t: float | None, t0: float) -> float | None:
+    return round(t - t0, 3) if t is not None else None
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file, ``{}`` when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def chain(t0: float, points: list[tuple[str, float | None]]) -> tuple[dict[str, float | None], list[str]]:
+    """Consecutive segments from ``t0`` through ``points``: each is its point minus the previous point present.
+    A missing point gives None (its time goes to the next segment); a point earlier than the previous one
+    counts 0 (so the segments always add up to the last point minus ``t0``). Returns the segments and notes."""
+    segments: dict[str, float | None] = {}
+    notes = []
+    prev = t0
+    for key, t in points:
+        if t is None:
+            segments[key] = None
+            notes.append(f"segment {key}: its end point is missing (its time is in the next segment)")
+            continue
+        if t < prev - 0.001:
+            notes.append(
+                f"segment {key}: its end point ({t - t0:.2f} s) came before the previous one ({prev - t0:.2f} s), "
+                "counted as 0"
+            )
+        segments[key] = round(max(0.0, t - prev), 3)
+        prev = max(prev, t)
+    return segments, notes
+
+
+SHADOW_KEYS = ("shadowBatches", "shadowInterval", "parentIntervalInShadow")
+
+
+def shadow(child: dict[int, float], parent: dict[int, float], start: float | None, end: float | None) -> dict[str, Any]:
+    """A child in shadow (its batch 0 committed -> its ready note): how many batches it committed, their median
+    interval, and the parent's median commit interval meanwhile. The child is ready once one of its batches ends at
+    the parent's committed positions as it last read them, so it needs batches quicker than the parent's."""
+    if start is None or end is None:
+        return dict.fromkeys(SHADOW_KEYS)
+
+    def intervals(times: dict[int, float]) -> list[float]:
+        inside = sorted(t for t in times.values() if start <= t <= end)
+        return [b - a for a, b in zip(inside, inside[1:], strict=False)]
+
+    mine, theirs = intervals(child), intervals(parent)
+    return {
+        "shadowBatches": sum(1 for t in child.values() if start < t <= end),
+        "shadowInterval": round(statistics.median(mine), 3) if mine else None,
+        "parentIntervalInShadow": round(statistics.median(theirs), 3) if theirs else None,
+    }
 
 
 class Timeline:
@@ -210,16 +360,16 @@ class Bench:
         self.producer: Producer | None = None
 
     # ------------------------------------------------------------ plumbing
-    def host(self, pod_path: str) -> Path:
-        """A path inside the shard pods (``/data/...``) on this machine."""
-        return self.data / Path(pod_path).relative_to("/data")
-
     @property
     def journal(self) -> Path:
         return self.data / "journal" / self.task
 
     def shard_dir(self, shard: str) -> Path:
         return self.data / "state" / self.task / "shards" / shard
+
+    def results_dir(self, shard: str) -> Path:
+        """The shard's directory in the Task's sink (``/data/output/<task>/shard=<shard>`` in the pods)."""
+        return self.data / "output" / self.task / f"shard={shard}"
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
         return self.cluster.kubectl(*args, input=input, namespace=NAMESPACE).stdout
@@ -249,6 +399,60 @@ class Bench:
         except (OSError, ValueError):
             return None
 
+    def first_emitting_batch(self, shard: str) -> tuple[int, float] | None:
+        """The shard's first batch that wrote results and its commit time (mtime of ``commits/<n>``), once that
+        batch is committed; None before. The smallest ``n`` with ``batch-<n>.*`` published or in ``_pending/``
+        (listed in that order: a file moves only from ``_pending/`` to published, so none is missed)."""
+        from spark_runtime.layout import parse_batch_file_name
+
+        ids: set[int] = set()
+        for d in (self.results_dir(shard) / "_pending", self.results_dir(shard)):
+            try:
+                names = os.listdir(d)
+            except OSError:
+                continue
+            ids.update(parsed[0] for parsed in map(parse_batch_file_name, names) if parsed is not None)
+        if not ids:
+            return None
+        first = min(ids)
+        committed = mtime(self.shard_dir(shard) / "checkpoint" / "commits" / str(first))
+        return (first, committed) if committed is not None else None
+
+    def commit_times(self, shard: str) -> dict[int, float]:
+        """Batch id -> commit time (mtime of ``checkpoint/commits/<id>``) of every batch the log still holds."""
+        out = {}
+        try:
+            files = list((self.shard_dir(shard) / "checkpoint" / "commits").iterdir())
+        except OSError:
+            return out
+        for f in files:
+            if f.name.isdigit():
+                t = mtime(f)
+                if t is not None:
+                    out[int(f.name)] = t
+        return out
+
+    def handover_state(self, parent: str, children: list[str]) -> str:
+        """Where a hand-over stands, from the files (for a timeout's message)."""
+        pdir = self.shard_dir(parent)
+        hdir = pdir / "handover"
+        parts = [
+            f"parent phase {self.phase(parent)}, last commit {(self.progress(parent) or {}).get('batchId')}",
+            f"precopy.json {'yes' if (hdir / 'precopy.json').exists() else 'no'}",
+            f"drain-requested {'yes' if (pdir / 'drain-requested').exists() else 'no'}",
+            f"drained.json {'yes' if (pdir / 'drained.json').exists() else 'no'}",
+        ]
+        for c in children:
+            cdir = self.shard_dir(c)
+            parts.append(
+                f"{c}: phase {self.phase(c)}, request {'yes' if (hdir / f'request-{c}.json').exists() else 'no'}, "
+                f"commits/0 {'yes' if (cdir / 'checkpoint' / 'commits' / '0').exists() else 'no'}, "
+                f"ready {'yes' if (hdir / f'ready-{c}.json').exists() else 'no'}, "
+                f"catch-up {read_json(cdir / 'catch-up.json').get('phase')}, "
+                f"last commit {(self.progress(c) or {}).get('batchId')}, emitted {self.first_emitting_batch(c)}"
+            )
+        return "; ".join(parts)
+
     # ------------------------------------------------------------ steps
     def start(self) -> None:
         from localkube.cluster import LocalCluster
@@ -269,13 +473,19 @@ class Bench:
         self.timeline = Timeline(self.cluster.kubeconfig).start()
 
     def prefill(self) -> int:
+        """``--prefill`` events: the first ``--keys`` of them name every key once (so the parent holds every key,
+        not the ~95 % that 3 random draws per key reach), the rest random keys."""
         from spark_runtime.produce import append_events
 
         rng = random.Random(self.args.seed)
-        n = self.args.prefill
+        n, keys = self.args.prefill, self.args.keys
+        t0 = time.monotonic()
         for lo in range(0, n, 100_000):
-            events = [{"key": f"k{rng.randrange(self.args.keys)}", "seq": i} for i in range(lo, min(n, lo + 100_000))]
+            events = [
+                {"key": f"k{i if i < keys else rng.randrange(keys)}", "seq": i} for i in range(lo, min(n, lo + 100_000))
+            ]
             append_events(self.journal, PARTITIONS, events)
+        say(f"pre-filled {n:,} events over {min(n, keys):,} keys in {time.monotonic() - t0:.0f}s")
         return n
 
     def apply_task(self) -> None:
@@ -307,16 +517,20 @@ class Bench:
         kubectl_retry(self.cluster, "apply", "-f", "-", input=yaml.safe_dump(task), namespace=NAMESPACE)
 
     def wait_steady(self, shard: str, min_batches: int) -> None:
-        """Running, and ``min_batches`` batches committed after the first one it committed."""
-        self.wait(f"{shard} Running", lambda: self.phase(shard) == "Running", 600, 0.2)
-        self.wait(f"{shard} committing", lambda: (self.progress(shard) or {}).get("batchId", -1) >= 0, 600, 0.2)
+        """Running, and ``min_batches`` batches committed after the first one it committed (the first batch of a
+        fresh Task holds the whole pre-fill: ``--steady-timeout`` bounds each wait)."""
+        timeout = self.args.steady_timeout
+        t0 = time.monotonic()
+        self.wait(f"{shard} Running", lambda: self.phase(shard) == "Running", timeout, 0.2)
+        self.wait(f"{shard} committing", lambda: (self.progress(shard) or {}).get("batchId", -1) >= 0, timeout, 0.2)
         first = self.progress(shard)["batchId"]
         self.wait(
             f"{shard} {min_batches} more batches",
             lambda: (self.progress(shard) or {}).get("batchId", -1) >= first + min_batches,
-            600,
+            timeout,
             0.2,
         )
+        say(f"{shard} steady after {time.monotonic() - t0:.0f}s (batch {self.progress(shard)['batchId']})")
 
     def split(self, parent: str) -> dict[str, Any]:
         from taskshard_operator.naming import pod_name
@@ -329,6 +543,10 @@ class Bench:
         labels = {parent: "parent", children[0]: "child 1", children[1]: "child 2"}
         sampler = ProcessCpuSampler(shard_classifier(labels))
         sampler.start()
+        # Spark keeps only the last 100 entries of a commit log: the shards' commit times are collected while
+        # the hand-over runs (every 0.5 s), so a long one loses none.
+        commits: dict[str, dict[int, float]] = {s: self.commit_times(s) for s in (parent, *children)}
+        looked = told = time.monotonic()
         t_req = time.time()
         self.timeline.custom.patch_namespaced_custom_object(
             GROUP,
@@ -339,118 +557,217 @@ class Bench:
             {"spec": {"split": {"requested": True}}},
             _content_type="application/merge-patch+json",
         )
-        commits = [self.shard_dir(c) / "checkpoint" / "commits" / "0" for c in children]
-        self.wait("both children's first committed batch", lambda: all(p.exists() for p in commits), 600)
+        emitted: dict[str, tuple[int, float]] = {}
+
+        def both_emitted() -> bool:
+            nonlocal looked, told
+            if time.monotonic() - looked >= 0.5:
+                looked = time.monotonic()
+                for shard, seen in commits.items():
+                    seen.update(self.commit_times(shard))
+            if time.monotonic() - told >= 60:
+                told = time.monotonic()
+                say(f"{time.time() - t_req:.0f}s after the request: {self.handover_state(parent, children)}")
+            for c in children:
+                if c not in emitted:
+                    found = self.first_emitting_batch(c)
+                    if found is not None:
+                        emitted[c] = found
+                        say(f"{c} emits: batch {found[0]} committed {found[1] - t_req:.1f}s after the request")
+            return len(emitted) == len(children)
+
+        try:
+            self.wait("both children's first emitting batch", both_emitted, self.args.split_timeout, 0.1)
+        except RuntimeError as e:
+            sampler.finish()
+            raise RuntimeError(f"{e}\nhand-over state: {self.handover_state(parent, children)}") from None
         cpu_groups = sampler.finish()
         cpu_machine = sampler.machine()
-        steal = cpu_machine["stealPercent"]
         time.sleep(0.5)  # the watch events of that moment arrive
+        for shard, seen in commits.items():
+            seen.update(self.commit_times(shard))
+        return self.measure(parent, children, t_req, emitted, commits, sampler, cpu_groups, cpu_machine, pod_name)
+
+    def measure(
+        self,
+        parent: str,
+        children: list[str],
+        t_req: float,
+        emitted: dict[str, tuple[int, float]],
+        all_commits: dict[str, dict[int, float]],
+        sampler: ProcessCpuSampler,
+        cpu_groups: dict[str, float],
+        cpu_machine: dict[str, Any],
+        pod_name: Any,
+    ) -> dict[str, Any]:
+        """Everything about one split, from the watches and the files (see the module docstring)."""
         tl = self.timeline
         pdir = self.shard_dir(parent)
-        drained = json.loads((pdir / "drained.json").read_text())
-        manifest = self.host(drained["manifest"])
-        snap_dir = manifest.parent
+        hdir = pdir / "handover"
+        drained = read_json(pdir / "drained.json")
+        precopy = read_json(hdir / "precopy.json")
+        commits = all_commits[parent]
+        last_batch = drained.get("batchId")
         t: dict[str, float | None] = {
             "request": t_req,
             "accepted": tl.first("phase", parent, "SplitRequested"),
             "draining": tl.first("phase", parent, "Draining"),
+            "precopy": mtime(hdir / "precopy.json"),
             "marker": mtime(pdir / "drain-requested"),
-            "exportStart": birth_time(snap_dir),
-            "manifest": mtime(manifest),
+            "lastCommit": commits.get(last_batch) if last_batch is not None else None,
             "drainedJson": mtime(pdir / "drained.json"),
             "exited": tl.first("terminated", pod_name(parent)),
             "drained": tl.first("phase", parent, "Drained"),
+            "childrenCreated": tl.first("phase", parent, "ChildrenCreated"),
             "split": tl.first("phase", parent, "Split"),
         }
         notes = []
-        if t["exportStart"] is None:
-            # No birth time on this filesystem: the export started no later than the oldest file in the snapshot.
-            files = [f for f in snap_dir.rglob("*") if f.is_file()]
-            t["exportStart"] = min((mtime(f) for f in files), default=t["manifest"])
-            notes.append("no statx birth time: export start = oldest snapshot file (an upper bound)")
+        if drained.get("handover") != "catch-up":
+            notes.append(
+                f"the parent's drained.json says handover={drained.get('handover')!r}, not 'catch-up': this split "
+                "did not use the catch-up hand-over"
+            )
         per_child = {}
         for c in children:
             cdir = self.shard_dir(c)
-            try:
-                standby = json.loads((cdir / "standby.json").read_text())
-            except (OSError, ValueError):
-                standby = {}
+            standby = read_json(cdir / "standby.json")
+            if not standby:
                 notes.append(f"{c}: no standby.json (the child was not on standby)")
+            elif standby.get("mode") != "catch-up":
+                notes.append(f"{c}: standby mode {standby.get('mode')!r}, not catch-up")
+            catch_up = read_json(cdir / "catch-up.json")
+            if catch_up.get("phase") != "live":
+                notes.append(f"{c}: catch-up.json phase {catch_up.get('phase')!r} after it emitted (expected live)")
             per_child[c] = {
                 "created": tl.first("shard", c),
                 "podCreated": tl.first("pod", pod_name(c)),
                 "running": tl.first("running", pod_name(c)),
                 "standbyBegan": standby.get("began"),
                 "warm": standby.get("warm"),
-                "drainedSeen": standby.get("parentDrainedSeen"),
-                "rehearsalSeconds": standby.get("rehearsalSeconds"),
-                "lineage": mtime(cdir / "lineage.json"),
-                "planned": mtime(cdir / "checkpoint" / "offsets" / "0"),
-                "committed": mtime(cdir / "checkpoint" / "commits" / "0"),
+                "request": mtime(hdir / f"request-{c}.json"),
+                "answered": standby.get("parentAnswered"),
+                "batch0": mtime(cdir / "checkpoint" / "commits" / "0"),
+                "ready": mtime(hdir / f"ready-{c}.json"),
+                "live": mtime(cdir / "catch-up.json") if catch_up.get("phase") == "live" else None,
+                "phaseRunning": tl.first("phase", c, "Running"),
+                "emitted": emitted[c][1],
+                "emitBatch": emitted[c][0],
+                "mode": standby.get("mode"),
+                "standbySeconds": standby.get("standbySeconds"),
                 "restoredRows": sum(
-                    json.loads(f.read_text())["rows"] for f in (cdir / "restore").glob("kg-*.json") if f.is_file()
+                    read_json(f).get("rows") or 0 for f in (cdir / "restore").glob("kg-*.json") if f.is_file()
                 ),
             }
-        critical = max(children, key=lambda c: per_child[c]["committed"] or 0)
+            per_child[c] |= shadow(all_commits[c], commits, per_child[c]["batch0"], per_child[c]["ready"])
+        critical = max(children, key=lambda c: per_child[c]["emitted"])
         c = per_child[critical]
-        points = [
-            ("accept", t["request"], t["draining"]),
-            ("signal", t["draining"], t["marker"]),
-            ("stop", t["marker"], t["exportStart"]),
-            ("export", t["exportStart"], t["manifest"]),
-            ("summary", t["manifest"], t["drainedJson"]),
-            ("handoff", t["drainedJson"], c["lineage"]),
-            ("query", c["lineage"], c["planned"]),
-            ("batch0", c["planned"], c["committed"]),
-        ]
-        segments = {}
-        for key, a, b in points:
-            if a is None or b is None:
-                segments[key] = None
-                notes.append(f"segment {key}: a timestamp is missing")
-            else:
-                segments[key] = round(b - a, 3)
-        total = (c["committed"] or time.time()) - t_req
-        last_commit = mtime(pdir / "checkpoint" / "commits" / str(drained.get("batchId")))
-        gap = round(c["committed"] - last_commit, 3) if c["committed"] and last_commit else None
+        ready_times = [per_child[x]["ready"] for x in children]
+        last_ready = max(ready_times) if all(r is not None for r in ready_times) else None
+        segments, chain_notes = chain(
+            t_req,
+            [
+                ("accept", t["draining"]),
+                ("podStart", c["standbyBegan"]),
+                ("warm", c["warm"]),
+                ("ask", c["request"]),
+                ("precopy", t["precopy"]),
+                ("restore", c["batch0"]),
+                ("shadow", c["ready"]),
+                ("sibling", last_ready),
+                ("notice", t["marker"]),
+                ("stop", t["drainedJson"]),
+                ("final", c["live"]),
+                ("emit", c["emitted"]),
+            ],
+        )
+        notes += [f"critical path ({critical}): {n}" for n in chain_notes]
         groups = {g: round(sum(segments[k] or 0 for k, _, grp in SEGMENTS if grp == g), 3) for g in GROUPS}
-        standby = {
-            name: {
-                col: (round(v - t_req, 2) if v is not None else None)
-                for col, v in zip(
-                    STANDBY_COLUMNS,
-                    (pc["created"], pc["podCreated"], pc["running"], pc["standbyBegan"], pc["warm"], pc["drainedSeen"]),
-                    strict=True,
-                )
-            }
-            for name, pc in per_child.items()
+        total = round(c["emitted"] - t_req, 3)
+        gap = round(c["emitted"] - t["lastCommit"], 3) if t["lastCommit"] is not None else None
+        if gap is None:
+            notes.append(f"no commit time of the parent's last batch {last_batch}: no processing gap")
+        handover = self.parent_during_handover(commits, t_req, t, precopy, drained, last_batch, notes)
+        handover["gapParts"] = {
+            "lastCommitToDrained": since(t["drainedJson"], t["lastCommit"]) if t["lastCommit"] else None,
+            "drainedToLive": since(c["live"], t["drainedJson"]) if t["drainedJson"] else None,
+            "liveToEmit": since(c["emitted"], c["live"]) if c["live"] else None,
         }
         result = {
             "parent": parent,
-            "keyGroups": [start, end],
             "children": children,
             "criticalChild": critical,
-            "total": round(total, 3),
+            "total": total,
+            "processingGap": gap,
             "segments": segments,
             "groups": groups,
-            "standby": standby,
-            "stealPercent": steal,
+            "handover": handover,
+            "childTimes": {
+                name: {key: since(pc[key], t_req) for key, _ in CHILD_COLUMNS}
+                | {k: pc[k] for k in ("emitBatch", "restoredRows", "mode", *SHADOW_KEYS)}
+                for name, pc in per_child.items()
+            },
+            "stealPercent": cpu_machine["stealPercent"],
             "cpu": {"groups": cpu_groups, "jit": sampler.jit_groups, "machine": cpu_machine},
-            "processingGap": gap,
-            "parentExited": round(t["exited"] - t_req, 3) if t["exited"] else None,
-            "parentBatchId": drained.get("batchId"),
-            "parentStateRows": drained.get("stateRows"),
+            "parentExited": since(t["exited"], t_req),
+            "parentBatchId": last_batch,
+            "parentStateRows": drained.get("stateRows", precopy.get("stateRows")),
             "runtimeDrainSeconds": drained.get("drainSeconds"),
             "times": t,
             "children_times": per_child,
             "notes": notes,
         }
-        say(
-            f"split of {parent}: {total:.1f}s to both children's first batch ("
-            + ", ".join(f"{g} {v:.1f}s" for g, v in groups.items())
-            + f"); parent state {drained.get('stateRows'):,} keys"
-        )
         return result
+
+    @staticmethod
+    def parent_during_handover(
+        commits: dict[int, float],
+        t_req: float,
+        t: dict[str, float | None],
+        precopy: dict[str, Any],
+        drained: dict[str, Any],
+        last_batch: int | None,
+        notes: list[str],
+    ) -> dict[str, Any]:
+        """The parent's commits between the request and its final drain (it keeps processing), its pre-copy and
+        its stop."""
+        times = sorted(commits.values())
+        end = t["drainedJson"] or t["marker"] or (max(times) if times else t_req)
+        before = [x for x in times if x < t_req]
+        inside = [x for x in times if t_req <= x <= end]
+        series = before[-1:] + inside
+        gaps = [b - a for a, b in zip(series, series[1:], strict=False)]
+        recent = before[-6:]  # the commit interval before the request: the last 5 intervals (fewer at first)
+        cadence = [b - a for a, b in zip(recent, recent[1:], strict=False)]
+        export_s = precopy.get("exportSeconds")
+        export_end = t["precopy"]
+        export_start = export_end - export_s if export_end is not None and export_s is not None else None
+        during_export = sum(1 for x in times if export_start <= x <= export_end) if export_start is not None else None
+        if not inside:
+            notes.append("the parent committed no batch between the request and its final drain")
+        k = precopy.get("batchId")
+        return {
+            "precopyBatch": k,
+            "precopyStateRows": precopy.get("stateRows"),
+            "precopyExportSeconds": export_s,
+            "commitIntervalBefore": round(statistics.median(cadence), 3) if cadence else None,
+            "commitsInWindow": len(inside),
+            "windowSeconds": round(end - t_req, 3),
+            "longestCommitGap": round(max(gaps), 3) if gaps else None,
+            "longestCommitGapAt": round(series[gaps.index(max(gaps)) + 1] - t_req, 3) if gaps else None,
+            "commitsDuringExport": during_export,
+            "commitTimes": [round(x - t_req, 3) for x in inside],
+            "precopyAt": since(t["precopy"], t_req),
+            "drainRequestedAt": since(t["marker"], t_req),
+            "lastCommitAt": since(t["lastCommit"], t_req),
+            "drainedAt": since(t["drainedJson"], t_req),
+            "finalBatch": last_batch,
+            "batchesAfterPrecopy": last_batch - k if last_batch is not None and k is not None else None,
+            "snapshotBatchId": drained.get("snapshotBatchId"),
+            "handoverMode": drained.get("handover"),
+            "runtimeDrainSeconds": drained.get("drainSeconds"),
+            "phaseDrainedAt": since(t["drained"], t_req),
+            "podExitedAt": since(t["exited"], t_req),
+        }
 
     def run(self) -> list[dict[str, Any]]:
         self.start()
@@ -549,11 +866,9 @@ JIT_COLUMNS = {"child 1 JVM": "child 1 JIT", "child 2 JVM": "child 2 JIT"}
 
 
 def cpu_table(results: list[dict[str, Any]]) -> tuple[str, list[str], list[list[Any]]]:
-    """Table 4: the CPU work of each split, by process group, next to the machine's busy, idle and stolen time."""
-    import os
-
+    """The CPU work of each split, by process group, next to the machine's busy, idle and stolen time."""
     cores = os.cpu_count() or 1
-    title = "CPU seconds spent from the split request until both children committed (all processes, /proc)"
+    title = "CPU seconds spent from the split request until both children emitted (all processes, /proc)"
     group_cols = [c for g in CPU_GROUPS for c in ([g, f"({JIT_COLUMNS[g]})"] if g in JIT_COLUMNS else [g])]
     columns = ["split", "wall s", *group_cols, "other", "machine busy", "idle", "stolen", f"busy / {cores} cores s"]
     rows = []
@@ -570,10 +885,100 @@ def cpu_table(results: list[dict[str, Any]]) -> tuple[str, list[str], list[list[
     return title, columns, rows
 
 
-def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
+def targets(results: list[dict[str, Any]], mode: str, keys: int) -> list[dict[str, Any]]:
+    """The Targets rows: measured medians against their bounds (``--mode chain``: reported, no bound)."""
+    gap = median([r["processingGap"] for r in results])
+    total = median([r["total"] for r in results])
+    med_groups = {g: median([r["groups"][g] for r in results]) or 0.0 for g in GROUPS}
+    parts = {
+        k: median([r["handover"]["gapParts"][k] for r in results])
+        for k in ("lastCommitToDrained", "drainedToLive", "liveToEmit")
+    }
+
+    def s(v: float | None) -> str:
+        return f"{v:.1f} s" if v is not None else "-"
+
+    gap_why = (
+        f"Medians: the parent's last commit -> its drained.json {s(parts['lastCommitToDrained'])}, drained.json -> "
+        f"the later child caught up (live) {s(parts['drainedToLive'])}, live -> its first emitting batch committed "
+        f"{s(parts['liveToEmit'])}"
+    )
+    total_why = "Critical path by group (medians): " + ", ".join(
+        f"{g} {v:.1f} s" for g, v in sorted(med_groups.items(), key=lambda kv: -kv[1]) if v
+    )
+    gap_value = f"{gap:.1f} s" if gap is not None else "not measured"
+    total_value = f"{total:.1f} s" if total is not None else "not measured"
+    if mode == "chain":
+        suffix = "" if keys == DEFAULT_KEYS else f", {keys:,} keys of state"
+        return [
+            {
+                "name": f"processing gap with chained splits, k-1 other shards running{suffix} (median; informational)",
+                "target": "reported",
+                "value": gap_value,
+                "met": True,
+            },
+            {
+                "name": f"split request -> both children emit with chained splits{suffix} (median; informational)",
+                "target": "reported",
+                "value": total_value,
+                "met": True,
+            },
+        ]
+    gap_name, gap_bound = gap_target(keys)
+    return [
+        {
+            "name": gap_name,
+            "target": f"<= {gap_bound:.0f} s",
+            "value": gap_value,
+            "met": gap is not None and gap <= gap_bound,
+            "why": gap_why,
+        },
+        {
+            "name": total_target_name(keys),
+            "target": f"<= {TARGET_TOTAL:.0f} s",
+            "value": total_value,
+            "met": total is not None and total <= TARGET_TOTAL,
+            "why": total_why,
+        },
+    ]
+
+
+def comparison(results: list[dict[str, Any]], load_mean: float) -> tuple[str, list[str], list[list[Any]]]:
+    """This run's medians next to the previous protocol's (constants: its code is gone)."""
+    gap = median([r["processingGap"] for r in results])
+    total = median([r["total"] for r in results])
+    busy = median([r["cpu"]["machine"]["busy"] for r in results])
+
+    def change(old: float, new: float | None) -> str:
+        return f"{new - old:+.1f} s ({new / old:.2f}x)" if new is not None else "-"
+
+    title = "Before and after: the previous split protocol against the catch-up hand-over (medians)"
+    splits = f"{len(results)} split{'s' if len(results) != 1 else ''}"
+    columns = ["measurement", PREVIOUS_LABEL, f"this run: catch-up hand-over ({splits})", "change"]
+    rows = [
+        ["processing gap s (the split range without output)", PREVIOUS["gap"], gap, change(PREVIOUS["gap"], gap)],
+        [
+            "split request -> both children took over s (before: first batch committed; now: first emitting batch)",
+            PREVIOUS["total"],
+            total,
+            change(PREVIOUS["total"], total),
+        ],
+        ["machine busy CPU s per split (until both took over)", PREVIOUS["busy"], busy, change(PREVIOUS["busy"], busy)],
+        [
+            "load average (1 min) during the run, mean (2 cores; other work on the machine)",
+            PREVIOUS["load"],
+            load_mean,
+            "-",
+        ],
+    ]
+    return title, columns, rows
+
+
+def plot(results: list[dict[str, Any]], path: Path, title: str, target: float | None) -> None:
+    """One bar per split (the critical path's segments), the parent's commits above it, the processing gap below."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(10, 1.6 + 1.1 * len(results)))
-    labels = [f"split {i + 1}: {r['parent']}" for i, r in enumerate(results)]
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 1.3 * len(results)))
+    labels = [f"split {i + 1}:\n{r['parent']}" for i, r in enumerate(results)]
     for i, r in enumerate(results):
         left = 0.0
         for key, label, group in SEGMENTS:
@@ -583,22 +988,47 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
                 i,
                 width,
                 left=left,
+                height=0.5,
                 color=GROUP_COLORS[group],
                 alpha=max(0.3, alpha),
                 edgecolor="white",
                 label=f"{group}: {label}" if i == 0 else None,
             )
-            if width >= 2.5:
+            if width >= 0.04 * max(r["total"], 1.0):
                 ax.text(left + width / 2, i, f"{width:.1f}", ha="center", va="center", fontsize=7, color="white")
             left += width
-        ax.text(left + 0.2, i, f"{r['total']:.1f}s", va="center", fontsize=9)
-    ax.axvline(TARGET_SECONDS, color="red", ls="--", lw=1, label=f"target {TARGET_SECONDS:.0f}s")
-    ax.set_yticks(range(len(results)), labels)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds from the split request (critical path: the child that committed last)")
-    ax.set_xlim(0, max(max(r["total"] for r in results), TARGET_SECONDS) * 1.12)
+        ax.text(left + 0.01 * left, i, f"{r['total']:.1f}s", va="center", fontsize=9)
+        commits = r["handover"].get("commitTimes") or []
+        ax.plot(
+            commits,
+            [i - 0.36] * len(commits),
+            "|",
+            color="black",
+            ms=5,
+            label="parent commits (request -> its drain)" if i == 0 else None,
+        )
+        last = r["handover"].get("lastCommitAt")
+        if last is not None and r.get("processingGap") is not None:
+            ax.plot(
+                [last, r["total"]],
+                [i + 0.36] * 2,
+                color="black",
+                lw=3,
+                solid_capstyle="butt",
+                label="processing gap (parent's last commit -> later child's first emitting commit)"
+                if i == 0
+                else None,
+            )
+            ax.text(r["total"] + 0.01 * r["total"], i + 0.36, f"gap {r['processingGap']:.1f}s", va="center", fontsize=8)
+    if target is not None:
+        ax.axvline(target, color="red", ls="--", lw=1, label=f"target {target:.0f}s (request -> both emit)")
+    ax.set_yticks(range(len(results)), labels, fontsize=8)
+    ax.set_ylim(len(results) - 0.4, -0.6)
+    ax.set_xlabel("seconds from the split request (critical path: the child that emitted last)")
+    ax.set_xlim(0, max(max(r["total"] for r in results), target or 0) * 1.12)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(results) < 3 else -0.2), ncol=3)
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -616,11 +1046,24 @@ def main(argv: list[str] | None = None) -> int:
         "shards keep running (split k competes with k-1 more shard JVMs for the same cores)",
     )
     ap.add_argument("--prefill", type=int, default=200_000, help="events in the journal before the Task (default 200k)")
-    ap.add_argument("--keys", type=int, default=50_000, help="distinct keys (default 50,000)")
+    ap.add_argument("--keys", type=int, default=DEFAULT_KEYS, help=f"distinct keys (default {DEFAULT_KEYS:,})")
     ap.add_argument("--rate", type=int, default=400, help="events per second appended during the run (default 400)")
     ap.add_argument("--min-batches", type=int, default=2, help="batches a shard commits before its split (default 2)")
     ap.add_argument("--trigger", default="1 second", help="the Task's triggerInterval (default '1 second')")
     ap.add_argument("--shuffle-partitions", default="2", help="spark.sql.shuffle.partitions (default 2)")
+    ap.add_argument(
+        "--steady-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for each step of a shard getting steady before its split: Running, its first batch "
+        "(a fresh Task's holds the whole pre-fill), the next batches (default 900)",
+    )
+    ap.add_argument(
+        "--split-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait from the split request until both children emit (default 900)",
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     ap.add_argument("--seed", type=int, default=3)
     args = ap.parse_args(argv)
@@ -634,146 +1077,235 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             bench.stop()
     summary = load.summary()
+    independent = args.mode == "independent"
+    goals = targets(results, args.mode, args.keys)
+    gap_goal, total_goal = goals
+
+    gap_bound = gap_target(args.keys)[1]
+
+    def verdict(bound: float, value: float | None) -> str:
+        if not independent:
+            return "reported"
+        return "met" if value is not None and value <= bound else "MISSED"
+
     columns = [
         "split",
         "parent keys",
         "other shards running",
         "CPU steal %",
         "processing gap s",
-        "total s",
+        "request -> both emit s",
         *GROUPS,
-        "target",
+        f"gap target ({gap_goal['target']})",
+        f"total target ({total_goal['target']})",
     ]
-    rows = []
-    for i, r in enumerate(results):
-        rows.append(
-            [
-                f"{i + 1}: {r['parent']} -> {' + '.join(r['children'])}",
-                r["parentStateRows"],
-                r["otherShards"],
-                r.get("stealPercent"),
-                r.get("processingGap"),
-                r["total"],
-                *(r["groups"][g] for g in GROUPS),
-                "met" if r["total"] <= TARGET_SECONDS else "MISSED",
-            ]
-        )
-    median_total = statistics.median(r["total"] for r in results)
-    med_groups = {g: statistics.median(r["groups"][g] for r in results) for g in GROUPS}
+    rows = [
+        [
+            f"{i + 1}: {r['parent']} -> {' + '.join(r['children'])}",
+            r["parentStateRows"],
+            r["otherShards"],
+            r.get("stealPercent"),
+            r.get("processingGap"),
+            r["total"],
+            *(r["groups"][g] for g in GROUPS),
+            verdict(gap_bound, r.get("processingGap")),
+            verdict(TARGET_TOTAL, r["total"]),
+        ]
+        for i, r in enumerate(results)
+    ]
+    med_gap = median([r.get("processingGap") for r in results])
+    med_total = median([r["total"] for r in results])
     rows.append(
         [
             "median",
             None,
             None,
-            statistics.median(r["stealPercent"] or 0 for r in results),
-            statistics.median(r["processingGap"] or 0 for r in results),
-            round(median_total, 3),
-            *(round(med_groups[g], 3) for g in GROUPS),
-            "met" if median_total <= TARGET_SECONDS else "MISSED",
+            median([r.get("stealPercent") for r in results]),
+            med_gap,
+            med_total,
+            *(median([r["groups"][g] for r in results]) for g in GROUPS),
+            verdict(gap_bound, med_gap),
+            verdict(TARGET_TOTAL, med_total),
         ]
     )
-    seg_cols = ["segment (critical path)", "group", *[f"split {i + 1} s" for i in range(len(results))], "median s"]
+    seg_title = "Where the time goes (critical path: the child that emitted last)"
+    seg_cols = ["segment", "group", *[f"split {i + 1} s" for i in range(len(results))], "median s"]
     seg_rows = [
-        [
-            label,
-            group,
-            *(r["segments"].get(key) for r in results),
-            round(statistics.median(r["segments"].get(key) or 0 for r in results), 3),
-        ]
+        [label, group, *(r["segments"].get(key) for r in results), median([r["segments"].get(key) for r in results])]
         for key, label, group in SEGMENTS
     ]
     title = (
-        f"Split latency ({args.mode} splits), local control plane + node agent, builtin count, {args.keys:,} keys, "
-        f"{args.rate} events/s arriving, trigger {args.trigger}"
+        f"Split latency ({args.mode} splits, catch-up hand-over), local control plane + node agent, builtin count, "
+        f"{args.keys:,} keys, {args.rate} events/s arriving, trigger {args.trigger}"
     )
-    standby_title = "The standby children, in parallel with the drain (seconds after the split request)"
-    standby_cols = ["split", "child", *STANDBY_COLUMNS, "parent pod exited", "first batch committed"]
-    standby_rows = [
+    parent_title = (
+        "The parent during the hand-over: it keeps processing until both children are ready (times in seconds "
+        "after the split request)"
+    )
+    parent_cols = [
+        "split",
+        "pre-copy of batch K",
+        "keys in the pre-copy",
+        "pre-copy export s",
+        "parent commit interval before the request s",
+        "parent commits between request and its final drain",
+        "longest gap between parent commits in that window s",
+        "that gap ended at",
+        "parent commits during the pre-copy export",
+        "pre-copy written",
+        "drain requested",
+        "last commit (batch N)",
+        "drained.json",
+        "final batch N",
+        "batches after K",
+        "last commit -> drained.json s",
+        "drained.json -> child live s",
+        "live -> first emitting commit s",
+    ]
+    parent_rows = []
+    for i, r in enumerate(results):
+        h = r["handover"]
+        parts = h["gapParts"]
+        parent_rows.append(
+            [
+                i + 1,
+                h["precopyBatch"],
+                h["precopyStateRows"],
+                h["precopyExportSeconds"],
+                h["commitIntervalBefore"],
+                h["commitsInWindow"],
+                h["longestCommitGap"],
+                h["longestCommitGapAt"],
+                h["commitsDuringExport"],
+                h["precopyAt"],
+                h["drainRequestedAt"],
+                h["lastCommitAt"],
+                h["drainedAt"],
+                h["finalBatch"],
+                h["batchesAfterPrecopy"],
+                parts["lastCommitToDrained"],
+                parts["drainedToLive"],
+                parts["liveToEmit"],
+            ]
+        )
+    child_title = "The children's timelines (seconds after the split request)"
+    child_cols = [
+        "split",
+        "child",
+        *(col for _, col in CHILD_COLUMNS),
+        "first emitting batch",
+        "restored keys",
+        "shadow batches (batch 0 -> ready)",
+        "child commit interval in shadow s",
+        "parent commit interval meanwhile s",
+    ]
+    child_rows = [
         [
             i + 1,
             child,
-            *(r["standby"][child][col] for col in STANDBY_COLUMNS),
-            r["parentExited"],
-            round(r["children_times"][child]["committed"] - r["times"]["request"], 2),
+            *(r["childTimes"][child][key] for key, _ in CHILD_COLUMNS),
+            r["childTimes"][child]["emitBatch"],
+            r["childTimes"][child]["restoredRows"],
+            *(r["childTimes"][child].get(key) for key in SHADOW_KEYS),
         ]
         for i, r in enumerate(results)
         for child in r["children"]
     ]
     cpu_title, cpu_cols, cpu_rows = cpu_table(results)
-    print_table(title, columns, rows, summary)
-    print_table("Where the time goes (critical path)", seg_cols, seg_rows)
-    print_table(standby_title, standby_cols, standby_rows)
-    print_table(cpu_title, cpu_cols, cpu_rows)
+    tables = [
+        (title, columns, rows),
+        (seg_title, seg_cols, seg_rows),
+        (parent_title, parent_cols, parent_rows),
+        (child_title, child_cols, child_rows),
+        (cpu_title, cpu_cols, cpu_rows),
+    ]
+    comparable = independent and args.keys == DEFAULT_KEYS
+    if comparable:
+        tables.append(comparison(results, summary["during"]["mean"]))
+    for i, (t, c, r) in enumerate(tables):
+        print_table(t, c, r, summary if i == 0 else None)
+    for g in goals:
+        say(f"target {g['name']}: {g['value']} ({g['target']}): {'met' if g['met'] else 'MISSED'}")
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "split_latency" if args.mode == "independent" else "split_latency_chain"
-    plot(results, args.out / f"{name}.png", title)
+    name = result_name(args.mode, args.keys)
+    plot(results, args.out / f"{name}.png", title, TARGET_TOTAL if independent else None)
     notes = [
+        "The protocol: the children warm up, ask the running parent for a pre-copy snapshot of its latest committed "
+        "batch K, restore it (batch 0, no output) and follow the parent without emitting until they have caught "
+        "up; then the parent drains at a batch boundary (no export) and the children continue from its final "
+        "positions and emit. See the docstring of bench/split_latency.py and spark_runtime/handover.py.",
+        "'processing gap' is the parent's last commit (mtime of its checkpoint/commits/<N>, N = drained.json's "
+        "batchId) -> the later child's first emitting batch committed (mtime of its commits/<n>, n = the smallest "
+        "batch with a results file in the sink, published or _pending): the only time no shard emits for the "
+        "split range. 'request -> both emit' is the split request -> that same commit.",
         "Times are on this machine's wall clock: Kubernetes watch events stamped on arrival (tens of ms) and the "
-        "runtime's files on the shared volume (mtimes; the export start is the snapshot directory's statx birth "
-        "time, created right before the export). The runtime does not log the export start itself.",
-        "The critical path follows the child that committed its first batch last; both children run in parallel "
-        "(two JVMs on the same 2 cores)"
+        "runtime's files on the shared volume (mtimes; standby.json's epoch times for standby began and warm).",
+        "The critical path follows the child that emitted last; both children and the parent run in parallel "
+        "(three JVMs on the same 2 cores)"
         + (
             ", next to the shards earlier splits left running (split k: k-1 of them)."
             if args.mode == "chain"
             else "; each split is of a fresh one-shard Task (the previous trial's Task is deleted first)."
         ),
-        "The children are created at the drain request and start on standby: JVM, SparkSession, preflight and a "
-        "rehearsal of the restore plan run while the parent drains (table 3). 'hand-off' is from the parent's "
-        "drain summary to the child taking it up: a 0.2 s poll when the child was warm by then, longer when its "
-        "warm-up was still running.",
-        "'batch 0' of a child holds its slice of the parent's state (the seed) and the events that arrived since "
-        "the parent's last batch.",
-        "'processing gap' is from the parent's last committed batch to the later child's first: the time the "
-        "range was not processed (the parent keeps processing until it reaches a batch boundary after the request).",
+        "A segment whose end point is missing is shown as '-' (its time goes to the next segment); one whose end "
+        "came before the previous point counts 0: 'pre-copy' is 0 when the other child asked first and the "
+        "pre-copy was written before this child's request.",
+        "'catch-up' ends with the child's ready note: the child writes it once one of its batches has ended at "
+        "the parent's committed positions as it last read them (the parent's progress.json, re-read every 0.25 s: "
+        "its cap); each parent commit moves the cap, so a child whose batches take longer than the parent's commit "
+        "interval may need many batches for that (children's table: shadow batches and both intervals; "
+        "spark_runtime/handover.py, ChildHandover._follow).",
+        "The parent table's commit counts come from the mtimes of the parent's checkpoint/commits/* files between "
+        "the request and its drained.json; 'longest gap' includes the interval from its last commit before the "
+        "request. 'parent commits during the pre-copy export' counts commits within the export's exportSeconds "
+        "before precopy.json was written: the parent's query keeps running while its poll loop exports.",
+        f"The pre-fill names every key once, then random keys: the parent holds all {args.keys:,} keys "
+        f"({args.prefill:,} events before the Task, then {args.rate} events/s over the same keys).",
         "CPU steal % is the share of this VM's CPU time the hypervisor gave to other guests during the split "
         "(/proc/stat); at tens of percent the same split takes several times longer, so compare splits with "
         "similar steal.",
-        "CPU seconds (table 4) are each process's user + system time from /proc/<pid>/stat, sampled every "
-        "0.25 s from the request until both children committed, grouped by the pod (the TASKSHARD_SHARD in the "
-        "process's environment) and JVM or Python; 'machine busy' is all of this VM's busy time from /proc/stat "
-        "(processes that exited between samples lose up to 0.25 s each, so the groups sum to a little less). "
-        "'(child N JIT)' is the part of child N's JVM time spent in HotSpot's C1/C2 compiler threads. "
-        "'busy / cores' is the shortest the split could have taken on this machine's cores with that much work, "
-        "had every core been busy with it all the time and none been stolen.",
-        "The node agent refreshes downward-API volumes every 2 s; a kubelet does so on its sync period (about a "
-        "minute), so the annotation-to-file step would be much slower on a real node.",
+        "CPU seconds are each process's user + system time from /proc/<pid>/stat, sampled every 0.25 s from the "
+        "request until both children emitted, grouped by the pod (the TASKSHARD_SHARD in the process's environment) "
+        "and JVM or Python; 'machine busy' is all of this VM's busy time from /proc/stat (processes that exited "
+        "between samples lose up to 0.25 s each, so the groups sum to a little less). '(child N JIT)' is the part "
+        "of child N's JVM time spent in HotSpot's C1/C2 compiler threads; 'other' is every other process on this VM "
+        "(this script and its samplers, and other work on a shared machine). The parent now runs for most of the "
+        "window (it processes until the children are ready), so its CPU is larger than under the old protocol.",
     ]
+    if comparable:
+        notes.append(
+            f"The 'before' column is the {PREVIOUS_LABEL}: the parent drained at once (stopped, exported its "
+            "state, wrote drained.json) and the standby children restored the snapshot; its 'total' ended at both "
+            "children's first committed batch (their first batch after the restore) and its CPU window too. Those "
+            "numbers are constants in bench/split_latency.py: the code that measured them went with that protocol."
+        )
+    else:
+        notes.append(
+            "No before/after table: the previous protocol's numbers (drain, then restore; measured 2026-11-22 on "
+            f"this machine) are for independent splits with {DEFAULT_KEYS:,} keys only."
+        )
     for r in results:
         notes.extend(f"{r['parent']}: {n}" for n in r["notes"])
-    if args.mode == "independent":
-        target = {
-            "name": "split request -> both children committed their first batch (median)",
-            "target": f"<= {TARGET_SECONDS:.0f} s",
-            "value": f"{median_total:.1f} s",
-            "met": median_total <= TARGET_SECONDS,
-        }
-    else:
-        target = {
-            "name": "the same with chained splits, k-1 other shards running (median; informational)",
-            "target": "reported",
-            "value": f"{median_total:.1f} s",
-            "met": True,
-        }
     write_result(
         args.out,
         name,
         {
-            "title": "Split latency" + (" with chained splits" if args.mode == "chain" else ""),
+            "title": "Split latency"
+            + (" with chained splits" if args.mode == "chain" else "")
+            + ("" if args.keys == DEFAULT_KEYS else f" with {args.keys:,} keys of state"),
             "command": command_line(argv),
             "parameters": vars(args) | {"out": str(args.out)},
             "machine": machine(),
             "load": summary,
-            "tables": [
-                {"title": title, "columns": columns, "rows": rows},
-                {"title": "Where the time goes (critical path)", "columns": seg_cols, "rows": seg_rows},
-                {"title": standby_title, "columns": standby_cols, "rows": standby_rows},
-                {"title": cpu_title, "columns": cpu_cols, "rows": cpu_rows},
-            ],
-            "targets": [target],
+            "tables": [{"title": t, "columns": c, "rows": r} for t, c, r in tables],
+            "targets": goals,
             "plots": [f"{name}.png"],
             "notes": notes,
-            "raw": {"results": results, "runDir": str(bench.run_dir)},
+            "raw": {
+                "results": results,
+                "runDir": str(bench.run_dir),
+                "previous": {"label": PREVIOUS_LABEL, **PREVIOUS} if comparable else None,
+            },
         },
     )
     return 0
