@@ -208,7 +208,6 @@ class ChildHandover:
         """The parent's batch whose positions are the current limit (None: not read from its progress yet)."""
         self._limits_given: list[dict[str, Any]] = []
         """The last limits read from the parent's progress (this process), newest last."""
-        self.took_over_at: float | None = None
 
     @property
     def catching_up(self) -> bool:
@@ -344,7 +343,6 @@ class ChildHandover:
         if end is not None and state.final is not None and at_or_after(end, state.final):
             self.state = CatchUpState(state.parent, state.manifest, CatchUpPhase.LIVE, final=state.final, ready=True)
             self._save()
-            self.took_over_at = time.time()
             log.info(
                 "shard %s caught up with its parent's final positions at batch %d: it emits from here",
                 self.runner.config.shard,
