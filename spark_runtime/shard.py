@@ -213,7 +213,7 @@ class ShardRunner:
         self._drain.set()
 
     def stop_requested(self) -> bool:
-        """A drain or stop was requested in this process (SIGTERM, the request file, a caller)."""
+        """A drain or stop was requested in this process (SIGTERM, ready children, a caller)."""
         return self._drain.is_set()
 
     @property
