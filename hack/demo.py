@@ -240,7 +240,11 @@ class Demo:
         summary = json.loads((self.shard_dir(parent) / "drained.json").read_text())
         parent_commits = self.committed(parent)
         last = parent_commits.get(summary["batchId"])
-        firsts = [self.first_emitting_commit(c) for c in children]
+        deadline = time.monotonic() + 120  # Ready comes as a child reaches the final positions; its first emitting
+        firsts = [self.first_emitting_commit(c) for c in children]  # batch commits a trigger or two later
+        while None in firsts and time.monotonic() < deadline:
+            time.sleep(0.5)
+            firsts = [self.first_emitting_commit(c) for c in children]
         during = sum(1 for t in parent_commits.values() if requested <= t <= (last or requested))
         if last is None or None in firsts:
             print(f"    processing gap: not measurable (commit times missing: {last}, {firsts})", flush=True)
