@@ -179,6 +179,7 @@ class ParentHandover:
             "time": utc_now(),
         }
         self.paths.handover_dir.mkdir()
+        self.runner.fence.check("the pre-copy pointer")
         self.paths.precopy.write_json(pointer)
         self._precopy = pointer
         log.info(
@@ -255,6 +256,7 @@ class ChildHandover:
         )
         warm = time.time()
         self.parent_paths.handover_dir.mkdir()
+        runner.fence.check("its hand-over request")
         self.parent_paths.handover_request(cfg.shard).write_json(self._note().to_json())
         if self.mode == HandoverMode.RESTORE:
             self.parent_paths.handover_ready(cfg.shard).write_json(self._note().to_json())
@@ -310,6 +312,7 @@ class ChildHandover:
     def _save(self) -> None:
         assert self.state is not None
         self.paths.shard_dir.mkdir()
+        self.runner.fence.check("catch-up.json")
         self.paths.catch_up.write_json(self.state.to_json())
 
     def _own(self, positions: dict[str, Any]) -> dict[str, Any]:
@@ -355,6 +358,7 @@ class ChildHandover:
         committed when it was planned: the child keeps pace, at most one of its batches behind). Comparing with
         the *current* limit instead would depend on luck whenever the parent commits faster than the child."""
         if not state.ready and end is not None and any(end == own for own in self._limits_given):
+            self.runner.fence.check("its ready note")
             self.parent_paths.handover_ready(self.runner.config.shard).write_json(self._note().to_json())
             state = self.state = CatchUpState(state.parent, state.manifest, state.phase, limit=state.limit, ready=True)
             self._save()

@@ -16,6 +16,8 @@ docs/design-contracts.md::
         handover/                       a split in progress, as the parent: its children's requests and
                                         readiness notes, the pre-copy pointer (spark_runtime.protocol)
         catch-up.json                   a split child catching up: its cap and its parent's final positions
+        epochs/<epoch>.json             writer epochs, one per runtime start, created only if absent: a runtime
+                                        stops writing once a later epoch exists (spark_runtime.fencing)
         restore/kg-<n>.json             what the seed reader opened for key group n (files, bytes, rows)
         snapshots/batch-<id>/
             state/key_group=<n>/*.parquet   the key-group-indexed state snapshot
@@ -116,6 +118,13 @@ class ShardPaths:
     @property
     def catch_up(self) -> Loc:
         return self.shard_dir / protocol.CATCH_UP_STATE
+
+    @property
+    def epochs(self) -> Loc:
+        return self.shard_dir / protocol.EPOCHS_DIR
+
+    def epoch(self, epoch: int) -> Loc:
+        return self.epochs / protocol.epoch_name(epoch)
 
     @property
     def standby(self) -> Loc:

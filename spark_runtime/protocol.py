@@ -14,6 +14,12 @@ Files of a split (under ``<root>/<task>/shards/``; see ``docs/split-protocol.md`
                                              batch and positions; written after its query stopped for good
     <child>/catch-up.json                    the child's catch-up state (CatchUpState): what it may read and
                                              from which positions on it emits
+
+The writer fence (every shard, split or not; :mod:`spark_runtime.fencing`)::
+
+    <shard>/epochs/<epoch>.json              one per start of the shard's runtime (WriterEpoch), created only
+                                             if absent: epochs are dense (1, 2, 3, ...), and a writer holding
+                                             epoch e is fenced as soon as <e+1>.json exists
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ __all__ = [
     "CatchUpPhase",
     "CatchUpState",
     "DrainSummary",
+    "EPOCHS_DIR",
+    "WriterEpoch",
+    "epoch_name",
+    "parse_epoch_name",
     "HandoverMode",
     "HandoverNote",
     "SummaryEvent",
@@ -49,6 +59,56 @@ DRAIN_MARKER = "drain-requested"
 HANDOVER_DIR = "handover"
 PRECOPY_POINTER = "precopy.json"
 CATCH_UP_STATE = "catch-up.json"
+
+
+EPOCHS_DIR = "epochs"
+EPOCH_DIGITS = 12
+
+
+def epoch_name(epoch: int) -> str:
+    """``000000000007.json``: zero-padded, so names sort like the epochs."""
+    if epoch < 1:
+        raise ValueError(f"writer epochs start at 1, got {epoch}")
+    return f"{epoch:0{EPOCH_DIGITS}d}.json"
+
+
+def parse_epoch_name(name: str) -> int | None:
+    """The epoch of an ``epochs/`` file name (None for anything else, e.g. a temporary file)."""
+    stem, dot, ext = name.partition(".")
+    if dot and ext == "json" and len(stem) == EPOCH_DIGITS and stem.isdigit() and int(stem) >= 1:
+        return int(stem)
+    return None
+
+
+@dataclass(frozen=True)
+class WriterEpoch:
+    """Who holds a writer epoch of a shard: the content of ``epochs/<epoch>.json`` (for people and logs; the
+    fence itself is the file's existence)."""
+
+    epoch: int
+    shard: str
+    pod: str
+    pid: int
+    started_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "shard": self.shard,
+            "pod": self.pod,
+            "pid": self.pid,
+            "startedAt": self.started_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WriterEpoch:
+        return cls(
+            epoch=int(data["epoch"]),
+            shard=str(data.get("shard") or ""),
+            pod=str(data.get("pod") or ""),
+            pid=int(data.get("pid") or 0),
+            started_at=str(data.get("startedAt") or ""),
+        )
 
 
 def request_name(child: str) -> str:
@@ -220,6 +280,8 @@ class DrainSummary:
     """How the children take over (None: not a split, or an older runtime)."""
     snapshot_batch_id: int | None = None
     """The batch of the snapshot ``manifest`` names (before ``batch_id`` after a catch-up hand-over)."""
+    writer_epoch: int | None = None
+    """The writer epoch of the runtime that wrote it (None: an older runtime, or no fence)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -239,6 +301,8 @@ class DrainSummary:
         if self.handover is not None:
             out["handover"] = str(self.handover)
             out["snapshotBatchId"] = self.snapshot_batch_id
+        if self.writer_epoch is not None:
+            out["writerEpoch"] = self.writer_epoch
         return out
 
     @classmethod
@@ -259,4 +323,5 @@ class DrainSummary:
             time=data.get("time"),
             handover=HandoverMode(handover) if handover else None,
             snapshot_batch_id=data.get("snapshotBatchId"),
+            writer_epoch=data.get("writerEpoch"),
         )

@@ -58,6 +58,7 @@ from typing import Any
 
 from spark_runtime.checkpoint import last_committed_batch, last_planned_batch, read_offsets
 from spark_runtime.config import ConfigError, ShardConfig
+from spark_runtime.fencing import WriterFence
 from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped
 from spark_runtime.identity import claim_task_storage
 from spark_runtime.layout import ShardPaths, SinkPaths
@@ -73,7 +74,15 @@ from spark_runtime.snapshot import (
     utc_now,
     verify_snapshot,
 )
-from spark_runtime.sources import GuardsBatches, ResolvesStartPositions, SourceContext, make_source
+from spark_runtime.sources import (
+    ChecksEnvironment,
+    GuardsBatches,
+    NamesFixedPositions,
+    RecountsBatches,
+    ResolvesStartPositions,
+    SourceContext,
+    make_source,
+)
 from spark_runtime.sources.seed import is_seed_offset, parquet_files, slice_dirs
 from spark_runtime.storage import Loc, check_storage, location, s3_settings_from, storage_root
 
@@ -138,6 +147,8 @@ class ShardRunner:
         self.s3 = s3_settings_from(config.storage.s3)
         self.storage: Loc = storage_root(config.storage, self.s3)
         self.paths = ShardPaths.of(self.storage, config.task, config.shard)
+        self.fence = WriterFence(self.paths)
+        """This runtime's writer epoch (spark_runtime.fencing): claimed at start, checked before every write."""
         self.sink_paths: SinkPaths | None = None
         dead_letter_dir: Path | None = None
         if config.sink.directory is not None:
@@ -286,6 +297,7 @@ class ShardRunner:
             )
             return False
         cfg = self.config
+        self.fence.claim()  # before anything is written: a runtime still writing this shard is fenced from here on
         self.check_recovery_log()
         if cfg.ready_file:  # a container restarted in place keeps /tmp: not emitting until this run does
             Path(cfg.ready_file).unlink(missing_ok=True)
@@ -344,9 +356,8 @@ class ShardRunner:
     def _preflight(self) -> None:
         if not self._checked:
             for part in (self.source, self.sink):
-                check = getattr(part, "check", None)
-                if check is not None:
-                    check(self.spark)
+                if isinstance(part, ChecksEnvironment):
+                    part.check(self.spark)
             self._checked = True
 
     def start(self) -> None:
@@ -456,18 +467,24 @@ class ShardRunner:
         the batch is written or committed), then the sink."""
         if self._fail_batch is not None and int(batch_id) == self._fail_batch:
             raise RuntimeError(f"fault injection: batch {batch_id} fails ({FAIL_BATCH_ENV})")
-        if isinstance(self.source, GuardsBatches):
-            try:
+        try:
+            self.fence.check(f"batch {batch_id}'s output")
+            if isinstance(self.source, GuardsBatches):
                 self.source.before_batch(self.spark, int(batch_id))
-            except EnvironmentProblem as problem:
-                self._stop_problem = problem
-                raise
+        except EnvironmentProblem as problem:
+            self._stop_problem = problem
+            raise
         if self.as_child is not None and not self.as_child.emits(int(batch_id)):
             # Catching up: the parent emitted this input (spark_runtime.handover). The batch still runs to the
             # end (Spark commits the state stores only of a DataFrame executed in full), into nothing.
             df.write.format("noop").mode("overwrite").save()
-            return
-        self.sink(df, batch_id)
+        else:
+            self.sink(df, batch_id)
+        try:
+            self.fence.check(f"Spark commits batch {batch_id}")
+        except EnvironmentProblem as problem:
+            self._stop_problem = problem
+            raise
 
     def _pin_start_positions(self) -> None:
         """A fresh shard of a source whose start depends on when it is asked (Kafka's ``earliest``/``latest``)
@@ -488,8 +505,11 @@ class ShardRunner:
             positions = self.source.resolve_start_positions(self.spark)
             self.source.validate_positions(positions)
             self.paths.shard_dir.mkdir()
-            pinned.write_json(positions)
-            log.info("shard %s: start positions resolved and pinned: %s", self.config.shard, positions)
+            self.fence.check("start-positions.json")
+            if pinned.create_exclusive_json(positions):
+                log.info("shard %s: start positions resolved and pinned: %s", self.config.shard, positions)
+            else:  # pinned by an earlier runtime of this shard in the meantime: those are the positions
+                positions = pinned.read_json()
         self.start_positions = dict(positions)
 
     def spark_conf(self) -> dict[str, str]:
@@ -599,7 +619,8 @@ class ShardRunner:
             self._pin_start_positions()  # no-op once pinned, and for a child (its parent's positions)
             if self.start_positions is not None:
                 return dict(self.start_positions)
-            return {name: 0 for name in getattr(self.source, "positions_names", lambda: [])()}
+            names = self.source.positions_names() if isinstance(self.source, NamesFixedPositions) else []
+            return {name: 0 for name in names}
         for entry in read_offsets(self.paths.checkpoint, batch_id):
             if entry is not None and not is_seed_offset(entry) and self.source.owns_offset(entry):
                 return dict(entry)
@@ -607,6 +628,7 @@ class ShardRunner:
 
     def _write_progress(self) -> None:
         bid = self.last_committed
+        self.fence.check("progress.json")
         self.paths.progress.write_json(
             {
                 "task": self.config.task,
@@ -696,6 +718,7 @@ class ShardRunner:
         kind = "final" if final else "stop"
         log.info("shard %s draining (%s, %s)", self.config.shard, self._drain_reason or "request", kind)
         # Step 1: persist the request; the source stops admitting data.
+        self.fence.check("the drain marker")
         self.paths.shard_dir.mkdir()
         self.paths.drain_marker.write_text(f"{kind} {utc_now()}\n")
         # Steps 2-3: the micro-batch boundary, then stop.
@@ -735,9 +758,13 @@ class ShardRunner:
             time=utc_now() if caught_up else manifest.get("createdAt"),
             handover=(HandoverMode.CATCH_UP if caught_up else HandoverMode.RESTORE) if final else None,
             snapshot_batch_id=snapshot_batch,
+            writer_epoch=self.fence.epoch,
         ).to_json()
         if final:
-            self.paths.drained.write_json(summary)
+            self.fence.check("the drain summary")
+            if not self.paths.drained.create_exclusive_json(summary):  # never replaces a summary once written
+                summary = self.paths.drained.read_json()
+                log.warning("shard %s: a drain summary was already written; keeping it: %s", cfg.shard, summary)
         else:
             self.paths.drain_marker.unlink()
         self.summary = summary
@@ -810,8 +837,11 @@ class ShardRunner:
             ),
             "deadLetters": self.dead_letter_total,
             "createdAt": utc_now(),
+            "writerEpoch": self.fence.epoch,
         }
-        manifest_path.write_json(manifest)
+        self.fence.check(f"the manifest of snapshot {batch_id}")
+        if not manifest_path.create_exclusive_json(manifest):  # another export of this batch finished first
+            return manifest_path.read_json()
         return manifest
 
     def _recount_unreported_batches(self) -> None:
@@ -819,7 +849,7 @@ class ShardRunner:
         batch's commit; a stop that lands in between loses them (the children start after that batch, so nobody
         would count its dead letters). Recount each such committed batch of this runner from the source, where
         the source can (Kafka: a batch read of exactly the batch's offset range); otherwise log the gap."""
-        recount = getattr(self.source, "recount", None)
+        recount = self.source.recount if isinstance(self.source, RecountsBatches) else None
         if self._batches_from is None or self._source_ctx is None:
             return
         committed = last_committed_batch(self.paths.checkpoint)

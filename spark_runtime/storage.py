@@ -13,6 +13,10 @@ read-after-write consistency):
   (local: a temporary file renamed into place; S3: a single PUT, which becomes visible only when complete).
 - Directories are not renamed on S3 (it has none); instead a snapshot is written in place and its manifest is
   written last: its presence marks the snapshot complete.
+- :meth:`Loc.create_exclusive` creates a file only if it does not exist, atomically: of two writers exactly one
+  succeeds (local: a complete temporary file hard-linked into place, which fails if the name exists; S3: a
+  conditional ``PUT`` with ``If-None-Match: *``, which the service refuses with 412 when the key exists). The
+  writer epochs (:mod:`spark_runtime.fencing`), snapshot manifests and drain summaries are written this way.
 
 S3 settings (:class:`S3Settings`): the endpoint and region come from the Task's ``storage.s3`` (or
 ``$TASKSHARD_S3_ENDPOINT`` / ``$AWS_REGION``); credentials only from the environment (``AWS_ACCESS_KEY_ID``,
@@ -27,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -134,6 +139,32 @@ def _s3_filesystem(settings: S3Settings) -> Any:
         kwargs["access_key"] = settings.access_key
         kwargs["secret_key"] = settings.secret_key
     return fs.S3FileSystem(**kwargs)
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_client(settings: S3Settings) -> Any:
+    """A boto3 S3 client for what pyarrow's file system cannot do (conditional puts)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.endpoint or None,
+        region_name=settings.region,
+        aws_access_key_id=settings.access_key,
+        aws_secret_access_key=settings.secret_key,
+        config=Config(
+            s3={"addressing_style": "path" if settings.endpoint else "auto"},
+            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=30,
+        ),
+    )
+
+
+CONDITIONAL_CONFLICT_RETRIES = 5
+"""How often a conditional put that raced another one on the same key (S3's 409 ConditionalRequestConflict) is
+retried before giving up."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -276,6 +307,51 @@ class Loc:
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
+
+    def create_exclusive(self, data: bytes) -> bool:
+        """Create the file with ``data`` unless it exists; True when this call created it, False when it existed
+        (then nothing was written). Atomic against concurrent writers (see the module docstring)."""
+        if self._s3 is not None:
+            return self._s3_put_if_absent(data)
+        path = Path(self.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def create_exclusive_json(self, obj: Any) -> bool:
+        return self.create_exclusive((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+    def _s3_put_if_absent(self, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        assert self._s3 is not None
+        bucket, _, key = self.path.partition("/")
+        client = _s3_client(self._s3)
+        for attempt in range(CONDITIONAL_CONFLICT_RETRIES + 1):
+            try:
+                client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+                return True
+            except ClientError as exc:
+                code = str(exc.response.get("Error", {}).get("Code", ""))
+                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+                if code == "PreconditionFailed" or status == 412:
+                    return False
+                if (code == "ConditionalRequestConflict" or status == 409) and attempt < CONDITIONAL_CONFLICT_RETRIES:
+                    time.sleep(0.1 * (attempt + 1))
+                    continue
+                raise
+        raise AssertionError("unreachable")
 
     def write_text(self, text: str, *, fsync: bool = True) -> None:
         self.write_bytes(text.encode("utf-8"), fsync=fsync)

@@ -65,7 +65,8 @@ class ApplyConfigMap:
 
 @dataclass(frozen=True)
 class Patch:
-    """A merge patch of an object's metadata or spec (``plural``: pods or taskshards; ``tasks`` not used)."""
+    """A merge patch of a TaskShard's metadata or spec (``plural``: taskshards; the operator patches no pod and
+    no Task itself; Kopf patches Tasks for its finalizer)."""
 
     plural: str
     name: str
@@ -140,9 +141,6 @@ def _do(kube: Kube, observed: Observed, namespace: str, action: Action, backoff:
         kube.apply_configmap(namespace, action.body, exists=action.exists)
         return None
     if isinstance(action, Patch):
-        if action.plural == "pods":
-            kube.patch_pod(namespace, action.name, action.patch)
-            return None
         result = kube.patch_custom(action.plural, namespace, action.name, action.patch)
         observed.wrote(action.plural, result)
         return result

@@ -31,7 +31,6 @@ API_VERBS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "get_pod": (("", "pods", "get"),),
     "list_pods": (("", "pods", "list"),),
     "create_pod": (("", "pods", "create"),),
-    "patch_pod": (("", "pods", "patch"),),
     "delete_pod": (("", "pods", "delete"),),
     "apply_configmap": (("", "configmaps", "create"), ("", "configmaps", "patch")),
     "delete_configmap": (("", "configmaps", "delete"),),
@@ -145,13 +144,6 @@ class Kube:
             if e.status == 409:
                 return None
             raise
-
-    def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        try:
-            self.core.patch_namespaced_pod(name, namespace, patch, _content_type=MERGE_PATCH)
-        except ApiException as e:
-            if e.status != 404:
-                raise
 
     def delete_pod(self, namespace: str, name: str, *, uid: str | None = None, grace: int | None = None) -> None:
         """Delete (gracefully unless ``grace`` says otherwise); a missing pod is fine."""

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from spark_runtime.protocol import DrainSummary, SummaryEvent
 from taskshard_operator import naming
 from taskshard_operator.models import ConditionType
 
@@ -128,20 +129,30 @@ class Termination:
     finished_at: str | None
 
     @property
-    def batch_id(self) -> int | None:
+    def summary(self) -> DrainSummary | None:
+        """The runtime's drain or stop summary (``spark_runtime.protocol.DrainSummary``, the contract both sides
+        share), None for a failure report or a message that is not one (a truncated or foreign message)."""
         m = self.message or {}
-        for key in ("batchId", "batch_id", "lastBatchId"):
-            if isinstance(m.get(key), int) and not isinstance(m.get(key), bool):
-                return m[key]
-        return None
+        if m.get("event") not in (SummaryEvent.DRAINED, SummaryEvent.STOPPED):
+            return None
+        batch = m.get("batchId")
+        if not isinstance(batch, int) or isinstance(batch, bool):
+            return None
+        try:
+            return DrainSummary.from_json(m)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @property
+    def batch_id(self) -> int | None:
+        summary = self.summary
+        return summary.batch_id if summary is not None else None
 
     @property
     def manifest(self) -> str | None:
-        m = self.message or {}
-        for key in ("manifest", "manifestPath", "manifest_path"):
-            if isinstance(m.get(key), str) and m[key]:
-                return m[key]
-        return None
+        summary = self.summary
+        manifest = summary.manifest if summary is not None else None
+        return manifest if isinstance(manifest, str) and manifest else None
 
     @property
     def failure(self) -> RuntimeFailure | None:
@@ -161,8 +172,13 @@ class Termination:
     def drained(self) -> bool:
         """Exited 0 after a final drain with a snapshot manifest the children can restore from. A ``stopped``
         summary (a SIGTERM alone: a resumable stop with a savepoint) is not a drain."""
-        event = (self.message or {}).get("event")
-        return self.exit_code == 0 and self.manifest is not None and event != "stopped"
+        summary = self.summary
+        return (
+            self.exit_code == 0
+            and summary is not None
+            and summary.event == SummaryEvent.DRAINED
+            and (self.manifest is not None)
+        )
 
     def checkpoint(self, *, with_manifest: bool) -> dict[str, Any] | None:
         """A ``CheckpointRef`` dict (``status.lastCheckpoint`` / ``finalCheckpoint``), None without a batch id.
@@ -171,8 +187,10 @@ class Termination:
         """
         if self.batch_id is None:
             return None
-        ref: dict[str, Any] = {"batchId": self.batch_id}
-        time = (self.message or {}).get("time") or self.finished_at
+        summary = self.summary
+        assert summary is not None
+        ref: dict[str, Any] = {"batchId": summary.batch_id}
+        time = summary.time or self.finished_at
         if time:
             ref["time"] = time
         if with_manifest and self.manifest:

@@ -4,9 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_runtime.sources.base import GuardsBatches, ResolvesStartPositions, Source, SourceContext
+from spark_runtime.sources.base import (
+    ChecksEnvironment,
+    GuardsBatches,
+    NamesFixedPositions,
+    RecountsBatches,
+    ResolvesStartPositions,
+    Source,
+    SourceContext,
+)
 
-__all__ = ["GuardsBatches", "ResolvesStartPositions", "Source", "SourceContext", "make_source"]
+__all__ = [
+    "ChecksEnvironment",
+    "GuardsBatches",
+    "NamesFixedPositions",
+    "RecountsBatches",
+    "ResolvesStartPositions",
+    "Source",
+    "SourceContext",
+    "make_source",
+]
 
 
 def make_source(spec: Any, read_partitions: list[int] | None = None) -> Source:

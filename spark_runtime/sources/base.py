@@ -45,7 +45,15 @@ from spark_runtime.storage import Loc
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["GuardsBatches", "ResolvesStartPositions", "Source", "SourceContext"]
+__all__ = [
+    "ChecksEnvironment",
+    "GuardsBatches",
+    "NamesFixedPositions",
+    "RecountsBatches",
+    "ResolvesStartPositions",
+    "Source",
+    "SourceContext",
+]
 
 
 @dataclass(frozen=True)
@@ -126,3 +134,33 @@ class GuardsBatches(Protocol):
     planned, which is before this check, so a count found unchanged here held for every record of the batch."""
 
     def before_batch(self, spark: SparkSession, batch_id: int) -> None: ...
+
+
+@runtime_checkable
+class ChecksEnvironment(Protocol):
+    """A source or sink with a preflight: the runtime calls :meth:`check` once per process, before its first
+    query (and on standby), so a missing topic or an unreachable broker stops the shard before anything is
+    processed."""
+
+    def check(self, spark: SparkSession) -> None:
+        """Raise :class:`spark_runtime.problems.EnvironmentProblem` naming the field when it cannot be used."""
+        ...
+
+
+@runtime_checkable
+class RecountsBatches(Protocol):
+    """A source that can recount the observed metrics of one committed batch (rows, bytes, dead letters) by
+    reading exactly that batch's position range again (Kafka). The drain uses it for a batch committed without a
+    progress event (the stop came between the commit and the event)."""
+
+    def recount(
+        self, spark: SparkSession, ctx: SourceContext, start: dict[str, Any], end: dict[str, Any]
+    ) -> dict[str, int] | None: ...
+
+
+@runtime_checkable
+class NamesFixedPositions(Protocol):
+    """A source whose positions have fixed names known without Spark (the journal: its partition files), so the
+    positions of batch -1 (nothing committed yet) are 0 for each."""
+
+    def positions_names(self) -> list[str]: ...

@@ -57,6 +57,17 @@ def test_values_schema_rejects_bad_values_naming_the_field(setting, complaint):
     assert complaint in result.stderr
 
 
+def test_more_than_one_replica_without_peering_is_refused_naming_the_values():
+    result = helm(
+        "template", "ts", str(CHART), "--kube-version", KUBE_VERSION,
+        "--set", "replicaCount=2", "--set", "peering.enabled=false", check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "replicaCount: 2 replicas need peering.enabled=true" in result.stderr
+    assert by_kind(render("replicaCount=2"), "Deployment")[0]["spec"]["replicas"] == 2  # with peering: fine
+    assert by_kind(render("peering.enabled=false"), "Deployment")[0]["spec"]["strategy"]["type"] == "Recreate"
+
+
 def test_operator_pod_meets_the_restricted_pod_security_standard():
     deployment = by_kind(render(), "Deployment")[0]
     pod = deployment["spec"]["template"]["spec"]

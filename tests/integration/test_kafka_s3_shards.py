@@ -625,3 +625,42 @@ def test_two_tasks_of_one_name_never_share_state_on_a_bucket(spark, kafka_broker
     assert first.paths.lineage.exists(), "the other Task's cleanup deleted nothing"
     assert remove_task_state(task_uri, "uid-a", minio.endpoint).startswith("removed")
     assert not identity.exists() and not first.paths.lineage.exists()
+
+
+# ---------------------------------------------------------------- the writer fence on S3
+
+
+def test_a_second_runtime_on_s3_fences_the_first_and_results_stay_exact(spark, kafka_broker, minio, tmp_path):
+    """Two runtimes on one shard config against MinIO (a zombie pod and its replacement). The later start claims
+    the next writer epoch with a conditional put; the earlier runtime stops at its next batch without writing,
+    the later one alone goes on, and the results are exact."""
+    from spark_runtime.fencing import WriterFenced
+
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path, partitions=2), random.Random(21), Reference()
+    first = make_events(1200, rng)
+    kafka_broker.produce(setup.topic_in, first)
+    ref.add(first)
+    zombie = Running(setup.config("kt-0-16", 0, 16), spark)
+    zombie.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    assert zombie.runner.fence.epoch == 1
+    # The replacement's start claims epoch 2 (a conditional put on S3) before it writes anything.
+    replacement = ShardRunner(setup.config("kt-0-16", 0, 16), spark)
+    assert replacement.fence.claim() == 2
+    assert replacement.paths.epoch(2).exists() and not replacement.paths.epoch(2).create_exclusive(b"{}")
+    second = make_events(800, rng)
+    kafka_broker.produce(setup.topic_in, second)
+    ref.add(second)
+    zombie.thread.join(240)
+    assert not zombie.thread.is_alive(), "the fenced runtime must stop"
+    assert isinstance(zombie.error, WriterFenced), zombie.error
+    assert "epoch 1 was superseded by epoch 2" in str(zombie.error)
+    assert not zombie.runner.paths.drained.exists()
+    # The replacement takes over from the recovery log and alone processes the rest.
+    taking_over = Running(setup.config("kt-0-16", 0, 16), spark)
+    taking_over.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    summary = taking_over.finish()
+    assert summary["event"] == "drained" and summary["writerEpoch"] == 3
+    manifest = location(summary["manifest"], taking_over.runner.s3).read_json()
+    assert manifest["writerEpoch"] == 3
+    check_results(setup, ref)
+    assert sum(summary["positions"][setup.topic_in].values()) == 2000

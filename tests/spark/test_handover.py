@@ -157,3 +157,51 @@ def test_a_child_killed_while_catching_up_resumes_its_catch_up(make_task, shard_
     finally:
         release([low, *restarted], threads[1:])
         parent.stop()
+
+
+def test_a_parent_replaced_during_the_catch_up_hands_over_once_and_its_zombie_is_fenced(make_task, shard_spark):
+    """The parent's pod is replaced while its children catch up (a node partition: the old pod keeps running).
+    The replacement resumes from the recovery log, keeps answering the hand-over and drains once; the old runtime
+    (epoch 1) cannot drain or write anything once the replacement (epoch 2) started. Results exact."""
+    from spark_runtime.fencing import WriterFenced
+    from spark_runtime.shard import ShardRunner
+
+    env, ref, produce = task_with_reference(make_task, "builtin-count")
+    events = list(generate_events(900, 40, seed=23))
+    produce(events[:300])
+    zombie = ShardRunner(env.config(0, 16), shard_spark)
+    restore = {"parent": PARENT, "manifest": str(shard_dir(env, PARENT) / "drained.json")}
+    children = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in HALVES]
+    threads = [InThread(zombie.run, "run zombie parent")] + [InThread(c.run, f"run {c.config.shard}") for c in children]
+    replacement = ShardRunner(env.config(0, 16), shard_spark)
+    try:
+        threads[0].start()
+        caught_up(env, PARENT)
+        for t in threads[1:]:
+            t.start()
+        # The children asked for a pre-copy and restored it: they are catching up on the zombie's progress.
+        for c in children:
+            path = shard_dir(env, c.config.shard) / "catch-up.json"
+            wait_progress(env, c.config.shard, lambda p, path=path: p["batchId"] >= 0 and path.exists(), 240)
+        produce(events[300:600])
+        threads.append(InThread(replacement.run, "run replacement parent"))
+        threads[-1].start()
+        threads[0].join(300)
+        assert not threads[0].is_alive(), "the replaced parent stops"
+        assert isinstance(threads[0].error, WriterFenced), threads[0].error
+        summary = threads[-1].finish(300)
+        assert summary["event"] == "drained" and summary["handover"] == "catch-up"
+        assert summary["writerEpoch"] == replacement.fence.epoch == 2
+        assert json.loads((shard_dir(env, PARENT) / "drained.json").read_text()) == summary, "drained once"
+        produce(events[600:])
+        for c in children:
+            caught_up(env, c.config.shard)
+        assert env.results() == ref.results, "no event lost, none counted twice"
+        for c in children:
+            out = emitted(env, c.config.shard)
+            assert out and checkpoint_positions(env, c.config.shard, out[0] - 1) == summary["positions"]
+        assert max(emitted(env, PARENT)) <= summary["batchId"]
+    finally:
+        release(children, threads[1:3])
+        zombie.stop()
+        replacement.stop()

@@ -9,10 +9,7 @@ the reference: no loss, no double count, and the replayed batch rewrote the same
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,54 +18,9 @@ import pytest
 from spark_runtime.produce import generate_events
 from spark_runtime.sink import FAULT_ENV
 
-from .conftest import Reference, TaskEnv, children_ready, wait_progress
+from .conftest import Reference, ShardProcess, children_ready, wait_progress
 
 pytestmark = pytest.mark.spark
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-class ShardProcess:
-    """A shard in its own process group (like a pod: killing the group kills the JVM too)."""
-
-    def __init__(self, env: TaskEnv, config_path: Path, name: str, extra_env: dict[str, str] | None = None) -> None:
-        self.log_path = env.root / f"{name}.log"
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
-        proc_env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
-        proc_env.update({"PYSPARK_PYTHON": sys.executable, **(extra_env or {})})
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spark_runtime", "run", "--config", str(config_path)],
-            cwd=REPO,
-            env=proc_env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def kill_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def wait(self, timeout: float) -> int:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        finally:
-            self.log.close()
-        # The JVM child (same process group) must be gone before a restart touches the checkpoint.
-        self.kill_group()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.2)
-        return code
-
-    def tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
 
 
 def test_sigkill_and_restart_resume_exactly(make_task):

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from spark_runtime.keygroups import KeyGroupRange, initial_ranges
+from spark_runtime.protocol import DrainSummary, SummaryEvent
 from taskshard_operator import builders, naming
 from taskshard_operator import status as st
 from taskshard_operator.act import ApplyConfigMap, Backoff, Create, Decision, Delete, Patch
@@ -32,7 +33,7 @@ PARENT = "t-0-16"
 LOW, HIGH = "t-0-8", "t-8-16"
 OLD_HASH = "0000000000000old"
 LONG_AGO = "2020-01-01T00:00:00Z"
-DRAIN_SUMMARY = {"drained": True, "batchId": 7, "manifest": "/x/manifest.json"}
+DRAIN_SUMMARY = DrainSummary(SummaryEvent.DRAINED, "t", "t-0-128", 7, "/x/manifest.json").to_json()
 
 
 # ---------------------------------------------------------------- a dict-backed Observed (no API)
@@ -1032,4 +1033,3 @@ def test_a_child_that_runs_but_does_not_emit_yet_is_running_and_not_ready():
     ready = condition(decision, st.READY)
     assert ready["status"] == "False" and ready["reason"] == "NotEmittingYet"
     assert "catching up" in ready["message"]
-

@@ -18,6 +18,7 @@ import kopf
 import pytest
 
 from spark_runtime.keygroups import KeyGroupRange
+from spark_runtime.protocol import DrainSummary, SummaryEvent
 from taskshard_operator import naming
 from taskshard_operator import status as st
 from taskshard_operator.cache import data_digest, parse_task
@@ -114,6 +115,8 @@ class FakeKube:
         return self._new(plural, body)
 
     def patch_custom(self, plural, namespace, name, patch):
+        if plural == "pods":
+            self.pod_patches.append((name, copy.deepcopy(patch)))
         obj = self.objects[(plural, name)]
         _merge(obj, patch)
         if "spec" in patch:
@@ -141,12 +144,6 @@ class FakeKube:
 
     def create_pod(self, namespace, body):
         return self._new("pods", body)
-
-    def patch_pod(self, namespace, name, patch):
-        self.pod_patches.append((name, copy.deepcopy(patch)))
-        if ("pods", name) in self.objects:
-            _merge(self.objects[("pods", name)], patch)
-            self._mutated()
 
     def delete_pod(self, namespace, name, *, uid=None, grace=None):
         if self.objects.pop(("pods", name), None) is not None:
@@ -242,11 +239,13 @@ def world_step(kube: FakeKube, batch: dict[str, int], *, hand_over: bool = True)
             shard = pod["metadata"]["labels"][naming.LABEL_SHARD]
             batch[shard] = batch.get(shard, 0) + 3
             kube.drained.add(shard)  # the runtime wrote drained.json, then exited
-            message = {
-                "drained": True,
-                "batchId": batch[shard],
-                "manifest": f"/data/state/t/shards/{shard}/snapshots/batch-{batch[shard]}/manifest.json",
-            }
+            message = DrainSummary(
+                SummaryEvent.DRAINED,
+                "t",
+                shard,
+                batch[shard],
+                f"/data/state/t/shards/{shard}/snapshots/batch-{batch[shard]}/manifest.json",
+            ).to_json()
             status.update(
                 phase="Succeeded",
                 containerStatuses=[
@@ -606,7 +605,13 @@ def test_failed_pod_is_replaced_after_backoff():
             {
                 "name": "driver",
                 "restartCount": 2,
-                "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": json.dumps({"batchId": 9})}},
+                "state": {
+                    "terminated": {
+                        "exitCode": 1,
+                        "reason": "Error",
+                        "message": json.dumps({"event": "failed", "shard": "t-0-16", "error": "query failed"}),
+                    }
+                },
             }
         ],
     }
@@ -614,7 +619,8 @@ def test_failed_pod_is_replaced_after_backoff():
     events: list = []
     reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)
     shard = kube.shards()["t-0-16"]
-    assert shard["status"]["phase"] == "Failed" and shard["status"]["lastCheckpoint"]["batchId"] == 9
+    assert shard["status"]["phase"] == "Failed" and "query failed" in json.dumps(shard["status"]["conditions"])
+    assert "lastCheckpoint" not in shard["status"], "a failure report names no committed batch"
     assert "t-0-16-driver" not in kube.pods()
     # first replacement: now
     reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)
