@@ -4,6 +4,7 @@
 service-account token signing), kube-controller-manager (garbage collection, Deployments/ReplicaSets,
 namespaces, service accounts, ...), kube-scheduler and (unless ``node_agent=False``) the local node agent
 (:mod:`localkube.nodeagent`), each on free loopback ports, and waits for each to be healthy before the next.
+The node is ``127.0.0.1``; each pod gets a loopback address of its own (:mod:`localkube.podips`).
 
 Contract:
 - Every component's output goes to ``<run_dir>/logs/<component>.log``; on a start failure the tail of each log

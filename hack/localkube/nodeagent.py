@@ -7,13 +7,22 @@ is recorded, never pulled; ``command`` must be set). What it does:
 - Registers a Node (``--node-name``) with generous allocatable resources (it oversubscribes on purpose), keeps it
   Ready with a node Lease and status heartbeats every 10 s.
 - Watches the Pods bound to that node and runs each with a :class:`localkube.podworker.PodWorker` (volumes,
-  environment, service-account credentials, restart policy with back-off, termination messages, graceful
-  deletion). Every container's stdout and stderr is in ``<root>/logs/<namespace>_<pod>_<container>.log``.
+  environment, service-account credentials, restart policy with back-off, probes, termination messages,
+  graceful deletion). Every container's stdout and stderr is in ``<root>/logs/<namespace>_<pod>_<container>.log``.
+- Gives each pod an IP of its own, as a kubelet with a CNI plugin does: a loopback address from the node's pod
+  CIDR (``--pod-cidr``; by default ``127.<P // 256>.<P % 256>.0/24`` for API port ``P``, so concurrent local
+  clusters never share one), never ``127.0.0.1`` (but a ``hostNetwork`` pod's IP is the node's, as on a real
+  node), see :mod:`localkube.podips`. It is decided before the pod's containers start and is the pod's
+  ``status.podIP``/``podIPs``, the downward API's ``status.podIP`` and the target of its HTTP and TCP probes;
+  it is released, for another pod to reuse, only when the pod is gone and its processes stopped. The node's
+  ``hostIP`` (and ``InternalIP``) is ``127.0.0.1``. Containers share the host's network namespace: a process
+  binding ``0.0.0.0`` is reachable on its pod IP (and on every other, and holds that port on all of them).
 - Acts as a local-path provisioner: each Pending PersistentVolumeClaim gets a hostPath PersistentVolume at
   ``<root>/pvc/<namespace>/<claim>``, bound to it by the controller-manager as usual.
 - On SIGTERM it stops every pod's processes (SIGTERM, then SIGKILL after 5 s) and exits.
 
-Run: ``python -m localkube.nodeagent --kubeconfig K --node-name N --root DIR --api-host H --api-port P``.
+Run: ``python -m localkube.nodeagent --kubeconfig K --node-name N --root DIR --api-host H --api-port P``
+(optionally ``--pod-cidr 127.A.B.0/24``).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from pathlib import Path
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from .podips import HOST_IP, PodIPAllocator, pool_for_api_port
 from .podworker import PodWorker
 from .volumes import pvc_dir
 
@@ -53,6 +63,7 @@ class NodeAgent:
         self.root = Path(args.root)
         self.args = args
         self.workers: dict[str, PodWorker] = {}
+        self.ips = PodIPAllocator(args.pod_cidr or pool_for_api_port(args.api_port))
         self.stopping = threading.Event()
 
     # ----------------------------------------------------------------- node
@@ -74,7 +85,7 @@ class NodeAgent:
                 {"type": t, "status": "False", "reason": f"No{t}", "lastHeartbeatTime": now}
                 for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
             ],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.node}],
+            "addresses": [{"type": "InternalIP", "address": HOST_IP}, {"type": "Hostname", "address": self.node}],
             "nodeInfo": {
                 "kubeletVersion": "localkube",
                 "operatingSystem": "linux",
@@ -110,7 +121,7 @@ class NodeAgent:
             if e.status != 409:
                 raise
         self.core.patch_node_status(self.node, {"status": self.node_status()})
-        log(f"registered node {self.node}")
+        log(f"registered node {self.node}; pod IPs from {self.ips.cidr}")
 
     def heartbeat_loop(self) -> None:
         while not self.stopping.wait(HEARTBEAT_SECONDS):
@@ -194,6 +205,7 @@ class NodeAgent:
             ca_file="",
             backoff_base=self.args.backoff_base,
             backoff_max=self.args.backoff_max,
+            ips=self.ips,
             keep_visible=self.args.keep_visible,
         )
         if start:
@@ -264,6 +276,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--root", required=True, help="directory for pod sandboxes, logs and PVC data")
     parser.add_argument("--api-host", default="127.0.0.1")
     parser.add_argument("--api-port", type=int, required=True)
+    parser.add_argument(
+        "--pod-cidr",
+        help="the block inside 127.0.0.0/8 pod IPs come from (default: 127.<port // 256>.<port % 256>.0/24 "
+        "for the API port, unique among local clusters running at once)",
+    )
     parser.add_argument("--cpu", default="32", help="CPU the node advertises (oversubscribed on purpose)")
     parser.add_argument("--memory", default="128Gi", help="memory the node advertises")
     parser.add_argument("--backoff-base", type=float, default=1.0, help="first restart back-off, seconds")

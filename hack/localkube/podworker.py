@@ -2,6 +2,13 @@
 
 A :class:`PodWorker` owns one pod (by UID) for its whole life on the node:
 
+0. Address: before anything else the pod gets a loopback address of its own from the node's
+   :class:`localkube.podips.PodIPAllocator` (the one it already reports, if that is free; a ``hostNetwork``
+   pod gets the node's, ``127.0.0.1``). It is the pod's ``status.podIP``/``podIPs`` (``hostIP`` is
+   ``127.0.0.1``), what the downward API's ``status.podIP`` resolves to, and where HTTP and TCP probes connect.
+   While the block has no free address the pod stays Pending (``ContainerCreating`` with that message) and the
+   worker retries every two seconds. The address is released when the worker finishes: the pod is gone and its
+   processes were stopped.
 1. Prepare: materialize volumes (:mod:`localkube.volumes`) and resolve each container's environment
    (:mod:`localkube.containerenv`). While a source is missing the pod stays Pending with a waiting reason
    (``CreateContainerConfigError``) and the worker retries every two seconds.
@@ -37,7 +44,9 @@ from pathlib import Path
 from kubernetes.client.exceptions import ApiException
 
 from .containerenv import EnvError, EnvResolver, base_environment, expand
+from .fieldpath import with_addresses
 from .kubeconfig import write_kubeconfig
+from .podips import HOST_IP, PodIPAllocator, PodIPsExhausted
 from .probes import Prober
 from .volumes import VolumeError, VolumeMaterializer
 
@@ -100,6 +109,7 @@ class PodWorker(threading.Thread):
         ca_file: str,
         backoff_base: float,
         backoff_max: float,
+        ips: PodIPAllocator,
         keep_visible: list[str] = (),
     ) -> None:
         meta = pod["metadata"]
@@ -109,10 +119,12 @@ class PodWorker(threading.Thread):
         self.root = root
         self.api_host, self.api_port, self.ca_file = api_host, api_port, ca_file
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
+        self.ips = ips
+        self.pod_ip: str | None = None  # assigned first thing in run()
         self.keep_visible = [*keep_visible, str(root)]
         self.sandbox = root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
         self.log_dir = root / "logs"
-        self.volumes = VolumeMaterializer(core, root, self.sandbox, pod)
+        self.volumes = VolumeMaterializer(core, root, self.sandbox, self._downward_pod())
         spec = pod["spec"]
         self.init_runs = [ContainerRun(c, init=True) for c in spec.get("initContainers") or []]
         self.runs = [ContainerRun(c) for c in spec.get("containers") or []]
@@ -131,12 +143,16 @@ class PodWorker(threading.Thread):
         """Take the newest pod object (annotations and labels feed downward-API volumes)."""
         with self._lock:
             self.pod = pod
-            self.volumes.pod = pod
+            self.volumes.pod = self._downward_pod()
 
     def terminate(self, grace_seconds: float) -> None:
         """Stop the pod's containers (SIGTERM, then SIGKILL after ``grace_seconds``) and finalize deletion."""
         self._grace = max(0.0, grace_seconds)
         self._terminate.set()
+
+    def _downward_pod(self) -> dict:
+        """The pod as its downward API sees it: with this worker's addresses, whatever the API object says yet."""
+        return with_addresses(self.pod, self.pod_ip, HOST_IP)
 
     def kill_now(self) -> None:
         """Stop every process at once (the pod object is already gone, or the agent is shutting down)."""
@@ -151,12 +167,15 @@ class PodWorker(threading.Thread):
             print(f"[node-agent] pod {self.key}: worker error: {e!r}", file=sys.stderr, flush=True)
             self.kill_now()
         finally:
+            self.ips.release(self.pod["metadata"]["uid"])  # no process of the pod runs any more
             self.finished.set()
 
     def _run(self) -> None:
         self.sandbox.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         start_time = now_iso()
+        if not self._assign_ip(start_time):
+            return self._finalize_deletion()
         volume_paths = self._prepare(start_time)
         if volume_paths is None:
             return self._finalize_deletion()
@@ -195,6 +214,28 @@ class PodWorker(threading.Thread):
         self._finalize_deletion()
 
     # ----------------------------------------------------------------- steps
+    def _assign_ip(self, start_time: str) -> bool:
+        """Give the pod its address (see the module docstring); False when the pod was deleted meanwhile."""
+        reported = (self.pod.get("status") or {}).get("podIP")
+        while not self._terminate.is_set():
+            try:
+                if self.pod["spec"].get("hostNetwork"):
+                    ip = HOST_IP  # as on a real node: a host-network pod's IP is the node's
+                else:
+                    ip = self.ips.allocate(self.pod["metadata"]["uid"], preferred=reported)
+            except PodIPsExhausted as e:
+                for run in self.init_runs + self.runs:
+                    run.state = {"waiting": {"reason": "ContainerCreating", "message": str(e)}}
+                self._report(start_time)
+                self._terminate.wait(2.0)
+                continue
+            with self._lock:
+                self.pod_ip = ip
+                self.volumes.pod = self._downward_pod()
+            print(f"[node-agent] pod {self.key}: pod IP {ip}", file=sys.stderr, flush=True)
+            return True
+        return False
+
     def _prepare(self, start_time: str) -> dict[str, Path] | None:
         while not self._terminate.is_set():
             try:
@@ -320,7 +361,9 @@ class PodWorker(threading.Thread):
         try:
             with self._lock:
                 env = EnvResolver(
-                    self.core, self.pod, base_environment(str(cdir), self.api_host, self.api_port, kubeconfig)
+                    self.core,
+                    self._downward_pod(),
+                    base_environment(str(cdir), self.api_host, self.api_port, kubeconfig),
                 ).resolve(spec)
         except (EnvError, ApiException) as e:
             run.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
@@ -365,11 +408,16 @@ class PodWorker(threading.Thread):
         run.started_at = now_iso()
         run.started_mono = time.monotonic()
         run.state = {"running": {"startedAt": run.started_at}}
+        probe_host = self.pod_ip or HOST_IP
         run.readiness = (
-            Prober(spec["readinessProbe"], spec, run.started_mono, False) if spec.get("readinessProbe") else None
+            Prober(spec["readinessProbe"], spec, run.started_mono, False, probe_host)
+            if spec.get("readinessProbe")
+            else None
         )
         run.liveness = (
-            Prober(spec["livenessProbe"], spec, run.started_mono, True) if spec.get("livenessProbe") else None
+            Prober(spec["livenessProbe"], spec, run.started_mono, True, probe_host)
+            if spec.get("livenessProbe")
+            else None
         )
 
     def _sa_kubeconfig(self, mounts: list[dict]) -> str | None:
@@ -457,9 +505,8 @@ class PodWorker(threading.Thread):
 
         status = {
             "phase": phase,
-            "hostIP": "127.0.0.1",
-            "podIP": "127.0.0.1",
-            "podIPs": [{"ip": "127.0.0.1"}],
+            "hostIP": HOST_IP,
+            **({"podIP": self.pod_ip, "podIPs": [{"ip": self.pod_ip}]} if self.pod_ip else {}),
             "startTime": start_time,
             "conditions": [
                 cond("PodScheduled", True),

@@ -3,8 +3,10 @@
 A :class:`Prober` runs one probe (``httpGet``, ``tcpSocket`` or ``exec``) of one running container. Call
 ``tick(pid)`` often; it probes when ``initialDelaySeconds`` and ``periodSeconds`` say so and returns the current
 verdict: ``True`` after ``successThreshold`` consecutive successes, ``False`` after ``failureThreshold``
-consecutive failures, unchanged in between. Pods run on 127.0.0.1, so HTTP and TCP probes go there. ``exec``
-probes run inside the container's mount namespace (``nsenter``).
+consecutive failures, unchanged in between. As a kubelet does, ``httpGet`` and ``tcpSocket`` probes connect to
+the pod's IP (its own loopback address, see :mod:`localkube.podips`) unless the probe sets ``host``; HTTP probes
+never go through a proxy (``http_proxy`` and friends are ignored). ``exec`` probes run inside the container's
+mount namespace (``nsenter``).
 """
 
 from __future__ import annotations
@@ -25,10 +27,19 @@ def _port(value, container: dict) -> int:
     raise ValueError(f"probe port {value!r} is not a container port name")
 
 
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 class Prober:
-    def __init__(self, probe: dict, container: dict, started: float, initial: bool) -> None:
+    def __init__(self, probe: dict, container: dict, started: float, initial: bool, host: str) -> None:
+        """``host``: the pod's IP, where HTTP and TCP probes go unless they set their own ``host``."""
         self.probe = probe
         self.container = container
+        self.host = host
         self.period = float(probe.get("periodSeconds") or 10)
         self.timeout = float(probe.get("timeoutSeconds") or 1)
         self.success_threshold = int(probe.get("successThreshold") or 1)
@@ -59,12 +70,14 @@ class Prober:
         try:
             if "httpGet" in self.probe:
                 spec = self.probe["httpGet"]
-                url = f"http://127.0.0.1:{_port(spec['port'], self.container)}{spec.get('path', '/')}"
-                with urllib.request.urlopen(url, timeout=self.timeout) as response:
+                host = _url_host(spec.get("host") or self.host)
+                url = f"http://{host}:{_port(spec['port'], self.container)}{spec.get('path', '/')}"
+                with _NO_PROXY.open(url, timeout=self.timeout) as response:
                     return 200 <= response.status < 400
             if "tcpSocket" in self.probe:
-                port = _port(self.probe["tcpSocket"]["port"], self.container)
-                with socket.create_connection(("127.0.0.1", port), timeout=self.timeout):
+                spec = self.probe["tcpSocket"]
+                port = _port(spec["port"], self.container)
+                with socket.create_connection((spec.get("host") or self.host, port), timeout=self.timeout):
                     return True
             if "exec" in self.probe:
                 cmd = ["nsenter", "-t", str(pid), "-m", "--", *self.probe["exec"]["command"]]

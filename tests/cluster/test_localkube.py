@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import urllib.request
 
 import pytest
 
@@ -312,7 +313,7 @@ def test_readiness_probe_gates_ready_and_failed_liveness_restarts(kube_cluster, 
           containers:
           - name: web
             image: example.invalid/web:1
-            command: ["sh", "-c", "sleep 4; exec python -m http.server {port} --bind 127.0.0.1"]
+            command: ["sh", "-c", "sleep 4; exec python -m http.server {port} --bind 0.0.0.0"]
             ports: [{{name: http, containerPort: {port}}}]
             readinessProbe: {{httpGet: {{port: http, path: /}}, periodSeconds: 1}}
           - name: doomed
@@ -330,3 +331,61 @@ def test_readiness_probe_gates_ready_and_failed_liveness_restarts(kube_cluster, 
     wait_for(lambda: statuses()["web"]["ready"], 60, "web ready once its HTTP probe succeeds")
     doomed = wait_for(lambda: (s := statuses()["doomed"]) and s["restartCount"] >= 1 and s, 60, "a liveness restart")
     assert doomed["lastState"]["terminated"]["exitCode"] == 137
+
+
+SERVE_ON_POD_IP = """
+import http.server, os, sys
+ip, name, port = os.environ["POD_IP"], os.environ["POD_NAME"], int(sys.argv[1])
+body = f"{name} ip={ip} ips={os.environ['POD_IPS']}".encode()
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer((ip, port), Handler).serve_forever()
+"""
+
+
+def test_each_pod_has_its_own_ip_so_pods_can_bind_the_same_port(kube_cluster, namespace, kubectl):
+    from localkube.cluster import free_port
+
+    port = free_port()
+    pod = textwrap.dedent(f"""
+        apiVersion: v1
+        kind: Pod
+        metadata: {{name: __POD__}}
+        spec:
+          containers:
+          - name: web
+            image: example.invalid/web:1
+            command: ["python", "-c", {json.dumps(SERVE_ON_POD_IP)}, "{port}"]
+            env:
+            - {{name: POD_IP, valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}}}
+            - {{name: POD_IPS, valueFrom: {{fieldRef: {{fieldPath: status.podIPs}}}}}}
+            - {{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
+            ports: [{{name: metrics, containerPort: {port}}}]
+            readinessProbe: {{httpGet: {{port: metrics, path: /}}, periodSeconds: 1}}
+    """)
+    names = ("web-a", "web-b")
+    kubectl("apply", "-f", "-", input="---\n".join(pod.replace("__POD__", name) for name in names))
+
+    def ready(name: str) -> dict | None:
+        status = get_json(kubectl, "pod", name)["status"]
+        conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        return status if conditions.get("Ready") == "True" else None
+
+    statuses = {
+        name: wait_for(lambda n=name: ready(n), 90, f"{name} Ready through its httpGet probe") for name in names
+    }
+    ips = {name: status["podIP"] for name, status in statuses.items()}
+    assert len(set(ips.values())) == 2, ips
+    for name, status in statuses.items():
+        assert status["podIP"] != "127.0.0.1"
+        assert status["podIPs"] == [{"ip": status["podIP"]}]
+        assert status["hostIP"] == "127.0.0.1"
+        assert status["containerStatuses"][0]["restartCount"] == 0, pod_log(kube_cluster, namespace, name, "web")
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for name, ip in ips.items():
+        with no_proxy.open(f"http://{ip}:{port}/", timeout=10) as response:
+            assert response.read().decode() == f"{name} ip={ip} ips={ip}"
