@@ -131,6 +131,7 @@ def run_shards(
                 "sink": {"directory": {"path": str(work / "out" / task)}},
                 "storage": {"path": str(work / "state")},
                 "terminationMessagePath": str(work / "termination"),
+                "metricsPort": 0,  # several runtimes share this host: no metrics endpoint
             }
         )
         runner = ShardRunner(cfg, spark, available_now=True)

@@ -88,6 +88,7 @@ def config(root: Path, shard: str, end: int, partitions: int, conf: dict[str, st
             "restoreFrom": restore,
             "spark": {"master": "local[2]", "conf": conf, "triggerInterval": "1 second"},
             "terminationMessagePath": str(root / f"termination-{shard}.log"),
+            "metricsPort": 0,  # several runtimes share this host: no metrics endpoint
         }
     )
 

@@ -151,6 +151,7 @@ class Shard:
             "storage": {"path": str(root / "state")},
             "spark": {"master": "local[2]", "conf": conf, "triggerInterval": trigger},
             "terminationMessagePath": str(root / f"termination-{self.name}.log"),
+            "metricsPort": 0,  # several runtimes share this host: no metrics endpoint
         }
         read = parse_config(self.config).partitions_to_read
         self.partitions = list(range(partitions)) if read is None else read

@@ -18,7 +18,8 @@ Shape (camelCase on the wire; Python attributes are snake_case)::
                 "triggerInterval": "1 second"},
       "terminationMessagePath": "/dev/termination-log",
       "expectedBatch": 41,            # the last batch the operator saw committed, or null (RecoveryLogMissing)
-      "allowFreshStart": false        # the user's decision to start over when the recovery log is gone
+      "allowFreshStart": false,       # the user's decision to start over when the recovery log is gone
+      "metricsPort": 9108             # the live metrics endpoint (spark_runtime.live); 0: none
     }
 
 ``processor``, ``source``, ``sink`` and ``storage`` have exactly the shapes of the Task spec
@@ -50,6 +51,7 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from spark_runtime import live
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT, InvalidRangeError, KeyGrouping, KeyGroupRange
 from spark_runtime.reserved_conf import Owner, reserved_conf_problems
 
@@ -420,6 +422,9 @@ class ShardConfig(_Model):
     allow_fresh_start: bool = False
     """The user's decision (TaskShard annotation ``taskshard.io/allow-fresh-start: "true"``) to start a shard
     whose recovery log is missing or older than ``expectedBatch`` over from its source's start positions."""
+    metrics_port: int = Field(default=live.METRICS_PORT, ge=0, le=65535)
+    """The port of the live metrics endpoint (``http://<pod IP>:<metricsPort>/metrics``, Prometheus text; names
+    in :mod:`spark_runtime.live`), served while ``run`` runs. 0 disables the endpoint."""
 
     @model_validator(mode="after")
     def _check(self) -> ShardConfig:

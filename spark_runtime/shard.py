@@ -62,6 +62,8 @@ from spark_runtime.fencing import WriterFence
 from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped
 from spark_runtime.identity import claim_task_storage
 from spark_runtime.layout import ShardPaths, SinkPaths
+from spark_runtime.live import METRICS_HOST_ENV
+from spark_runtime.metrics import JOURNAL_LAG_INTERVAL_SECONDS, ShardMetrics, journal_lag
 from spark_runtime.pipeline import Plan, build_output_frame, export_state, make_plan
 from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.protocol import DrainSummary, HandoverMode, SummaryEvent
@@ -213,6 +215,12 @@ class ShardRunner:
         self._guarded_at = time.monotonic()
         self._stop_problem: EnvironmentProblem | None = None
         """Set when the source's batch guard stopped the query (e.g. ``PartitionCountChanged``); never retried."""
+        self.metrics = ShardMetrics(config.task, config.shard)
+        """The live metrics (:mod:`spark_runtime.metrics`): updated by ``poll()``, served by ``run()``."""
+        self._lag_at = float("-inf")
+        self._lag_positions: tuple[int, dict[str, Any]] | None = None
+        """(batch id, its committed positions) behind the journal's lag, read again when the batch changes."""
+        self._lag_failed = False
 
     # ---------------------------------------------------------------- requests
 
@@ -298,6 +306,7 @@ class ShardRunner:
             return False
         cfg = self.config
         self.fence.claim()  # before anything is written: a runtime still writing this shard is fenced from here on
+        self.metrics.set_writer_epoch(self.fence.epoch)
         self.check_recovery_log()
         if cfg.ready_file:  # a container restarted in place keeps /tmp: not emitting until this run does
             Path(cfg.ready_file).unlink(missing_ok=True)
@@ -431,6 +440,7 @@ class ShardRunner:
             else writer.trigger(processingTime=cfg.spark.trigger_interval)
         )
         self.last_committed = last_committed_batch(self.paths.checkpoint)
+        self.metrics.on_commit(self.last_committed, committed_at=self._commit_time(self.last_committed))
         if self._batches_from is None:
             self._batches_from = self.last_committed
         resumed = self.last_committed >= 0
@@ -566,6 +576,7 @@ class ShardRunner:
                     str(exc).splitlines()[0][:300],
                     self.restarts_left,
                 )
+                self.metrics.on_restart()
                 time.sleep(RESTART_BACKOFF_SECONDS)
                 self._start_query()
                 return
@@ -581,6 +592,7 @@ class ShardRunner:
             if ran and bid not in self._seen_progress:  # idle triggers report the *next* batch id: skip them
                 self._seen_progress.add(bid)
                 batches.append(data)
+                self.metrics.on_batch(data)
                 observed = (data.get("observedMetrics") or {}).get("taskshard_source") or {}
                 for name in self.source_metrics:
                     self.source_metrics[name] += int(observed.get(name) or 0)
@@ -612,6 +624,43 @@ class ShardRunner:
                 int((data.get("durationMs") or {}).get("triggerExecution", 0)),
                 self.dead_letter_total,
             )
+        self._update_metrics()
+
+    def _update_metrics(self) -> None:
+        """The live metrics of every poll (a batch's own come from ``on_batch`` in the progress loop)."""
+        m = self.metrics
+        m.on_commit(self.last_committed)
+        m.set_dead_letters(self.dead_letter_total)
+        m.set_emitting(bool(self.query.isActive) and not (self.as_child is not None and self.as_child.catching_up))
+        self._measure_journal_lag()
+        m.refresh()
+
+    def _measure_journal_lag(self) -> None:
+        """At most every :data:`~spark_runtime.metrics.JOURNAL_LAG_INTERVAL_SECONDS`: the journal's lag in bytes,
+        each partition file's complete end minus the last committed position. Advisory: a failure is logged."""
+        now = time.monotonic()
+        if self.source.kind != "journal" or now - self._lag_at < JOURNAL_LAG_INTERVAL_SECONDS:
+            return
+        self._lag_at = now
+        try:
+            if self._lag_positions is None or self._lag_positions[0] != self.last_committed:
+                self._lag_positions = (self.last_committed, self.positions_at(self.last_committed))
+            self.metrics.set_lag("bytes", journal_lag(self.source.path, self._lag_positions[1]))
+        except Exception:
+            if not self._lag_failed:
+                log.warning("could not measure the journal's lag (the metric stays as it was)", exc_info=True)
+            self._lag_failed = True
+
+    def _commit_time(self, batch_id: int) -> float | None:
+        """Unix time of committed ``batch_id``'s commit log entry (None: no batch, or unknown)."""
+        if batch_id < 0:
+            return None
+        entry = self.paths.checkpoint / "commits" / str(batch_id)
+        try:
+            mtime = entry.fs.get_file_info(entry.path).mtime
+        except Exception:  # advisory (a display value)
+            return None
+        return mtime.timestamp() if mtime is not None else None
 
     def positions_at(self, batch_id: int) -> dict[str, Any]:
         """The source's end positions of committed ``batch_id`` (the start positions when -1)."""
@@ -644,7 +693,16 @@ class ShardRunner:
 
     def run(self, poll_interval: float = 0.25) -> dict[str, Any]:
         """Start, process until a drain is requested (or, with ``available_now``, until caught up), drain, and
-        return the summary. Raises :class:`ShardFailed` when the query fails."""
+        return the summary. Raises :class:`ShardFailed` when the query fails. Serves the live metrics meanwhile
+        (port ``metricsPort``, 0: none; on ``$TASKSHARD_METRICS_HOST``, or every address when unset); a port
+        that cannot be bound raises :class:`EnvironmentProblem` ``MetricsPortInUse`` before anything starts."""
+        self.metrics.start_server(os.environ.get(METRICS_HOST_ENV) or "0.0.0.0", self.config.metrics_port)
+        try:
+            return self._run(poll_interval)
+        finally:
+            self.metrics.stop_server()
+
+    def _run(self, poll_interval: float) -> dict[str, Any]:
         try:
             self.start()
         except StandbyStopped as stopped:

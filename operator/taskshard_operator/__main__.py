@@ -41,6 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics at :PORT/metrics (default: off)"
     )
     parser.add_argument(
+        "--live-status-seconds",
+        type=float,
+        default=None,
+        help="scrape running shards' metrics into status.live this often (default 10; 0: off)",
+    )
+    parser.add_argument(
         "--log-format", choices=("plain", "json"), default="plain", help="log lines as text or one JSON object each"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="verbose kopf logging")
@@ -60,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TASKSHARD_BACKOFF_BASE"] = str(args.backoff_base)
     if args.metrics_port is not None:
         os.environ["TASKSHARD_METRICS_PORT"] = str(args.metrics_port)
+    if args.live_status_seconds is not None:
+        os.environ["TASKSHARD_LIVE_SECONDS"] = str(args.live_status_seconds)
 
     import kopf  # noqa: PLC0415 - after the environment is set
 

@@ -23,7 +23,7 @@ import hashlib
 import json
 from typing import Any
 
-from spark_runtime import protocol
+from spark_runtime import live, protocol
 from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import naming
 from taskshard_operator.models.task import TaskSpec
@@ -294,6 +294,8 @@ def build_pod(
             {"name": "TASKSHARD_SHARD", "value": shard},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            # The runtime's metrics endpoint binds the pod's own address (spark_runtime.live).
+            {"name": live.METRICS_HOST_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             *user_env(spec),
             *s3_credentials_env(spec),
         ],
@@ -309,8 +311,9 @@ def build_pod(
     }
     if spec.spark.image_pull_policy:
         container["imagePullPolicy"] = spec.spark.image_pull_policy
+    container["ports"] = [{"name": live.PORT_NAME, "containerPort": live.METRICS_PORT}]
     if executors:
-        container["ports"] = [
+        container["ports"] += [
             {"name": "driver", "containerPort": DRIVER_PORT},
             {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT},
         ]

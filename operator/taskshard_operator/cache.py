@@ -36,6 +36,7 @@ from pydantic import ValidationError
 
 from taskshard_operator import builders, naming
 from taskshard_operator import status as st
+from taskshard_operator.live import LiveStore, Scraped, ScrapeTarget
 from taskshard_operator.models.task import TaskSpec
 
 OVERLAY_TTL = 30.0
@@ -122,6 +123,10 @@ class Observed(Protocol):
 
     def configmap_digest(self, namespace: str, shard: str) -> str | None: ...
 
+    def live(self, namespace: str, shard: str) -> Scraped | None:
+        """The last scrape of the shard's metrics endpoint (``taskshard_operator.live``), None when none."""
+        ...
+
     def wrote(self, plural: str, obj: Mapping[str, Any], *, created: bool = False) -> None:
         """Record an object a write returned (write-through); ``created``: the write made it (the watch has not
         shown it yet), else it updated an object the watch had shown."""
@@ -177,6 +182,7 @@ class KopfCache:
         self._overlay: dict[tuple[str, str, str], tuple[float, dict[str, Any], bool]] = {}
         self._lock = threading.Lock()
         self._specs = SpecMemo()
+        self.live_store = LiveStore()
 
     def bind(self, kwargs: Mapping[str, Any]) -> None:
         for name in (self.SHARDS, self.SHARDS_BY_TASK, self.TASKS, self.PODS, self.CONFIGMAPS):
@@ -245,6 +251,24 @@ class KopfCache:
 
     def configmap_digest(self, namespace: str, shard: str) -> str | None:
         return self._one(self.CONFIGMAPS, (namespace, shard))
+
+    def live(self, namespace: str, shard: str) -> Scraped | None:
+        return self.live_store.get(namespace, shard)
+
+    def scrape_targets(self) -> list[ScrapeTarget]:
+        """Every shard driver pod that runs and has an IP (what the live-status scraper polls)."""
+        index = self._indexes.get(self.PODS, {})
+        out = []
+        for key in list(index):
+            for pod in list(index.get(key) or []):
+                if pod.running and not pod.deleting and pod.pod_ip:
+                    out.append(ScrapeTarget(key[0], key[1], pod.pod_ip))
+        return out
+
+    def shard_live(self, namespace: str, shard: str) -> dict[str, Any] | None:
+        """``status.live`` of a TaskShard as observed (with this operator's own newer write)."""
+        record = self.shard(namespace, shard)
+        return ((record or {}).get("status") or {}).get("live")
 
     def wrote(self, plural: str, obj: Mapping[str, Any], *, created: bool = False) -> None:
         meta = obj.get("metadata") or {}

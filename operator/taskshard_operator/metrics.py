@@ -9,6 +9,8 @@ Every name is ``taskshard_operator_*``:
 - ``splits_total{outcome}``: split requests ``accepted``, ``rejected`` or ``waiting``, and splits ``completed``;
 - ``split_seconds``: a split from its acceptance to ``Split``; ``split_phase_seconds{phase}``: time a split
   parent spent in each protocol phase (measured by this process; a restarted operator starts over);
+- ``live_scrapes_total{outcome}``: scrapes of shard drivers' metrics endpoints for ``status.live`` (``ok``,
+  ``empty``: no shard metrics in the answer, ``error``: no answer);
 - ``shards{phase}``: TaskShards by phase, and ``queue_depth``: keys queued, running or waiting, both read at
   scrape time (from the watch-fed cache and the work queue).
 
@@ -56,6 +58,13 @@ SPLIT_PHASE_SECONDS = Histogram(
     registry=REGISTRY,
 )
 
+LIVE_SCRAPES = Counter(
+    f"{PREFIX}_live_scrapes",
+    "Scrapes of shard metrics endpoints for status.live, by outcome.",
+    ["outcome"],
+    registry=REGISTRY,
+)
+
 SPLIT_PHASES = ("SplitRequested", "Draining", "Drained", "ChildrenCreated")
 SPLIT_EVENTS = {
     "SplitAccepted": "accepted",
@@ -72,6 +81,7 @@ METRIC_NAMES = (
     f"{PREFIX}_splits_total",
     f"{PREFIX}_split_seconds",
     f"{PREFIX}_split_phase_seconds",
+    f"{PREFIX}_live_scrapes_total",
     f"{PREFIX}_shards",
     f"{PREFIX}_queue_depth",
 )
@@ -87,6 +97,10 @@ def observe_pass(kind: str, seconds: float, outcome: str) -> None:
 
 def observe_api(method: str, outcome: str) -> None:
     API_REQUESTS.labels(method, outcome).inc()
+
+
+def observe_scrape(outcome: str) -> None:
+    LIVE_SCRAPES.labels(outcome).inc()
 
 
 def observe_event(reason: str) -> None:

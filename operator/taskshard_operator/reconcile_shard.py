@@ -73,6 +73,8 @@ from taskshard_operator.act import (
 from taskshard_operator.act import Backoff as BackoffAction
 from taskshard_operator.cache import Observed
 from taskshard_operator.kube import Kube
+from taskshard_operator.live import shard_live_patch
+from taskshard_operator.live import utc_now as live_utc_now
 from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.models.task import TaskSpec
 from taskshard_operator.phases import check_transition, parse_phase
@@ -256,7 +258,21 @@ def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=
         return ctx.decision
     ctx.spec, ctx.task_hash = parsed.spec, parsed.template_hash
     STEPS[ctx.phase](ctx)
+    _mirror_live(ctx)
     return ctx.decision
+
+
+def _mirror_live(ctx: ShardContext) -> None:
+    """``status.live`` (RATE, LAG, LAST BATCH) from the last scrape of the running driver's metrics endpoint
+    (``taskshard_operator.live``), in this pass's one status write; only when the scrape says something new."""
+    if not ctx.pod.running or ctx.pod.deleting:
+        return
+    scraped = ctx.observed.live(ctx.namespace, ctx.name)
+    if scraped is None or scraped.pod_ip != ctx.pod.pod_ip:  # none yet, or of a pod this one replaced
+        return
+    live = shard_live_patch(ctx.status.get("live"), scraped)
+    if live is not None:
+        ctx.write({"live": live})
 
 
 def _sync_active_label(ctx: ShardContext) -> None:
@@ -460,7 +476,17 @@ def _replace_or_create_pod(ctx: ShardContext) -> bool:
 def _checkpoint_patch(ctx: ShardContext) -> dict[str, Any]:
     term = ctx.pod.terminated or ctx.pod.last_terminated
     checkpoint = term.checkpoint(with_manifest=False) if term is not None else None
-    return {"lastCheckpoint": checkpoint} if checkpoint else {}
+    return {"lastCheckpoint": checkpoint, **_ended_live(ctx, checkpoint)} if checkpoint else {}
+
+
+def _ended_live(ctx: ShardContext, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """``status.live`` of a shard whose driver ended with a summary: its last batch as reported at exit (the last
+    scrape may be a few batches older), no rate, no lag."""
+    live = {k: v for k, v in (ctx.status.get("live") or {}).items() if k not in ("lag", "lagUnit", "batchTime")}
+    live.update(batchId=checkpoint["batchId"], rate=0.0, emitting=False, observedAt=live_utc_now())
+    if checkpoint.get("time"):
+        live["batchTime"] = checkpoint["time"]
+    return {"live": live}
 
 
 def _replace_ended_pod(ctx: ShardContext) -> None:
@@ -788,6 +814,7 @@ def _step_await_drain(ctx: ShardContext) -> None:
             {
                 "finalCheckpoint": final,
                 "lastCheckpoint": final,
+                **_ended_live(ctx, final),
                 "restarts": pod.restarts,
                 "conditions": [
                     ctx.cond(st.PROGRESSING, True, "Drained", message),

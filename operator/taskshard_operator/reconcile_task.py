@@ -23,6 +23,7 @@ the storage volume.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from taskshard_operator import status as st
 from taskshard_operator.act import Create, Decision, Emit, Event, Patch, carry_out
 from taskshard_operator.cache import Observed, parse_task
 from taskshard_operator.kube import Kube
+from taskshard_operator.live import task_live_patch
 from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.models.task import CheckpointRetention, TaskPhase, TaskSpec
 from taskshard_operator.reconcile_shard import first_error
@@ -101,6 +103,7 @@ def decide_task(observed: Observed, namespace: str, name: str) -> Decision | Non
         message = f"rolling TaskShard {nxt} to template {target} (last-state restart)"
         decision.events.append(Event("Normal", "RollingShard", message))
     _summarise(decision, views, plan, spec, target, cond, generation)
+    _sum_live(decision, observed, namespace, {v.name for v in planner.owners(views)})
     shown = st.get_condition(status.get("conditions"), st.PROGRESSING) or {}
     if len(plan.create) > CREATE_PER_PASS and shown.get("reason") == "Creating":
         decision.status.clear()  # more batches follow at once: the status is written when they are done
@@ -194,6 +197,22 @@ def _summarise(decision, views, plan, spec, target, cond, generation) -> None:
                 f"task {decision.name}: phase {old_phase or '-'} -> {phase.value}",
             )
         )
+
+
+def _sum_live(decision: Decision, observed: Observed, namespace: str, active: set[str]) -> None:
+    """``status.live``: RATE, LAG and dead letters summed over the active shards' ``status.live``, written at
+    most once per live-status interval (``taskshard_operator.live``); a change that comes sooner waits."""
+    lives = [
+        (s.get("status") or {}).get("live")
+        for s in observed.shards_of_task(namespace, decision.name)
+        if s["metadata"]["name"] in active
+    ]
+    current = (decision.body.get("status") or {}).get("live")
+    patch, wait = task_live_patch(current, lives, now=dt.datetime.now(dt.UTC))
+    if patch is not None:
+        _set_status(decision, {"live": patch})
+    elif wait is not None:
+        decision.again_in(wait)
 
 
 def _conditions(cond, spec: TaskSpec, tiling_error: str | None, g: _Groups, target: str) -> list[dict[str, Any]]:

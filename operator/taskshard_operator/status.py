@@ -232,6 +232,8 @@ class PodView:
     restart_count: int = 0
     restarts_base: int = 0
     template_hash: str | None = None
+    pod_ip: str | None = None
+    """``status.podIP``: where the driver's metrics endpoint answers (``taskshard_operator.live``)."""
     terminated: Termination | None = None
     """The current terminated state (container stopped), else None."""
     last_terminated: Termination | None = None
@@ -317,6 +319,7 @@ def pod_view(pod: dict[str, Any] | None) -> PodView:
         restart_count=int(cs.get("restartCount") or 0),
         restarts_base=base,
         template_hash=annotations.get(naming.ANNOTATION_TEMPLATE_HASH),
+        pod_ip=status.get("podIP") or None,
         terminated=_termination(state),
         last_terminated=_termination(cs.get("lastState")),
     )

@@ -71,6 +71,8 @@ class OperatorProcess:
             "1",
             "--metrics-port",
             str(self.metrics_port),
+            "--live-status-seconds",
+            "2",
         ]
         log = open(self.log_path, "a")  # noqa: SIM115 - owned by the child
         log.write(f"----- start {self.starts} (crash after phase: {crash_after_phase}) -----\n")

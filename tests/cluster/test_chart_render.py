@@ -141,6 +141,57 @@ def test_namespaced_watch_binds_roles_only_in_those_namespaces():
     assert all(a["automountServiceAccountToken"] is False for a in shard_accounts)
 
 
+def test_monitoring_pieces_render_when_enabled_and_the_dashboard_queries_real_metrics():
+    import json
+    import re
+
+    from spark_runtime.live import Metric
+    from taskshard_operator import metrics
+
+    assert not [d for d in render("metrics.enabled=true") if "monitoring.coreos.com" in d["apiVersion"]]
+    docs = render(
+        "metrics.enabled=true", "metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true",
+        "metrics.dashboard.enabled=true", "watchNamespaces={team-a}",
+    )  # fmt: skip
+    (pod_monitor,) = by_kind(docs, "PodMonitor")
+    assert pod_monitor["spec"]["selector"]["matchLabels"] == {"taskshard.io/component": "shard"}
+    assert pod_monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    (service_monitor,) = by_kind(docs, "ServiceMonitor")
+    service = by_kind(docs, "Service")[0]
+    labels = service["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in service_monitor["spec"]["selector"]["matchLabels"].items())
+    dashboard = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-dashboard"))
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    board = json.loads(dashboard["data"]["taskshard.json"])
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 12
+    known = {str(m) for m in Metric} | {n.removesuffix("_total") for n in metrics.METRIC_NAMES}
+    used = {re.sub(r"_(total|count|sum|bucket)$", "", n) for e in exprs for n in re.findall(r"taskshard_\w+", e)}
+    assert used and used <= known, f"the dashboard queries unknown series: {sorted(used - known)}"
+    shard_pod = builders_pod()
+    assert {"name": "metrics", "containerPort": 9108} in shard_pod["spec"]["containers"][0]["ports"]
+
+
+def builders_pod() -> dict:
+    from spark_runtime.keygroups import KeyGroupRange
+    from taskshard_operator import builders
+    from taskshard_operator.models.task import TaskSpec
+
+    spec = TaskSpec.from_k8s(
+        {
+            "maxKeyGroups": 16,
+            "initialShards": 1,
+            "processor": {"builtin": "count"},
+            "source": {"journal": {"path": "/j", "partitions": 1}},
+            "sink": {"directory": {"path": "/out"}},
+            "storage": {"path": "/data"},
+            "spark": {"image": "taskshard/shard:0.1.0"},
+        }
+    )
+    return builders.build_pod(task="t", shard="t-0-16", key_groups=KeyGroupRange(0, 16), spec=spec, template_hash="h")
+
+
 def test_optional_pieces_render_only_when_enabled():
     assert not by_kind(render(), "Service") and not by_kind(render(), "PersistentVolumeClaim")
     docs = render("metrics.enabled=true", "storage.pvc.create=true", "peering.enabled=false", "logFormat=json")

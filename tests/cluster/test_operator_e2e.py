@@ -132,6 +132,47 @@ def assert_operator_metrics(op, *, running: int, completed: int) -> None:
     assert value("split_seconds_count") == completed
 
 
+def scrape_shard(kubectl, shard: str) -> dict[str, float]:
+    """The shard driver's own metrics endpoint (http://<pod IP>:9108/metrics), as {series name: value}."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ip = get_json(kubectl, "pod", f"{shard}-driver")["status"]["podIP"]
+    with urllib.request.urlopen(f"http://{ip}:9108/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            assert s.labels.get("shard") == shard or not s.name.startswith("taskshard_shard_"), s
+            if not s.labels.get("partition") and s.labels.get("part") in (None, "triggerExecution"):
+                out[s.name] = s.value
+    return out
+
+
+def assert_live_status(kubectl, op, shard: str, rows: int) -> None:
+    """A running, caught-up shard: its driver's endpoint counts exactly the rows it processed, lag 0; the operator
+    mirrors it into status.live (the RATE, LAG and LAST BATCH columns) and counted its scrapes."""
+    scraped = scrape_shard(kubectl, shard)
+    assert scraped["taskshard_shard_rows_total"] == rows, scraped
+    assert scraped["taskshard_shard_lag"] == 0 and scraped["taskshard_shard_emitting"] == 1, scraped
+    batch = int(scraped["taskshard_shard_last_batch"])
+    assert batch >= 0
+    wait_for(
+        lambda: (status(kubectl, "taskshard", shard).get("live") or {}).get("batchId", -1) >= batch,
+        60,
+        f"status.live of {shard} at batch {batch}",
+    )
+    live = status(kubectl, "taskshard", shard)["live"]
+    assert live["lag"] == 0 and live["lagUnit"] == "bytes" and live["emitting"] is True, live
+    table = kubectl("get", "taskshard", shard).stdout.splitlines()
+    header, row = table[0].split(), table[1].split()
+    assert header[:8] == ["NAME", "TASK", "RANGE", "PHASE", "READY", "RATE", "LAG", "LAST"], table
+    assert row[5] != "<none>" and row[7] != "<none>" and int(row[7]) >= batch, table
+    samples = op.metrics()
+    assert samples.get(("taskshard_operator_live_scrapes_total", (("outcome", "ok"),)), 0) > 0
+
+
 def split(kubectl, shard: str, at: int | None = None) -> None:
     body = {"spec": {"split": {"requested": True, **({"at": at} if at is not None else {})}}}
     kubectl("patch", "taskshard", shard, "--type=merge", "-p", json.dumps(body))
@@ -155,7 +196,8 @@ def test_demo_splits_pod_kill_bad_requests_suspend_resume(kubectl, operator_proc
         write_events(data, "demo", start=0, count=400)
         apply(kubectl, task_manifest("demo", data, max_key_groups=16))
         wait_phases(kubectl, {"demo-0-16": "Running"}, START, op)
-        wait_results(data, "demo", START)
+        first = wait_results(data, "demo", START)
+        assert_live_status(kubectl, op, "demo-0-16", sum(first.values()))
 
         # A killed shard process restarts in place and resumes from its recovery log (restartPolicy OnFailure);
         # a force-deleted pod is replaced by the operator and resumes too.
@@ -183,6 +225,12 @@ def test_demo_splits_pod_kill_bad_requests_suspend_resume(kubectl, operator_proc
         wait_results(data, "demo", START)
         assert_single_hand_over(data, "demo", "demo-0-16", ("demo-0-8", "demo-8-16"))
         assert_operator_metrics(op, running=2, completed=1)
+        wait_for(
+            lambda: (status(kubectl, "task", "demo").get("live") or {}).get("shardsReporting") == 2,
+            60,
+            "the Task's status.live summing both children",
+        )
+        assert (status(kubectl, "taskshard", "demo-0-16").get("live") or {}).get("rate") == 0.0, "a drained parent"
 
         # Split 2 at an explicit point: three active shards.
         split(kubectl, "demo-8-16", at=12)

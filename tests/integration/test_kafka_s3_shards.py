@@ -66,6 +66,7 @@ class Setup:
                 "conf": {"spark.taskshard.maxRecordsPerTrigger": "400"},
             },
             "terminationMessagePath": str(self.tmp / f"{shard}.termination"),
+            "metricsPort": 0,  # several runtimes share this host: no metrics endpoint
         }
         if restore is not None:
             data["restoreFrom"] = restore

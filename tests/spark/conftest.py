@@ -129,6 +129,7 @@ class TaskEnv:
             "restoreFrom": restore,
             "spark": {"master": "local[2]", "conf": {**SPARK_CONF, **self.conf}, "triggerInterval": self.trigger},
             "terminationMessagePath": str(self.root / f"termination-{start}-{end}.log"),
+            "metricsPort": 0,  # many runtimes share this host; tests that scrape pass their own port
             **extra,
         }
 

@@ -157,8 +157,10 @@ def test_names_printer_columns_and_subresources():
         assert version["subresources"] == {"status": {}}
         assert all(col.get("description") for col in version["additionalPrinterColumns"])
     columns = lambda spec: [c["name"] for c in spec["versions"][0]["additionalPrinterColumns"] if not c.get("priority")]  # noqa: E731
-    assert columns(task) == ["Shards", "Phase", "Ready", "Age"]
-    assert columns(shard) == ["Task", "Range", "Phase", "Ready", "Last Batch", "Age"]
+    assert columns(task) == ["Shards", "Phase", "Ready", "Rate", "Lag", "Age"]
+    assert columns(shard) == ["Task", "Range", "Phase", "Ready", "Rate", "Lag", "Last Batch", "Age"]
+    paths = {c["name"]: c["jsonPath"] for c in shard["versions"][0]["additionalPrinterColumns"]}
+    assert paths["Last Batch"] == ".status.live.batchId" and paths["Rate"] == ".status.live.rate"
 
 
 def test_crd_files_are_plain_yaml_documents():

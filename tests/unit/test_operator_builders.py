@@ -155,6 +155,7 @@ def test_build_pod_golden():
                         {"name": "TASKSHARD_SHARD", "value": "orders-0-64"},
                         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                        {"name": "TASKSHARD_METRICS_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                     ],
                     "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
                     "volumeMounts": [
@@ -169,6 +170,7 @@ def test_build_pod_golden():
                         "periodSeconds": 2,
                         "failureThreshold": 1,
                     },
+                    "ports": [{"name": "metrics", "containerPort": 9108}],
                     "securityContext": {
                         "allowPrivilegeEscalation": False,
                         "readOnlyRootFilesystem": True,
@@ -284,7 +286,7 @@ def test_executor_manifests():
 
     pod = builders.build_pod(task="orders", shard="orders-0-64", key_groups=R(0, 64), spec=s, template_hash="h")
     assert pod["spec"]["automountServiceAccountToken"] is True
-    assert [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]] == [7078, 7079]
+    assert [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]] == [9108, 7078, 7079]
 
 
 def test_cleanup_pod():

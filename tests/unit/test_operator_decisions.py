@@ -49,6 +49,7 @@ class World:
         self.shards: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}
         self.configmaps: dict[str, str] = {}
+        self.scrapes: dict[str, Any] = {}
         self.calls: list[tuple] = []
         self.tasks[TASK] = {
             "apiVersion": naming.GROUP_VERSION,
@@ -84,6 +85,9 @@ class World:
 
     def configmap_digest(self, namespace: str, shard: str) -> str | None:
         return self.configmaps.get(shard)
+
+    def live(self, namespace: str, shard: str):
+        return self.scrapes.get(shard)
 
     def wrote(self, plural, obj, *, created=False) -> None:
         self.calls.append(("wrote", plural))

@@ -78,6 +78,7 @@ def test_the_endpoint_serves_every_advertised_metric():
     metrics.observe_pass("task", 0.01, "ok")
     metrics.observe_api("create_pod", "ok")
     metrics.observe_event("Split")
+    metrics.observe_scrape("ok")
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     names = {s.name for family in text_string_to_metric_families(text) for s in family.samples}

@@ -195,6 +195,9 @@ class FakeKube:
         cm = self.objects.get(("configmaps", naming.configmap_name(shard)))
         return data_digest(cm["data"]) if cm else None
 
+    def live(self, namespace, shard):
+        return None
+
     def wrote(self, plural, obj, *, created=False):
         pass
 

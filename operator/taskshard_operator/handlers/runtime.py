@@ -18,6 +18,7 @@ import kopf
 from taskshard_operator import metrics
 from taskshard_operator.cache import KopfCache
 from taskshard_operator.kube import Kube
+from taskshard_operator.live import LIVE_INTERVAL_SECONDS, LiveScraper
 from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
 from taskshard_operator.reconcile_task import reconcile_task
 from taskshard_operator.workqueue import WorkQueue
@@ -31,6 +32,8 @@ BACKOFF_CAP = float(os.environ.get("TASKSHARD_BACKOFF_CAP", "60"))
 WORKERS = int(os.environ.get("TASKSHARD_WORKERS", "8"))
 METRICS_PORT = int(os.environ.get("TASKSHARD_METRICS_PORT", "0"))
 """Serve Prometheus metrics on this port (0: off; ``--metrics-port``)."""
+LIVE_SECONDS = float(os.environ.get("TASKSHARD_LIVE_SECONDS", str(LIVE_INTERVAL_SECONDS)))
+"""Scrape running shards' metrics for ``status.live`` this often (0: off; ``--live-status-seconds``)."""
 TASK_DEBOUNCE_SECONDS = 0.5
 """A Task's pass after a shard event waits this long, so a burst of shard events makes one Task pass."""
 
@@ -45,6 +48,14 @@ class Runtime:
             key[0], seconds, "ok" if error is None else "error"
         )
         self.context: contextvars.Context | None = None
+        self.live = LiveScraper(
+            self.cache.live_store,
+            self.cache.scrape_targets,
+            self.cache.shard_live,
+            self.enqueue_from_thread,
+            interval=LIVE_SECONDS,
+            observe=metrics.observe_scrape,
+        )
 
     @property
     def kube(self) -> Kube:
@@ -59,6 +70,10 @@ class Runtime:
         """Ask for a pass (from a handler: the Kopf context is captured for the workers)."""
         self.context = contextvars.copy_context()
         self.queue.add(key, delay)
+
+    def enqueue_from_thread(self, key: Hashable) -> None:
+        """Ask for a pass from a thread outside Kopf (the live-status scraper): the captured context stays."""
+        self.queue.add(key, 0.0)
 
 
 RUNTIME = Runtime()

@@ -29,12 +29,14 @@ def operator_startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     RUNTIME.kube  # noqa: B018 - load credentials once, at start
     RUNTIME.cache.bind(kwargs)
     RUNTIME.queue.start()
+    RUNTIME.live.start()
     if METRICS_PORT:
         metrics.serve(METRICS_PORT, RUNTIME.cache.shard_phases, RUNTIME.queue.pending)
 
 
 @kopf.on.cleanup()
 def operator_cleanup(**_: Any) -> None:
+    RUNTIME.live.stop()
     RUNTIME.queue.stop()
 
 

@@ -136,3 +136,20 @@ class Condition(K8sModel):
         max_length=32768,
         description="Human-readable details of the last transition; may be empty.",
     )
+
+
+class LagUnit(StrEnum):
+    RECORDS = "records"
+    BYTES = "bytes"
+
+
+class LiveCommon(K8sModel):
+    """What a running shard reports on its metrics endpoint, as the operator last saw it (``status.live``)."""
+
+    rate: float = Field(ge=0, description="Input rows committed per second over the last minute.")
+    lag: int | None = Field(
+        default=None, ge=0, description="Input not yet processed, in lagUnit (Kafka: records; journal: bytes)."
+    )
+    lag_unit: LagUnit | None = Field(default=None, description="The unit of lag: records or bytes.")
+    dead_letters: int = Field(default=0, ge=0, description="Dead letters counted so far.")
+    observed_at: datetime | None = Field(default=None, description="When the operator read it (RFC 3339).")

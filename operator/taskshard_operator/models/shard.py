@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
 
 from .base import API_GROUP, API_VERSION, DNS_SUBDOMAIN_PATTERN, K8sModel, cel, validations
-from .common import SHARD_CONDITION_TYPES, Condition, KeyGroups, LocalObjectRef, enumerate_values
+from .common import SHARD_CONDITION_TYPES, Condition, KeyGroups, LiveCommon, LocalObjectRef, enumerate_values
 
 __all__ = [
     "ROOT_RULES",
@@ -289,6 +289,16 @@ class Lineage(K8sModel):
     )
 
 
+class ShardLive(LiveCommon):
+    """The running shard as its metrics endpoint last reported it (scraped every few seconds; written at most once
+    per scrape interval)."""
+
+    batch_id: int = Field(ge=-1, description="The last committed micro-batch id (-1: none yet).")
+    batch_time: datetime | None = Field(default=None, description="When it committed (RFC 3339).")
+    state_rows: int | None = Field(default=None, ge=0, description="Rows of state the shard holds.")
+    emitting: bool = Field(default=False, description="Whether it writes to its sink (a split child: once live).")
+
+
 class TaskShardStatus(K8sModel):
     """Observed state of a shard, written by the operator only (status subresource)."""
 
@@ -318,6 +328,7 @@ class TaskShardStatus(K8sModel):
     restarts: int = Field(default=0, ge=0, description="How often the driver pod was restarted.")
     pod: str | None = Field(default=None, max_length=253, description="Name of the current driver pod of this shard.")
     lineage: Lineage | None = Field(default=None, description="Parent and children of this shard.")
+    live: ShardLive | None = Field(default=None, description="Rate, lag and last batch of the running shard.")
 
 
 ROOT_RULES = [

@@ -38,7 +38,7 @@ from .base import (
     k8s_schema,
     validations,
 )
-from .common import TASK_CONDITION_TYPES, Condition, enumerate_values
+from .common import TASK_CONDITION_TYPES, Condition, LiveCommon, enumerate_values
 
 __all__ = [
     "BuiltinProcessor",
@@ -603,6 +603,12 @@ class ShardSummary(K8sModel):
     phase: str | None = Field(default=None, max_length=32, description="Its phase.")
 
 
+class TaskLive(LiveCommon):
+    """The sum over the Task's active shards' ``status.live`` (written at most once per scrape interval)."""
+
+    shards_reporting: int = Field(default=0, ge=0, description="How many active shards the sum covers.")
+
+
 class TaskStatus(K8sModel):
     """Observed state of a Task, written by the operator only (status subresource)."""
 
@@ -627,6 +633,7 @@ class TaskStatus(K8sModel):
         max_length=64,
         description="Hash of the shard template (spark, processor, source, sink) the shards run; a change rolls them.",
     )
+    live: TaskLive | None = Field(default=None, description="Rate, lag and dead letters summed over its shards.")
 
 
 class Task(K8sModel):

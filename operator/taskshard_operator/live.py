@@ -1,0 +1,239 @@
+"""Live status: RATE, LAG and LAST BATCH of every running shard, without a status write per batch.
+
+A shard's runtime exports its metrics on ``http://<pod IP>:<port>/metrics`` (names and parsing:
+``spark_runtime.live``, the contract both sides import). The operator observes them like it observes
+everything else, from memory:
+
+- :class:`LiveScraper` (one thread) scrapes every running shard driver pod the cache knows, every
+  ``interval`` seconds (10 by default, ``--live-status-seconds``), a few pods at a time, each with a short
+  timeout, and keeps the last answer per shard in :class:`LiveStore`. A shard whose answer would change its
+  ``status.live`` gets a pass (its work-queue key); nothing else is enqueued.
+- The shard's pass (``reconcile_shard``) copies the stored answer into ``status.live`` as part of its one status
+  write (:func:`shard_live_patch`). One scrape per shard per interval means at most one such write per shard
+  per interval, whatever the batch rate (no write storm with 500 shards).
+- The Task's pass sums its active shards' ``status.live`` into the Task's (:func:`task_live_patch`), at most
+  once per interval too.
+
+A pod that does not answer keeps its last ``status.live`` (with its ``observedAt``); scrape outcomes are counted
+in the operator's metrics (``taskshard_operator_live_scrapes_total``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from spark_runtime.live import METRICS_PATH, METRICS_PORT, LiveStats, live_stats
+
+__all__ = [
+    "LIVE_INTERVAL_SECONDS",
+    "LiveScraper",
+    "LiveStore",
+    "ScrapeTarget",
+    "parse_scrape",
+    "shard_live_patch",
+    "task_live_patch",
+]
+
+log = logging.getLogger(__name__)
+
+LIVE_INTERVAL_SECONDS = 10.0
+SCRAPE_TIMEOUT_SECONDS = 2.0
+SCRAPE_CONCURRENCY = 8
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_scrape(text: str) -> LiveStats | None:
+    """The :class:`LiveStats` of a Prometheus text scrape (None: no shard metrics in it)."""
+    samples = (
+        (sample.name, sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    )
+    return live_stats(samples)
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    namespace: str
+    shard: str
+    pod_ip: str
+    port: int = METRICS_PORT
+
+
+@dataclass(frozen=True)
+class Scraped:
+    stats: LiveStats
+    observed_at: str
+    pod_ip: str
+
+
+class LiveStore:
+    """The last scrape per shard (thread-safe). Entries of shards no longer scraped are dropped by :meth:`keep`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[tuple[str, str], Scraped] = {}
+
+    def put(self, namespace: str, shard: str, scraped: Scraped) -> None:
+        with self._lock:
+            self._data[(namespace, shard)] = scraped
+
+    def get(self, namespace: str, shard: str) -> Scraped | None:
+        with self._lock:
+            return self._data.get((namespace, shard))
+
+    def keep(self, keys: Iterable[tuple[str, str]]) -> None:
+        wanted = set(keys)
+        with self._lock:
+            for key in [k for k in self._data if k not in wanted]:
+                del self._data[key]
+
+
+def _comparable(live: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (live or {}).items() if k != "observedAt"}
+
+
+def shard_live_patch(current: Mapping[str, Any] | None, scraped: Scraped | None) -> dict[str, Any] | None:
+    """The ``status.live`` to write for a shard (pure), or None when the scrape says nothing new."""
+    if scraped is None:
+        return None
+    live = scraped.stats.to_status(observed_at=scraped.observed_at)
+    if _comparable(live) == _comparable(current):
+        return None
+    return live
+
+
+def _age_seconds(stamp: str | None, now: dt.datetime) -> float:
+    if not stamp:
+        return float("inf")
+    try:
+        then = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return float("inf")
+    return (now - then).total_seconds()
+
+
+def task_live_patch(
+    current: Mapping[str, Any] | None,
+    shard_lives: Iterable[Mapping[str, Any] | None],
+    *,
+    now: dt.datetime,
+    interval: float = LIVE_INTERVAL_SECONDS,
+) -> tuple[dict[str, Any] | None, float | None]:
+    """The Task's ``status.live`` (the sum over its active shards) and, when it changed too soon after the last
+    write, the seconds to wait instead: ``(patch, None)``, ``(None, wait)`` or ``(None, None)`` (nothing new)."""
+    lives = [live for live in shard_lives if live]
+    if not lives:
+        return None, None
+    units = {live.get("lagUnit") for live in lives if live.get("lag") is not None}
+    summed: dict[str, Any] = {
+        "rate": round(sum(float(live.get("rate") or 0.0) for live in lives), 1),
+        "shardsReporting": len(lives),
+        "deadLetters": sum(int(live.get("deadLetters") or 0) for live in lives),
+    }
+    if len(units) == 1:
+        summed["lag"] = sum(int(live.get("lag") or 0) for live in lives if live.get("lag") is not None)
+        summed["lagUnit"] = units.pop()
+    if _comparable(summed) == _comparable(current):
+        return None, None
+    age = _age_seconds((current or {}).get("observedAt"), now)
+    if age < interval:
+        return None, interval - age
+    return {**summed, "observedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ")}, None
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""Pod IPs are reached directly, never through an ``http_proxy`` the operator's environment may set."""
+
+
+def _fetch(target: ScrapeTarget, timeout: float) -> str:
+    url = f"http://{target.pod_ip}:{target.port}{METRICS_PATH}"
+    with _DIRECT.open(url, timeout=timeout) as response:
+        return response.read().decode("utf-8", "replace")
+
+
+class LiveScraper:
+    """Scrapes the targets every ``interval`` seconds in a daemon thread (see the module docstring).
+
+    ``targets()`` lists what to scrape (from the cache); ``current(namespace, shard)`` the shard's
+    ``status.live`` as observed; ``enqueue(key)`` asks for a shard pass; ``observe(outcome)`` counts a scrape.
+    """
+
+    def __init__(
+        self,
+        store: LiveStore,
+        targets: Callable[[], list[ScrapeTarget]],
+        current: Callable[[str, str], Mapping[str, Any] | None],
+        enqueue: Callable[[Hashable], None],
+        *,
+        interval: float = LIVE_INTERVAL_SECONDS,
+        timeout: float = SCRAPE_TIMEOUT_SECONDS,
+        observe: Callable[[str], None] = lambda outcome: None,
+        fetch: Callable[[ScrapeTarget, float], str] = _fetch,
+    ) -> None:
+        self.store, self.targets, self.current, self.enqueue = store, targets, current, enqueue
+        self.interval, self.timeout, self.observe, self.fetch = interval, timeout, observe, fetch
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(max_workers=SCRAPE_CONCURRENCY, thread_name_prefix="live-scrape")
+
+    def start(self) -> None:
+        if self._thread is None and self.interval > 0:
+            self._thread = threading.Thread(target=self._loop, name="live-scraper", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.scrape_all()
+            except Exception:  # never let the scraper die: the next round tries again
+                log.exception("live status scrape round failed")
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def scrape_all(self) -> int:
+        """One round: scrape every target, store the answers, enqueue the shards whose status would change.
+        Returns how many shards were enqueued."""
+        targets = self.targets()
+        self.store.keep((t.namespace, t.shard) for t in targets)
+        enqueued = 0
+        for target, scraped in zip(targets, self._pool.map(self._scrape_one, targets), strict=True):
+            if scraped is None:
+                continue
+            self.store.put(target.namespace, target.shard, scraped)
+            if shard_live_patch(self.current(target.namespace, target.shard), scraped) is not None:
+                self.enqueue(("shard", target.namespace, target.shard))
+                enqueued += 1
+        return enqueued
+
+    def _scrape_one(self, target: ScrapeTarget) -> Scraped | None:
+        try:
+            stats = parse_scrape(self.fetch(target, self.timeout))
+        except Exception as exc:  # a pod still starting, a port not yet bound: not an error worth more
+            self.observe("error")
+            log.debug("scraping %s/%s at %s failed: %s", target.namespace, target.shard, target.pod_ip, exc)
+            return None
+        if stats is None:
+            self.observe("empty")
+            return None
+        self.observe("ok")
+        return Scraped(stats, utc_now(), target.pod_ip)

@@ -1,0 +1,139 @@
+"""Live shard metrics: what the runtime exports on its metrics endpoint and what the operator reads back into the
+TaskShard's ``status.live`` (the RATE, LAG and LAST BATCH columns). The one contract both sides import.
+
+Pure: no Spark, no Kubernetes client, no I/O (the exporter is :mod:`spark_runtime.metrics`, the operator's scraper
+``taskshard_operator.live``).
+
+The endpoint: ``http://<pod IP>:<port>/metrics`` in the Prometheus text format (port ``metricsPort`` in the shard
+config, :data:`METRICS_PORT` by default, named :data:`PORT_NAME` on the driver container; the runtime binds the
+address in ``$TASKSHARD_METRICS_HOST``, the pod's IP from the downward API, or every address when unset). Every
+series carries the labels ``task`` and ``shard``. Names (:class:`Metric`):
+
+================================================  ========  ==========================================================
+``taskshard_shard_rows_total``                    counter   input rows of committed batches of this process
+``taskshard_shard_rows_per_second``               gauge     input rows committed per second over the last
+                                                            :data:`RATE_WINDOW_SECONDS` (the RATE column)
+``taskshard_shard_processed_rows_per_second``     gauge     Spark's processedRowsPerSecond of the last batch
+``taskshard_shard_lag``                           gauge     input not yet processed, label ``unit`` = ``records``
+                                                            (Kafka: offsets behind the latest) or ``bytes`` (journal)
+``taskshard_shard_partition_lag``                 gauge     the same per source partition (label ``partition``:
+                                                            ``p0.jsonl`` (journal), ``<topic>/<partition>`` (Kafka))
+``taskshard_shard_last_batch``                    gauge     the last committed batch id (-1: none yet)
+``taskshard_shard_last_batch_timestamp_seconds``  gauge     when it was committed (Unix time; 0: unknown)
+``taskshard_shard_batch_duration_seconds``        gauge     the last batch's durations, label ``part`` (Spark's
+                                                            durationMs keys; ``triggerExecution``: the whole batch)
+``taskshard_shard_state_rows``                    gauge     state rows (all stateful operators)
+``taskshard_shard_state_bytes``                   gauge     state memory used in bytes
+``taskshard_shard_dead_letters_total``            counter   dead letters of this shard (journal: all runs, from its
+                                                            dead-letter files; Kafka: this process's)
+``taskshard_shard_restarts_total``                counter   in-process query restarts
+``taskshard_shard_emitting``                      gauge     1 while the shard writes to its sink
+``taskshard_shard_writer_epoch``                  gauge     this runtime's writer epoch (0: none claimed yet)
+================================================  ========  ==========================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "METRICS_HOST_ENV",
+    "METRICS_PATH",
+    "METRICS_PORT",
+    "PORT_NAME",
+    "RATE_WINDOW_SECONDS",
+    "LiveStats",
+    "Metric",
+    "live_stats",
+]
+
+METRICS_PORT = 9108
+PORT_NAME = "metrics"
+METRICS_PATH = "/metrics"
+METRICS_HOST_ENV = "TASKSHARD_METRICS_HOST"
+RATE_WINDOW_SECONDS = 60.0
+"""The window of the RATE gauge: rows of the batches committed within it, divided by it (or, while the process
+has run batches for less, by the time since its first batch began, at least 1 s)."""
+
+
+class Metric(StrEnum):
+    ROWS = "taskshard_shard_rows"  # counter: exported as ..._total
+    ROWS_PER_SECOND = "taskshard_shard_rows_per_second"
+    PROCESSED_ROWS_PER_SECOND = "taskshard_shard_processed_rows_per_second"
+    LAG = "taskshard_shard_lag"
+    PARTITION_LAG = "taskshard_shard_partition_lag"
+    LAST_BATCH = "taskshard_shard_last_batch"
+    LAST_BATCH_TIMESTAMP = "taskshard_shard_last_batch_timestamp_seconds"
+    BATCH_DURATION = "taskshard_shard_batch_duration_seconds"
+    STATE_ROWS = "taskshard_shard_state_rows"
+    STATE_BYTES = "taskshard_shard_state_bytes"
+    DEAD_LETTERS = "taskshard_shard_dead_letters"  # counter
+    RESTARTS = "taskshard_shard_restarts"  # counter
+    EMITTING = "taskshard_shard_emitting"
+    WRITER_EPOCH = "taskshard_shard_writer_epoch"
+
+
+@dataclass(frozen=True)
+class LiveStats:
+    """What the operator mirrors into ``status.live`` (see :meth:`to_status`)."""
+
+    batch_id: int
+    batch_time: float | None
+    """Unix time of the last commit (None: no batch yet)."""
+    rate: float
+    lag: int | None
+    lag_unit: str | None
+    state_rows: int | None
+    dead_letters: int
+    emitting: bool
+
+    def to_status(self, *, observed_at: str) -> dict[str, Any]:
+        """The ``status.live`` object; ``rate`` rounded to 0.1 rows/s so that noise does not cause writes."""
+        from datetime import UTC, datetime
+
+        out: dict[str, Any] = {
+            "batchId": self.batch_id,
+            "rate": round(self.rate, 1),
+            "deadLetters": self.dead_letters,
+            "emitting": self.emitting,
+            "observedAt": observed_at,
+        }
+        if self.batch_time is not None:
+            out["batchTime"] = datetime.fromtimestamp(self.batch_time, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if self.lag is not None:
+            out["lag"] = self.lag
+            out["lagUnit"] = self.lag_unit
+        if self.state_rows is not None:
+            out["stateRows"] = self.state_rows
+        return out
+
+
+def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveStats | None:
+    """The :class:`LiveStats` of a scrape, given its samples as ``(name, labels, value)`` (the parser is the
+    caller's: ``prometheus_client.parser``); None when the scrape holds no shard metrics (not a shard runtime)."""
+    values: dict[str, float] = {}
+    lag_unit: str | None = None
+    for name, labels, value in samples:
+        if name == Metric.LAG:
+            lag_unit = labels.get("unit")
+        if name in (Metric.BATCH_DURATION, Metric.PARTITION_LAG) or name.endswith("_created"):
+            continue
+        values[name] = value
+    if Metric.LAST_BATCH not in values:
+        return None
+    timestamp = values.get(Metric.LAST_BATCH_TIMESTAMP)
+    lag = values.get(Metric.LAG)
+    state_rows = values.get(Metric.STATE_ROWS)
+    return LiveStats(
+        batch_id=int(values[Metric.LAST_BATCH]),
+        batch_time=timestamp if timestamp else None,
+        rate=float(values.get(Metric.ROWS_PER_SECOND, 0.0)),
+        lag=int(lag) if lag is not None else None,
+        lag_unit=lag_unit if lag is not None else None,
+        state_rows=int(state_rows) if state_rows is not None else None,
+        dead_letters=int(values.get(f"{Metric.DEAD_LETTERS}_total", 0.0)),
+        emitting=bool(values.get(Metric.EMITTING, 0.0)),
+    )

@@ -1,0 +1,339 @@
+"""The shard runtime's live Prometheus metrics: :class:`ShardMetrics` exports the series of
+:class:`spark_runtime.live.Metric` (the contract, with the table of names) on ``http://<host>:<port>/metrics``.
+
+Every series carries the labels ``task`` and ``shard``; ``taskshard_shard_lag`` adds ``unit`` (``bytes`` for the
+journal, ``records`` for Kafka), ``taskshard_shard_partition_lag`` adds ``partition`` (a journal file name such as
+``p0.jsonl``, or ``<topic>/<partition>`` for Kafka) and ``taskshard_shard_batch_duration_seconds`` adds ``part``
+(Spark's ``durationMs`` keys; ``triggerExecution`` is the whole batch).
+
+When values update (the runner, :class:`spark_runtime.shard.ShardRunner`, calls the update methods from its poll
+loop, every ``poll_interval``, so values are at most one poll old):
+
+- per committed batch of this process (:meth:`ShardMetrics.on_batch`, fed Spark's progress JSON once per batch):
+  rows, processed rows per second, batch durations, state rows and bytes, the last batch and its commit time
+  (when the poll saw it), and Kafka's lag (from the progress' ``latestOffset`` minus ``endOffset``, only when
+  Spark reports ``latestOffset``);
+- at every poll: the last committed batch (:meth:`ShardMetrics.on_commit`, also at each query start with the
+  commit's time from the recovery log), dead letters, ``emitting``;
+- at most every :data:`JOURNAL_LAG_INTERVAL_SECONDS`: the journal's lag in bytes (:func:`journal_lag`: a ``stat``
+  per partition file, and a read of its tail when it grew);
+- once per runtime start: the writer epoch; per in-process query restart: restarts;
+- at scrape time: the rate, ``taskshard_shard_rows_per_second`` = input rows of the batches committed within the
+  last :data:`~spark_runtime.live.RATE_WINDOW_SECONDS`, divided by that window, or, while this process has been
+  processing for less, by the time since its first batch began (at least :data:`MIN_RATE_SECONDS`); 0 before
+  the first batch. So an idle shard's rate decays to 0 within the window without any new batch.
+
+Series whose value is not known yet are absent rather than 0: the lag (no measure yet), state rows and bytes (no
+batch with stateful operators yet in this process), the batch durations (no batch yet). ``last_batch`` is -1 and
+``last_batch_timestamp_seconds`` 0 until a batch is known; ``writer_epoch`` is 0 until the runtime claims one.
+
+Each :class:`ShardMetrics` owns its :class:`prometheus_client.CollectorRegistry` (never the global one: tests run
+several runners in one process). :meth:`ShardMetrics.start_server` serves it (a daemon thread); port 0 serves
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from spark_runtime.live import METRICS_PATH, RATE_WINDOW_SECONDS, Metric
+from spark_runtime.problems import EnvironmentProblem
+
+__all__ = [
+    "JOURNAL_LAG_INTERVAL_SECONDS",
+    "MIN_RATE_SECONDS",
+    "ShardMetrics",
+    "journal_lag",
+    "kafka_lag",
+]
+
+log = logging.getLogger("taskshard.metrics")
+
+JOURNAL_LAG_INTERVAL_SECONDS = 1.0
+"""How often the runner measures the journal's lag at most (its poll runs more often)."""
+MIN_RATE_SECONDS = 1.0
+"""The smallest divisor of the rate: right after the first batch, its rows over at least this many seconds."""
+
+_LABELS = ("task", "shard")
+
+
+class ShardMetrics:
+    """The live metrics of one shard runtime (see the module docstring). Thread-safe: the runner updates it,
+    the server thread reads it. ``clock`` (Unix seconds) is injectable for tests."""
+
+    def __init__(
+        self,
+        task: str,
+        shard: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        window: float = RATE_WINDOW_SECONDS,
+    ) -> None:
+        self.task = task
+        self.shard = shard
+        self.registry = CollectorRegistry()
+        self._clock = clock
+        self._window = float(window)
+        self._lock = threading.Lock()
+        self._recent: deque[tuple[float, int]] = deque()
+        """(commit time, input rows) of the batches committed within the window."""
+        self._since: float | None = None
+        """When this process's first batch began (its commit time minus its trigger execution time)."""
+        self._last_batch = -1
+        self._known = False
+        """Whether a committed batch id (or -1: none) was reported yet: the first report of a resumed shard's
+        last batch is not a commit seen now."""
+        self._dead_letters = 0
+        self._lag_unit: str | None = None
+        self._partitions: set[str] = set()
+        self._parts: set[str] = set()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.address: tuple[str, int] | None = None
+        """(host, port) the endpoint serves on (None: not serving)."""
+
+        own = (task, shard)
+
+        def gauge(name: Metric, doc: str, *extra: str) -> Gauge:
+            return Gauge(str(name), doc, [*_LABELS, *extra], registry=self.registry)
+
+        def counter(name: Metric, doc: str) -> Counter:
+            return Counter(str(name), doc, list(_LABELS), registry=self.registry)
+
+        self._rows = counter(Metric.ROWS, "Input rows of the batches this process committed.").labels(*own)
+        self._rate = gauge(
+            Metric.ROWS_PER_SECOND,
+            f"Input rows committed per second over the last {RATE_WINDOW_SECONDS:g} s (the RATE column).",
+        ).labels(*own)
+        self._rate.set_function(self.rate)
+        self._processed = gauge(
+            Metric.PROCESSED_ROWS_PER_SECOND, "Spark's processedRowsPerSecond of the last batch."
+        ).labels(*own)
+        self._processed.set(0)
+        self._lag = gauge(Metric.LAG, "Input not yet processed (records for Kafka, bytes for the journal).", "unit")
+        self._partition_lag = gauge(Metric.PARTITION_LAG, "Input not yet processed per source partition.", "partition")
+        self._last = gauge(Metric.LAST_BATCH, "The last committed batch id (-1: none yet).").labels(*own)
+        self._last.set(-1)
+        self._last_time = gauge(
+            Metric.LAST_BATCH_TIMESTAMP, "When the last batch was committed (Unix time; 0: unknown)."
+        ).labels(*own)
+        self._last_time.set(0)
+        self._duration = gauge(
+            Metric.BATCH_DURATION, "The last batch's durations by part (Spark's durationMs keys).", "part"
+        )
+        self._state_rows = gauge(Metric.STATE_ROWS, "State rows of all stateful operators.")  # labelled once known
+        self._state_bytes = gauge(Metric.STATE_BYTES, "State memory used in bytes.")
+        self._dead = counter(Metric.DEAD_LETTERS, "Dead letters of this shard.").labels(*own)
+        self._restarts = counter(Metric.RESTARTS, "In-process restarts of the streaming query.").labels(*own)
+        self._emitting = gauge(Metric.EMITTING, "1 while the shard writes to its sink.").labels(*own)
+        self._emitting.set(0)
+        self._epoch = gauge(Metric.WRITER_EPOCH, "This runtime's writer epoch (0: none claimed yet).").labels(*own)
+        self._epoch.set(0)
+
+    # ---------------------------------------------------------------- updates
+
+    def on_batch(self, progress: Mapping[str, Any]) -> None:
+        """A new committed batch of this process, given its Spark progress (``StreamingQueryProgress.json``
+        decoded); its commit time is now."""
+        now = self._clock()
+        rows = int(progress.get("numInputRows") or 0)
+        durations = progress.get("durationMs") or {}
+        with self._lock:
+            if self._since is None:
+                self._since = now - float(durations.get("triggerExecution") or 0) / 1000.0
+            self._recent.append((now, rows))
+            self._prune(now)
+        self._rows.inc(rows)
+        self._processed.set(float(progress.get("processedRowsPerSecond") or 0.0))
+        with self._lock:
+            for part in self._parts - set(durations):
+                self._duration.remove(self.task, self.shard, part)
+            for part, ms in durations.items():
+                self._duration.labels(self.task, self.shard, part).set(float(ms) / 1000.0)
+            self._parts = set(durations)
+        operators = progress.get("stateOperators") or []
+        if operators:
+            state_rows = sum(int(op.get("numRowsTotal") or 0) for op in operators)
+            state_bytes = sum(int(op.get("memoryUsedBytes") or 0) for op in operators)
+            self._state_rows.labels(self.task, self.shard).set(state_rows)
+            self._state_bytes.labels(self.task, self.shard).set(state_bytes)
+        bid = progress.get("batchId")
+        if bid is not None:
+            self.on_commit(int(bid), committed_at=now)
+        lag = kafka_lag(progress.get("sources") or [])
+        if lag is not None:
+            self.set_lag("records", lag)
+
+    def on_commit(self, batch_id: int, committed_at: float | None = None) -> None:
+        """The last committed batch (from the recovery log): ``committed_at`` (Unix time) when known, else now,
+        except for the first report (a resumed shard's last batch, committed by an earlier run: time unknown)."""
+        with self._lock:
+            known, self._known = self._known, True
+            if batch_id <= self._last_batch:
+                return
+            if committed_at is None and known:
+                committed_at = self._clock()
+            self._last_batch = batch_id
+            self._last.set(batch_id)
+            if committed_at is not None:
+                self._last_time.set(committed_at)
+
+    def set_lag(self, unit: str, per_partition: Mapping[str, int]) -> None:
+        """The lag per source partition (negative values count as 0); the total is their sum."""
+        lags = {str(p): max(0, int(v)) for p, v in per_partition.items()}
+        with self._lock:
+            if self._lag_unit is not None and self._lag_unit != unit:
+                self._lag.remove(self.task, self.shard, self._lag_unit)
+            self._lag.labels(self.task, self.shard, unit).set(sum(lags.values()))
+            self._lag_unit = unit
+            for gone in self._partitions - set(lags):
+                self._partition_lag.remove(self.task, self.shard, gone)
+            for partition, value in lags.items():
+                self._partition_lag.labels(self.task, self.shard, partition).set(value)
+            self._partitions = set(lags)
+
+    def set_dead_letters(self, total: int) -> None:
+        """The shard's dead-letter total (the counter follows it up; it never goes down)."""
+        with self._lock:
+            if total > self._dead_letters:
+                self._dead.inc(total - self._dead_letters)
+                self._dead_letters = total
+
+    def set_emitting(self, emitting: bool) -> None:
+        self._emitting.set(1 if emitting else 0)
+
+    def set_writer_epoch(self, epoch: int | None) -> None:
+        if epoch is not None:
+            self._epoch.set(epoch)
+
+    def on_restart(self) -> None:
+        """The streaming query was restarted in-process (from its recovery log)."""
+        self._restarts.inc()
+
+    def refresh(self) -> float:
+        """Forget batches older than the rate window (called every poll; keeps memory bounded when nobody
+        scrapes) and return the rate. The exported rate is computed at each scrape anyway."""
+        return self.rate()
+
+    def rate(self) -> float:
+        """Input rows per second over the window (see the module docstring)."""
+        now = self._clock()
+        with self._lock:
+            self._prune(now)
+            if self._since is None:
+                return 0.0
+            rows = sum(r for _, r in self._recent)
+            return rows / min(self._window, max(now - self._since, MIN_RATE_SECONDS))
+
+    def _prune(self, now: float) -> None:
+        while self._recent and self._recent[0][0] <= now - self._window:
+            self._recent.popleft()
+
+    # ---------------------------------------------------------------- the endpoint
+
+    def start_server(self, host: str, port: int) -> int | None:
+        """Serve the metrics on ``http://<host>:<port>/metrics`` (a daemon thread) and return the bound port;
+        port 0 serves nothing (None). Raises :class:`EnvironmentProblem` ``MetricsPortInUse`` (field
+        ``metricsPort``) when the address cannot be bound."""
+        if port == 0:
+            return None
+        if self._server is not None:
+            return self.address[1] if self.address else None
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            server, thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise EnvironmentProblem(
+                "MetricsPortInUse",
+                "metricsPort",
+                f"metricsPort: cannot serve the shard's metrics on {where}: {exc.strerror or exc}; another process "
+                "may hold the port (set metricsPort to a free port, or 0 to disable the metrics endpoint)",
+            ) from exc
+        self._server, self._thread = server, thread
+        self.address = (host, int(server.server_port))
+        log.info("shard %s: metrics on http://%s%s", self.shard, where, METRICS_PATH)
+        return self.address[1]
+
+    def stop_server(self) -> None:
+        """Stop serving (idempotent); the port is free again when this returns."""
+        server, thread = self._server, self._thread
+        self._server, self._thread, self.address = None, None, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+
+
+def kafka_lag(sources: Iterable[Mapping[str, Any]]) -> dict[str, int] | None:
+    """Kafka's lag in records per ``<topic>/<partition>`` from a batch progress' ``sources``: the latest offset
+    Spark saw when it planned the batch minus the batch's end offset, summed over the Kafka sources. None when no
+    Kafka source reports ``latestOffset`` (older Spark, or not a Kafka source)."""
+    out: dict[str, int] = {}
+    found = False
+    for source in sources:
+        if not str(source.get("description") or "").startswith("Kafka"):
+            continue
+        latest, end = _topic_offsets(source.get("latestOffset")), _topic_offsets(source.get("endOffset"))
+        if latest is None or end is None:
+            continue
+        found = True
+        for topic, partitions in latest.items():
+            for partition, offset in partitions.items():
+                done = end.get(topic, {}).get(partition)
+                if done is None:
+                    continue
+                name = f"{topic}/{partition}"
+                out[name] = out.get(name, 0) + max(0, offset - done)
+    return out if found else None
+
+
+def _topic_offsets(value: Any) -> dict[str, dict[str, int]] | None:
+    """Spark's Kafka offsets ``{"<topic>": {"<partition>": <offset>}}`` (a JSON object or its text), else None."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, dict[str, int]] = {}
+    for topic, partitions in value.items():
+        if not isinstance(partitions, dict):
+            return None
+        try:
+            out[str(topic)] = {str(p): int(o) for p, o in partitions.items()}
+        except (TypeError, ValueError):
+            return None
+    return out
+
+
+def journal_lag(directory: str | os.PathLike[str], positions: Mapping[str, int]) -> dict[str, int]:
+    """The journal's lag in bytes per partition file (the keys of ``positions``, e.g. ``p0.jsonl``): the end of
+    the file's last complete line minus the committed position (0 for a missing file). A ``stat`` per file,
+    plus a read of the tail of a file that grew."""
+    from spark_runtime.sources.journal import complete_end
+
+    out: dict[str, int] = {}
+    for name, position in positions.items():
+        path = os.path.join(directory, name)
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            size = 0
+        if size <= position:
+            out[name] = 0
+            continue
+        with open(path, "rb") as fh:
+            out[name] = complete_end(fh, int(position), size) - int(position)
+    return out
