@@ -12,7 +12,10 @@ partitions, trigger ``availableNow``, the input cut into ``--batches`` micro-bat
   (journal source with validation and dead letters, native key-group filter, native aggregation, the directory
   sink writing every updated key of every batch), ``spark.taskshard.maxBytesPerTrigger`` = input / batches;
 - ``shard python count`` / ``shard python sum``: the same with the Python processor API
-  (:class:`spark_runtime.processor.CountProcessor` / ``SumProcessor``).
+  (:class:`spark_runtime.processor.CountProcessor` / ``SumProcessor``);
+- ``shard builtin count, no key-group counts``: ``shard builtin count`` without the per-key-group row counts
+  (the shard's load map, ``spark.taskshard.keyGroupMetrics=false``); its ``keyGroupCountsCost`` is
+  ``1 - wall(without) / wall(with)``: the share of throughput the counts cost (target <= 3 %).
 
 "wall" is from ``start()`` until the query consumed everything (source start-up and planning included; the
 drain's snapshot export excluded, reported in the JSON); "batch-time" sums the micro-batches' own durations;
@@ -50,8 +53,13 @@ from spark_runtime.produce import append_lines, partition_for  # noqa: E402
 from spark_runtime.session import spark_session  # noqa: E402
 from spark_runtime.shard import ShardRunner  # noqa: E402
 
+NO_KEY_GROUP_COUNTS = "shard builtin count, no key-group counts"
+"""The same as ``shard builtin count`` without the per-key-group row counts (``spark.taskshard.keyGroupMetrics``
+false): the pair measures what the load map costs (target: at most 3 % of the throughput)."""
+KEY_GROUP_COUNTS_TARGET = 0.03
 KINDS = {
     "shard builtin count": {"builtin": "count"},
+    NO_KEY_GROUP_COUNTS: {"builtin": "count"},
     "shard builtin sum": {"builtin": "sum", "field": "amount"},
     "shard python count": {"python": "spark_runtime.processor:CountProcessor"},
     "shard python sum": {"python": "spark_runtime.processor:SumProcessor", "parameters": {"field": "amount"}},
@@ -303,7 +311,13 @@ def main(argv: list[str] | None = None) -> int:
             if name in BASELINES:
                 r = retry_transient(name, run_baseline, spark, src, work, args.partitions, BASELINES[name])
             else:
-                r = retry_transient(name, run_shard, spark, work, src, args.partitions, KINDS[name], conf, batch_bytes)
+                kind_conf = {
+                    **conf,
+                    **({"spark.taskshard.keyGroupMetrics": "false"} if name == NO_KEY_GROUP_COUNTS else {}),
+                }
+                r = retry_transient(
+                    name, run_shard, spark, work, src, args.partitions, KINDS[name], kind_conf, batch_bytes
+                )
             if measured:
                 runs.setdefault(name, []).append(r)
                 print(
@@ -340,7 +354,12 @@ def main(argv: list[str] | None = None) -> int:
             "batches": rs[0]["batches"],
             "runs": rs,
         }
-        if name not in BASELINES:
+        if name == NO_KEY_GROUP_COUNTS and "shard builtin count" in best:
+            # What the key-group counts cost: the throughput lost with them, from the best rounds of both.
+            entry["keyGroupCountsCost"] = round(1 - best[name] / best["shard builtin count"], 4)
+            entry["keyGroupCountsCpuCost"] = round(1 - best_cpu[name] / best_cpu["shard builtin count"], 4)
+            entry["keyGroupCountsTarget"] = KEY_GROUP_COUNTS_TARGET
+        elif name not in BASELINES:
             kind = "builtin" if "builtin" in name else "python"
             entry["target"] = TARGETS[kind]
             entry["meetsTarget"] = entry["ratio"] >= TARGETS[kind]
@@ -354,7 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         f"| {r['name']} | {r['seconds']:.2f} | {r['medianSeconds']:.2f} | {r['eventsPerSecond']:,.0f} | "
         f"{r['ratio']:.2f} | {r['batchSeconds']:.2f} | {r['batchRatio']:.2f} | {r['cpuSeconds']:.1f} | "
         f"{r['cpuRatio']:.2f} | "
-        + (f"{r['target']}x {'met' if r['meetsTarget'] else 'MISSED'}" if "target" in r else "(baseline)")
+        + (
+            f"{r['target']}x {'met' if r['meetsTarget'] else 'MISSED'}"
+            if "target" in r
+            else (f"key-group counts cost {r['keyGroupCountsCost']:.1%}" if "keyGroupCountsCost" in r else "(baseline)")
+        )
         + " |\n"
         for r in results
     )

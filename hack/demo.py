@@ -16,6 +16,11 @@ Steps, each printed as it happens:
 5. The producer stops; once the shards have caught up, every key's count is compared with a plain-Python count
    of the journal: nothing lost, nothing counted twice. Shard tables before and after are printed.
 
+All along, the shards' live status (RATE, LAG, LAST BATCH: what the operator reads from each driver's metrics
+endpoint, here every 2 s) is printed with every phase change and in the tables, and at the end ``live.png`` in
+the run directory plots rate and lag per shard over the demo's time line with the split moments marked
+(``hack/demo_live.py``).
+
 On an existing cluster the shard pods must be able to run the image named by ``TASKSHARD_DEMO_IMAGE`` and to
 mount the run directory's ``data`` folder at the same host path (a single-node cluster on this machine).
 """
@@ -31,6 +36,8 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+
+from demo_live import LiveView
 
 from localkube.binaries import ensure_binaries
 from localkube.cluster import LocalCluster
@@ -61,6 +68,7 @@ class Demo:
         self.operator: subprocess.Popen | None = None
         self.produced = 0
         self._stop_producer = threading.Event()
+        self.live = LiveView(lambda: list(self.shards().values()))
 
     # ----------------------------------------------------------------- plumbing
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
@@ -82,6 +90,7 @@ class Demo:
             phases = {n: (s.get("status") or {}).get("phase") for n, s in self.shards().items()}
             if phases != last:
                 print("    phases: " + ", ".join(f"{n}={p}" for n, p in sorted(phases.items())), flush=True)
+                print(f"    live: {self.live.line()}", flush=True)
                 last = phases
             if all(phases.get(n) == p for n, p in expected.items()):
                 return
@@ -138,7 +147,10 @@ class Demo:
         self.kubectl("create", "namespace", NAMESPACE, check=False)
         log = open(self.operator_log, "wb")  # noqa: SIM115 - owned by the child
         self.operator = subprocess.Popen(
-            [sys.executable, "-m", "taskshard_operator", "--namespace", NAMESPACE, "--standalone", "--liveness", ""],
+            [
+                *(sys.executable, "-m", "taskshard_operator", "--namespace", NAMESPACE, "--standalone"),
+                *("--liveness", "", "--live-status-seconds", "2"),  # status.live every 2 s (default 10)
+            ],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -221,6 +233,8 @@ class Demo:
             f"batches (kubectl edit taskshard {shard}: spec.split.requested: true); {self.produced} events so far"
         )
         requested = time.time()
+        self.live.mark(f"split {shard}")
+        print(f"    live: {self.live.line()}", flush=True)
         self.kubectl("patch", "taskshard", shard, "--type", "merge", "-p", '{"spec":{"split":{"requested":true}}}')
         left, right = f"{TASK}-{spec['start']}-{mid}", f"{TASK}-{mid}-{spec['end']}"
         started = time.monotonic()
@@ -230,10 +244,13 @@ class Demo:
             if time.monotonic() > deadline:
                 raise SystemExit(f"{left} and {right} did not become Ready (emitting) in {PHASE_TIMEOUT}s")
             time.sleep(0.5)
+        self.live.mark(f"{left}, {right} ready")
         print(
             f"    split done in {time.monotonic() - started:.0f}s: {left} and {right} are Ready (emitting)", flush=True
         )
         self.report_gap(shard, (left, right), requested)
+        time.sleep(4)  # two scrapes: the children's RATE and LAG are in their status
+        self.table("shards right after the split (RATE, LAG, LAST BATCH: status.live, scraped from each driver)")
         return left, right
 
     def report_gap(self, parent: str, children: tuple[str, str], requested: float) -> None:
@@ -303,6 +320,7 @@ class Demo:
         try:
             self.start_operator()
             self.apply_task()
+            self.live.start()
             producer.start()
             self.wait_phases({f"{TASK}-0-128": "Running"})
             self.table("shards before the splits")
@@ -313,6 +331,9 @@ class Demo:
             self._stop_producer.set()
             producer.join()
             ok = self.check_results()
+            self.live.stop()
+            plot = self.live.save(self.run_dir)
+            say(f"rate and lag per shard over the demo, split moments marked: {plot or self.run_dir / 'live.json'}")
             say(f"deleting Task {TASK} (shards and pods go; checkpoints stay under {self.data / 'state'})")
             deleted = subprocess.run(
                 [self.binaries.kubectl, "-n", NAMESPACE, "delete", "task", TASK, "--wait=true", "--timeout=180s"],
@@ -326,6 +347,7 @@ class Demo:
             return 0 if ok else 1
         finally:
             self._stop_producer.set()
+            self.live.stop()
             if self.operator and self.operator.poll() is None:
                 self.operator.terminate()
                 self.operator.wait(timeout=30)

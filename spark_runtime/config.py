@@ -359,7 +359,8 @@ class SparkSettings(_Model):
 
     Runtime tuning keys read from ``conf`` (all optional): ``spark.taskshard.maxBytesPerTrigger`` (journal
     bytes admitted per micro-batch, over all partitions; default unlimited) and
-    ``spark.taskshard.partitionBytes`` (the largest byte range one Spark task reads; default 32 MiB).
+    ``spark.taskshard.partitionBytes`` (the largest byte range one Spark task reads; default 32 MiB) and
+    ``spark.taskshard.keyGroupMetrics`` (``false``: no per-key-group row counts, see :mod:`spark_runtime.live`).
     """
 
     master: str = Field(default="local[2]", min_length=1, max_length=1024)

@@ -28,6 +28,9 @@ series carries the labels ``task`` and ``shard``. Names (:class:`Metric`):
                                                             dead-letter files; Kafka: this process's)
 ``taskshard_shard_restarts_total``                counter   in-process query restarts
 ``taskshard_shard_emitting``                      gauge     1 while the shard writes to its sink
+``taskshard_shard_key_group_rows_total``    counter   input rows per bucket of key groups (label
+                                                      ``key_groups`` = ``<start>-<end>``; at most
+                                                      :data:`KEY_GROUP_BUCKETS` buckets per shard)
 ``taskshard_shard_writer_epoch``                  gauge     this runtime's writer epoch (0: none claimed yet)
 ================================================  ========  ==========================================================
 """
@@ -40,6 +43,8 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "KEY_GROUP_BUCKETS",
+    "KEY_GROUP_METRICS",
     "METRICS_HOST_ENV",
     "METRICS_PATH",
     "METRICS_PORT",
@@ -59,6 +64,23 @@ RATE_WINDOW_SECONDS = 60.0
 has run batches for less, by the time since its first batch began, at least 1 s)."""
 
 
+KEY_GROUP_BUCKETS = 64
+"""Input rows per key group are counted in at most this many contiguous buckets of the shard's range (one bucket
+per key group for a range of up to 64): the load map a split point is chosen from."""
+KEY_GROUP_METRICS = "taskshard_key_groups"
+"""The name of the observed metrics (Spark's ``Dataset.observe``) holding a batch's rows per bucket."""
+KEY_GROUP_METRICS_CONF = "spark.taskshard.keyGroupMetrics"
+"""Spark conf key: ``false`` turns the per-key-group counting off (for benchmarks)."""
+
+
+def key_group_buckets(start: int, end: int, buckets: int = KEY_GROUP_BUCKETS) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into at most ``buckets`` contiguous ``(start, end)`` ranges of near-equal size."""
+    size = end - start
+    n = max(1, min(buckets, size))
+    cuts = [start + (size * i) // n for i in range(n + 1)]
+    return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+
+
 class Metric(StrEnum):
     ROWS = "taskshard_shard_rows"  # counter: exported as ..._total
     ROWS_PER_SECOND = "taskshard_shard_rows_per_second"
@@ -74,6 +96,7 @@ class Metric(StrEnum):
     RESTARTS = "taskshard_shard_restarts"  # counter
     EMITTING = "taskshard_shard_emitting"
     WRITER_EPOCH = "taskshard_shard_writer_epoch"
+    KEY_GROUP_ROWS = "taskshard_shard_key_group_rows"  # counter, label key_groups="<start>-<end>"
 
 
 @dataclass(frozen=True)
@@ -119,7 +142,8 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
     for name, labels, value in samples:
         if name == Metric.LAG:
             lag_unit = labels.get("unit")
-        if name in (Metric.BATCH_DURATION, Metric.PARTITION_LAG) or name.endswith("_created"):
+        labelled = (Metric.BATCH_DURATION, Metric.PARTITION_LAG, f"{Metric.KEY_GROUP_ROWS}_total")
+        if name in labelled or name.endswith("_created"):
             continue
         values[name] = value
     if Metric.LAST_BATCH not in values:

@@ -17,6 +17,10 @@ loop, every ``poll_interval``, so values are at most one poll old):
   commit's time from the recovery log), dead letters, ``emitting``;
 - at most every :data:`JOURNAL_LAG_INTERVAL_SECONDS`: the journal's lag in bytes (:func:`journal_lag`: a ``stat``
   per partition file, and a read of its tail when it grew);
+- per committed batch too, from the batch's observed metrics ``taskshard_key_groups`` (computed in the plan,
+  :func:`spark_runtime.pipeline.build_output_frame`): input rows per bucket of key groups
+  (``taskshard_shard_key_group_rows_total{key_groups="<start>-<end>"}``, at most
+  :data:`spark_runtime.live.KEY_GROUP_BUCKETS` buckets): the load map a split point can be chosen from;
 - once per runtime start: the writer epoch; per in-process query restart: restarts;
 - at scrape time: the rate, ``taskshard_shard_rows_per_second`` = input rows of the batches committed within the
   last :data:`~spark_runtime.live.RATE_WINDOW_SECONDS`, divided by that window, or, while this process has been
@@ -45,7 +49,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from spark_runtime.live import METRICS_PATH, RATE_WINDOW_SECONDS, Metric
+from spark_runtime.live import KEY_GROUP_METRICS, METRICS_PATH, RATE_WINDOW_SECONDS, Metric
 from spark_runtime.problems import EnvironmentProblem
 
 __all__ = [
@@ -138,6 +142,12 @@ class ShardMetrics:
         self._emitting.set(0)
         self._epoch = gauge(Metric.WRITER_EPOCH, "This runtime's writer epoch (0: none claimed yet).").labels(*own)
         self._epoch.set(0)
+        self._key_group_rows = Counter(
+            str(Metric.KEY_GROUP_ROWS),
+            "Input rows per bucket of key groups (label key_groups = start-end).",
+            [*_LABELS, "key_groups"],
+            registry=self.registry,
+        )
 
     # ---------------------------------------------------------------- updates
 
@@ -169,6 +179,10 @@ class ShardMetrics:
         bid = progress.get("batchId")
         if bid is not None:
             self.on_commit(int(bid), committed_at=now)
+        buckets = (progress.get("observedMetrics") or {}).get(KEY_GROUP_METRICS) or {}
+        for key_groups, rows_in in buckets.items():
+            if rows_in:  # an empty batch sums to null
+                self._key_group_rows.labels(self.task, self.shard, key_groups).inc(int(rows_in))
         lag = kafka_lag(progress.get("sources") or [])
         if lag is not None:
             self.set_lag("records", lag)

@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_runtime import live
 from spark_runtime.config import BuiltinProcessor, ShardConfig
 from spark_runtime.processor import load_processor, result_column_type, state_columns
 from spark_runtime.records import RecordSpec
@@ -108,6 +109,13 @@ def build_output_frame(spark: Any, config: ShardConfig, plan: Plan, events: Any,
     kg = key_group_column(config)
     # Step 1: the native key-group filter, right after the source (no Python on this path).
     mine = events.withColumn("key_group", kg).where(F.col("key_group").between(r.start, r.end - 1))
+    if config.spark.conf.get(live.KEY_GROUP_METRICS_CONF, "true").lower() != "false":
+        # Rows per bucket of key groups, per batch (in the progress' observedMetrics): the shard's load map.
+        counts = [
+            F.sum(F.when(F.col("key_group").between(a, b - 1), 1).otherwise(0)).alias(f"{a}-{b}")
+            for a, b in live.key_group_buckets(r.start, r.end)
+        ]
+        mine = mine.observe(live.KEY_GROUP_METRICS, *counts)
     if plan.kind == "builtin":
         delta_type = plan.result_type
         if plan.delta_expr_field is None:

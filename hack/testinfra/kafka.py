@@ -86,6 +86,15 @@ def _java() -> str:
     return java
 
 
+def random_cluster_id() -> str:
+    """A KRaft cluster id: a random UUID in URL-safe base64 that does not start with "-" (the storage tool's
+    argument parser would take "-..." for an option; Kafka's own ``Uuid.randomUuid`` avoids it the same way)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class KafkaBroker:
     def __init__(
         self,
@@ -161,7 +170,7 @@ class KafkaBroker:
     def _format(self) -> None:
         cluster_file = self.run_dir / "cluster.id"
         if not cluster_file.exists():
-            cluster_file.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode())
+            cluster_file.write_text(random_cluster_id())
         cmd = self._jvm(
             "kafka.tools.StorageTool",
             "format",

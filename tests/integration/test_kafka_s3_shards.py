@@ -665,3 +665,49 @@ def test_a_second_runtime_on_s3_fences_the_first_and_results_stay_exact(spark, k
     assert manifest["writerEpoch"] == 3
     check_results(setup, ref)
     assert sum(summary["positions"][setup.topic_in].values()) == 2000
+
+
+# ---------------------------------------------------------------- live metrics
+
+
+def test_kafka_lag_per_partition_on_the_metrics_endpoint_equals_the_broker_s(spark, kafka_broker, minio, tmp_path):
+    """The driver's ``taskshard_shard_partition_lag`` for Kafka: per partition, the broker's end offset minus the
+    batch's end offset (Spark's progress, ``latestOffset - endOffset``), within one batch of what the admin
+    client reports, and 0 once the shard caught up."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from spark_runtime.live import Metric
+    from testinfra.common import free_port
+
+    setup, rng = Setup(kafka_broker, minio, tmp_path, partitions=2), random.Random(31)
+    events = make_events(3000, rng, invalid_every=0)
+    kafka_broker.produce(setup.topic_in, events)
+    end = kafka_broker.end_offsets(setup.topic_in)
+    port = free_port()
+    shard = Running(setup.config("kt-0-16", 0, 16, metricsPort=port), spark)  # 400 records per batch
+
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return {
+            s.labels["partition"]: s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == Metric.PARTITION_LAG
+        }
+
+    try:
+        shard.wait_for(lambda: shard.runner.last_committed >= 1, "two committed batches")
+        mid = scrape()
+        committed = shard.committed_positions()
+        broker_lag = {f"{setup.topic_in}/{p}": end[p] - committed.get(p, 0) for p in end}
+        assert set(mid) == set(broker_lag), (mid, broker_lag)
+        assert all(abs(mid[p] - broker_lag[p]) <= 400 for p in mid), (mid, broker_lag, "within one batch")
+        assert sum(mid.values()) > 0, "a backlog of 3000 records at 400 per batch"
+        shard.wait_caught_up(end)
+        shard.wait_for(lambda: scrape() and all(v == 0 for v in scrape().values()), "lag 0 once caught up", 60)
+    finally:
+        summary = shard.finish(final=False)
+    assert summary["event"] == "stopped"

@@ -117,6 +117,17 @@ def test_a_running_journal_shard_serves_its_live_metrics(make_task, shard_spark,
     assert stats.state_rows is not None and stats.state_rows > 0
     assert value(samples, Metric.WRITER_EPOCH) == runner.fence.epoch == 1
     assert (value(samples, Metric.BATCH_DURATION, part="triggerExecution") or 0) > 0
+    # The load map: input rows per key group (one bucket per key group for a 16-group range), summing to the rows,
+    # each bucket holding exactly the events whose key hashes into it.
+    from spark_runtime.keygroups import key_group
+
+    per_group = {lab["key_groups"]: v for n, lab, v in samples if n == f"{Metric.KEY_GROUP_ROWS}_total"}
+    assert sum(per_group.values()) == 300 and set(per_group) <= {f"{g}-{g + 1}" for g in range(16)}
+    reference: dict[str, int] = {}
+    for e in events:
+        g = key_group(e["key"], 16)
+        reference[f"{g}-{g + 1}"] = reference.get(f"{g}-{g + 1}", 0) + 1
+    assert per_group == reference
     ours = [lab for n, lab, _ in samples if n.startswith("taskshard_shard_")]
     assert ours and all(lab.get("task") == "orders" and lab.get("shard") == shard for lab in ours)
 

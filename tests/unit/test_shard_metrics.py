@@ -4,6 +4,7 @@ Prometheus' text format into :func:`spark_runtime.live.live_stats`."""
 
 from __future__ import annotations
 
+import itertools
 import socket
 import urllib.request
 from typing import Any
@@ -337,3 +338,36 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_key_group_buckets_cover_the_range_in_at_most_64_contiguous_pieces():
+    from spark_runtime.live import KEY_GROUP_BUCKETS, key_group_buckets
+
+    for start, end in ((0, 128), (0, 16), (5, 6), (0, 32768), (100, 333)):
+        buckets = key_group_buckets(start, end)
+        assert buckets[0][0] == start and buckets[-1][1] == end
+        assert all(a < b for a, b in buckets)
+        assert all(b == c for (_, b), (c, _) in itertools.pairwise(buckets))
+        assert len(buckets) == min(KEY_GROUP_BUCKETS, end - start)
+    assert key_group_buckets(0, 16) == [(g, g + 1) for g in range(16)], "one bucket per key group when it fits"
+
+
+def test_a_batch_s_rows_per_key_group_bucket_become_counters():
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from spark_runtime.live import KEY_GROUP_METRICS, Metric
+    from spark_runtime.metrics import ShardMetrics
+
+    m = ShardMetrics("t", "t-0-16")
+    first = {KEY_GROUP_METRICS: {"0-1": 5, "1-2": 2, "2-3": 0}}
+    m.on_batch({"batchId": 0, "numInputRows": 7, "observedMetrics": first})
+    m.on_batch({"batchId": 1, "numInputRows": 3, "observedMetrics": {KEY_GROUP_METRICS: {"0-1": 3, "1-2": None}}})
+    text = generate_latest(m.registry).decode()
+    rows = {
+        s.labels["key_groups"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == f"{Metric.KEY_GROUP_ROWS}_total"
+    }
+    assert rows == {"0-1": 8.0, "1-2": 2.0}
