@@ -200,6 +200,20 @@ class BusyShards:
             self.core.patch_namespaced_pod_status(pod.metadata.name, NAMESPACE, {"status": status})
         return len(pods)
 
+    def wait_all_live(self, timeout: float) -> float:
+        """Seconds until every TaskShard of the Task has phase Running and a ``status.live``."""
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(self.core.api_client)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            items = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "taskshards")["items"]
+            statuses = [i.get("status") or {} for i in items]
+            if items and all(s.get("phase") == "Running" and s.get("live") for s in statuses):
+                return time.monotonic() - t0
+            time.sleep(2)
+        raise RuntimeError(f"not every TaskShard showed Running with status.live within {timeout:.0f}s")
+
     def stop(self) -> None:
         if self.server is not None:
             self.server.shutdown()
@@ -383,13 +397,17 @@ def targets(
 def busy_steady_state(cluster: Any, timings_path: Path, proc: subprocess.Popen, args: Any) -> dict[str, Any]:
     """Status writes while every shard is busy (:class:`BusyShards`): the operator scrapes every driver every
     ``LIVE_SECONDS`` and writes ``status.live`` only when it changed, so at most one write per shard per interval.
-    Measured over ``--busy`` seconds after the pods' Running statuses were mirrored."""
+    Measured over ``--busy`` seconds once every shard shows Running with a ``status.live``, one interval later."""
     busy = BusyShards(cluster.kubeconfig)
     try:
         busy.start()
         say("busy shards: every driver pod Running on 127.0.0.1, every scrape sees a new batch")
         pods = busy.run_pods()
-        time.sleep(2 * LIVE_SECONDS + 5)  # the pods' statuses mirrored, the first status.live written
+        # Wait until every shard shows Running with a status.live (the pods' statuses mirrored: phase, Ready,
+        # the first live write), then one more interval, so that only the live writes are counted.
+        waited = busy.wait_all_live(timeout=300)
+        say(f"every shard Running with status.live after {waited:.0f}s; counting status writes for {args.busy:.0f}s")
+        time.sleep(LIVE_SECONDS)
         before = read_timings(timings_path, proc)["api"]
         scrapes0, t1 = busy.scrapes, time.time()
         time.sleep(args.busy)

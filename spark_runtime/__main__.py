@@ -113,6 +113,12 @@ def _parser() -> argparse.ArgumentParser:
         description="TaskShard shard runtime: one PySpark Structured Streaming job per key-group range.",
     )
     p.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
+    p.add_argument(
+        "--log-format",
+        choices=("plain", "json"),
+        default=None,
+        help="log lines as text or one JSON object each (default: $TASKSHARD_LOG_FORMAT, else plain)",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser(
         "run",
@@ -146,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return produce_main(argv[1:])
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from spark_runtime.logs import configure
+
+    try:
+        configure(args.log_level, args.log_format)
+    except ValueError as exc:  # a bad $TASKSHARD_LOG_FORMAT
+        print(f"taskshard-shard: {exc}", file=sys.stderr)
+        return 2
     return int(args.func(args))
 
 

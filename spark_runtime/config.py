@@ -360,7 +360,8 @@ class SparkSettings(_Model):
     Runtime tuning keys read from ``conf`` (all optional): ``spark.taskshard.maxBytesPerTrigger`` (journal
     bytes admitted per micro-batch, over all partitions; default unlimited) and
     ``spark.taskshard.partitionBytes`` (the largest byte range one Spark task reads; default 32 MiB) and
-    ``spark.taskshard.keyGroupMetrics`` (``false``: no per-key-group row counts, see :mod:`spark_runtime.live`).
+    ``spark.taskshard.keyGroupMetrics`` (``true``: count input rows per key group, the load map; see
+    :mod:`spark_runtime.live`).
     """
 
     master: str = Field(default="local[2]", min_length=1, max_length=1024)
@@ -442,6 +443,11 @@ class ShardConfig(_Model):
         reserved = reserved_conf_problems(self.spark.conf, path="spark.conf", owners=(Owner.RUNTIME,))
         if reserved:
             raise ValueError("\n".join(reserved))
+        enabled = self.spark.conf.get(live.KEY_GROUP_METRICS_CONF)
+        if enabled is not None and enabled.lower() not in ("true", "false"):
+            raise ValueError(
+                f"spark.conf.{live.KEY_GROUP_METRICS_CONF}: {enabled!r} is invalid: expected true or false"
+            )
         return self
 
     @property

@@ -55,6 +55,7 @@ import time
 from typing import Any
 
 from spark_runtime.checkpoint import last_committed_batch
+from spark_runtime.logs import set_phase as set_log_phase
 from spark_runtime.protocol import (
     DRAIN_SUMMARY,
     CatchUpPhase,
@@ -247,6 +248,7 @@ class ChildHandover:
     def _standby(self) -> None:
         runner, cfg = self.runner, self.runner.config
         t0, began = time.monotonic(), time.time()
+        set_log_phase("standby")
         log.info(
             "shard %s on standby: parent %s still owns the range; warming up (%s)", cfg.shard, self.parent, self.mode
         )

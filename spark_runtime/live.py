@@ -28,9 +28,9 @@ series carries the labels ``task`` and ``shard``. Names (:class:`Metric`):
                                                             dead-letter files; Kafka: this process's)
 ``taskshard_shard_restarts_total``                counter   in-process query restarts
 ``taskshard_shard_emitting``                      gauge     1 while the shard writes to its sink
-``taskshard_shard_key_group_rows_total``    counter   input rows per bucket of key groups (label
-                                                      ``key_groups`` = ``<start>-<end>``; at most
-                                                      :data:`KEY_GROUP_BUCKETS` buckets per shard)
+``taskshard_shard_key_group_rows_total``          counter   input rows per bucket of key groups (label ``key_groups``
+                                                            = ``<start>-<end>``; at most :data:`KEY_GROUP_BUCKETS`
+                                                            buckets; only with :data:`KEY_GROUP_METRICS_CONF`)
 ``taskshard_shard_writer_epoch``                  gauge     this runtime's writer epoch (0: none claimed yet)
 ================================================  ========  ==========================================================
 """
@@ -70,15 +70,47 @@ per key group for a range of up to 64): the load map a split point is chosen fro
 KEY_GROUP_METRICS = "taskshard_key_groups"
 """The name of the observed metrics (Spark's ``Dataset.observe``) holding a batch's rows per bucket."""
 KEY_GROUP_METRICS_CONF = "spark.taskshard.keyGroupMetrics"
-"""Spark conf key: ``false`` turns the per-key-group counting off (for benchmarks)."""
+"""Spark conf key: ``true`` turns the per-key-group row counts (the load map) on; off by default, because they
+cost about a tenth of the native path's throughput (docs/benchmarks.md)."""
+
+
+def key_group_metrics_enabled(conf: Mapping[str, str]) -> bool:
+    """Whether a shard's Spark conf asks for the load map (:data:`KEY_GROUP_METRICS_CONF`)."""
+    return str(conf.get(KEY_GROUP_METRICS_CONF, "false")).lower() == "true"
 
 
 def key_group_buckets(start: int, end: int, buckets: int = KEY_GROUP_BUCKETS) -> list[tuple[int, int]]:
-    """``[start, end)`` cut into at most ``buckets`` contiguous ``(start, end)`` ranges of near-equal size."""
+    """``[start, end)`` cut into at most ``buckets`` contiguous ``(start, end)`` ranges of near-equal size:
+    bucket ``i`` starts at ``start + floor(size * i / n)``; key group ``kg`` is in bucket
+    ``floor(((kg - start + 1) * n - 1) / size)`` (:func:`bucket_of`, the same formula the plan evaluates)."""
     size = end - start
     n = max(1, min(buckets, size))
     cuts = [start + (size * i) // n for i in range(n + 1)]
     return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+
+
+def bucket_of(kg: int, start: int, end: int, buckets: int = KEY_GROUP_BUCKETS) -> int:
+    """The index in :func:`key_group_buckets` of the bucket holding key group ``kg``."""
+    size = end - start
+    n = max(1, min(buckets, size))
+    return ((kg - start + 1) * n - 1) // size
+
+
+def bucket_rows(observed: Any, start: int, end: int, total: int | None = None) -> dict[str, float]:
+    """A batch's rows per bucket, ``{"<a>-<b>": rows}``, from its observed ``histogram_numeric`` value (a list of
+    ``{"x": bucket index, "y": rows}``; equal ``x`` can repeat after a merge and are added up), scaled so that they
+    add up to ``total``, the batch's ``count(1)`` (None: not scaled). With every row in the histogram the scale is 1;
+    it matters only if bins ever merged (more distinct buckets than bins, which the plan never asks for)."""
+    labels = [f"{a}-{b}" for a, b in key_group_buckets(start, end)]
+    out: dict[str, float] = {}
+    for point in observed or []:
+        index, rows = int(round(float(point["x"]))), float(point["y"])
+        if 0 <= index < len(labels) and rows > 0:
+            out[labels[index]] = out.get(labels[index], 0.0) + rows
+    counted = sum(out.values())
+    if total is not None and counted > 0 and counted != total:
+        out = {label: rows * total / counted for label, rows in out.items()}
+    return out
 
 
 class Metric(StrEnum):

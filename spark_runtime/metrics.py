@@ -49,7 +49,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from spark_runtime.live import KEY_GROUP_METRICS, METRICS_PATH, RATE_WINDOW_SECONDS, Metric
+from spark_runtime.live import KEY_GROUP_METRICS, METRICS_PATH, RATE_WINDOW_SECONDS, Metric, bucket_rows
 from spark_runtime.problems import EnvironmentProblem
 
 __all__ = [
@@ -79,10 +79,13 @@ class ShardMetrics:
         task: str,
         shard: str,
         *,
+        key_groups: tuple[int, int] | None = None,
         clock: Callable[[], float] = time.time,
         window: float = RATE_WINDOW_SECONDS,
     ) -> None:
         self.task = task
+        self.key_groups = key_groups
+        """The shard's range ``(start, end)``: names the buckets of the per-key-group row counts."""
         self.shard = shard
         self.registry = CollectorRegistry()
         self._clock = clock
@@ -179,10 +182,12 @@ class ShardMetrics:
         bid = progress.get("batchId")
         if bid is not None:
             self.on_commit(int(bid), committed_at=now)
-        buckets = (progress.get("observedMetrics") or {}).get(KEY_GROUP_METRICS) or {}
-        for key_groups, rows_in in buckets.items():
-            if rows_in:  # an empty batch sums to null
-                self._key_group_rows.labels(self.task, self.shard, key_groups).inc(int(rows_in))
+        observed = (progress.get("observedMetrics") or {}).get(KEY_GROUP_METRICS) or {}
+        if self.key_groups is not None and observed.get("buckets"):
+            total = observed.get("rows")
+            scaled = bucket_rows(observed["buckets"], *self.key_groups, total=int(total) if total else None)
+            for label, rows_in in scaled.items():
+                self._key_group_rows.labels(self.task, self.shard, label).inc(rows_in)
         lag = kafka_lag(progress.get("sources") or [])
         if lag is not None:
             self.set_lag("records", lag)

@@ -109,13 +109,19 @@ def build_output_frame(spark: Any, config: ShardConfig, plan: Plan, events: Any,
     kg = key_group_column(config)
     # Step 1: the native key-group filter, right after the source (no Python on this path).
     mine = events.withColumn("key_group", kg).where(F.col("key_group").between(r.start, r.end - 1))
-    if config.spark.conf.get(live.KEY_GROUP_METRICS_CONF, "true").lower() != "false":
-        # Rows per bucket of key groups, per batch (in the progress' observedMetrics): the shard's load map.
-        counts = [
-            F.sum(F.when(F.col("key_group").between(a, b - 1), 1).otherwise(0)).alias(f"{a}-{b}")
-            for a, b in live.key_group_buckets(r.start, r.end)
-        ]
-        mine = mine.observe(live.KEY_GROUP_METRICS, *counts)
+    if live.key_group_metrics_enabled(config.spark.conf):
+        # Rows per bucket of key groups, per batch (in the progress' observedMetrics): the shard's load map. One
+        # aggregate, histogram_numeric over the bucket index with as many bins as buckets: exact, since it never
+        # merges bins while the distinct values fit. Opt-in: Spark's observe() sits between the source and the
+        # aggregation outside whole-stage code generation, which costs about a tenth of the native path's
+        # throughput whatever it computes (64 conditional sums: a third; a sampled histogram: no cheaper).
+        n = len(live.key_group_buckets(r.start, r.end))
+        bucket = F.floor(((F.col("key_group") - r.start + 1) * n - 1) / (r.end - r.start)).cast("int")
+        mine = mine.observe(
+            live.KEY_GROUP_METRICS,
+            F.histogram_numeric(bucket, F.lit(n)).alias("buckets"),
+            F.count(F.lit(1)).alias("rows"),
+        )
     if plan.kind == "builtin":
         delta_type = plan.result_type
         if plan.delta_expr_field is None:

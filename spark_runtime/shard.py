@@ -63,6 +63,7 @@ from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped
 from spark_runtime.identity import claim_task_storage
 from spark_runtime.layout import ShardPaths, SinkPaths
 from spark_runtime.live import METRICS_HOST_ENV
+from spark_runtime.logs import set_phase as set_log_phase
 from spark_runtime.metrics import JOURNAL_LAG_INTERVAL_SECONDS, ShardMetrics, journal_lag
 from spark_runtime.pipeline import Plan, build_output_frame, export_state, make_plan
 from spark_runtime.problems import EnvironmentProblem
@@ -215,7 +216,8 @@ class ShardRunner:
         self._guarded_at = time.monotonic()
         self._stop_problem: EnvironmentProblem | None = None
         """Set when the source's batch guard stopped the query (e.g. ``PartitionCountChanged``); never retried."""
-        self.metrics = ShardMetrics(config.task, config.shard)
+        kg = config.key_groups
+        self.metrics = ShardMetrics(config.task, config.shard, key_groups=(kg.start, kg.end))
         """The live metrics (:mod:`spark_runtime.metrics`): updated by ``poll()``, served by ``run()``."""
         self._lag_at = float("-inf")
         self._lag_positions: tuple[int, dict[str, Any]] | None = None
@@ -603,6 +605,7 @@ class ShardRunner:
                         bid,
                         observed["deadLetters"],
                         self.dead_letter_total,
+                        extra={"batch": bid},
                     )
         # A batch's progress is posted after its commit; on S3 the commit log is listed only then (or every few
         # seconds), not on every poll: a LIST request is not free.
@@ -623,6 +626,7 @@ class ShardRunner:
                 float(data.get("processedRowsPerSecond") or 0.0),
                 int((data.get("durationMs") or {}).get("triggerExecution", 0)),
                 self.dead_letter_total,
+                extra={"batch": data.get("batchId")},
             )
         self._update_metrics()
 
@@ -712,6 +716,7 @@ class ShardRunner:
             return self.summary
         if self.summary is not None:
             return self.summary
+        set_log_phase("running")
         while True:
             # A requested drain comes first: it needs no healthy query (it exports the last committed batch).
             if self.drain_requested():
@@ -774,6 +779,7 @@ class ShardRunner:
         t0 = time.monotonic()
         final = self._final or not self._drain.is_set()  # drain() called directly is final
         kind = "final" if final else "stop"
+        set_log_phase("draining")
         log.info("shard %s draining (%s, %s)", self.config.shard, self._drain_reason or "request", kind)
         # Step 1: persist the request; the source stops admitting data.
         self.fence.check("the drain marker")
@@ -826,6 +832,7 @@ class ShardRunner:
         else:
             self.paths.drain_marker.unlink()
         self.summary = summary
+        set_log_phase(str(summary["event"]))
         log.info("shard %s %s at batch %d: %s", cfg.shard, summary["event"], batch_id, manifest_uri)
         return summary
 

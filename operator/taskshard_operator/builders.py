@@ -263,10 +263,13 @@ def build_pod(
     spec: TaskSpec,
     template_hash: str,
     restarts_base: int = 0,
+    log_format: str = "plain",
 ) -> dict[str, Any]:
     """The Spark driver pod ``<shard>-driver`` of a shard (owner reference added by the caller).
 
-    ``restarts_base`` is recorded so that ``status.restarts`` survives pod replacement.
+    ``restarts_base`` is recorded so that ``status.restarts`` survives pod replacement. ``log_format`` ``json``
+    makes the runtime log one JSON object per line (``$TASKSHARD_LOG_FORMAT``, ``spark_runtime.logs``), as the
+    operator itself does with ``--log-format json``.
     """
     annotations = {
         naming.ANNOTATION_TEMPLATE_HASH: template_hash,
@@ -296,6 +299,7 @@ def build_pod(
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             # The runtime's metrics endpoint binds the pod's own address (spark_runtime.live).
             {"name": live.METRICS_HOST_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *([{"name": "TASKSHARD_LOG_FORMAT", "value": "json"}] if log_format == "json" else []),
             *user_env(spec),
             *s3_credentials_env(spec),
         ],

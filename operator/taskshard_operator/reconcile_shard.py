@@ -47,6 +47,7 @@ step: the status write is conditional, so a decision made from an old version wr
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -116,6 +117,10 @@ class Backoff:
     def reset(self, key: str) -> None:
         with self._lock:
             self._state.pop(key, None)
+
+
+SHARD_LOG_FORMAT = os.environ.get("TASKSHARD_LOG_FORMAT", "plain")
+"""The shard runtimes' log format: the operator's own ``--log-format`` (``__main__`` sets the variable)."""
 
 
 def validate_shard_config(config: dict[str, Any]) -> None:
@@ -414,6 +419,7 @@ def _create_pod(ctx: ShardContext, *, restarts_base: int) -> None:
         spec=ctx.spec,
         template_hash=ctx.template_hash,
         restarts_base=restarts_base,
+        log_format=SHARD_LOG_FORMAT,
     )
     kopf.adopt(pod, owner=ctx.shard)
     name = pod["metadata"]["name"]

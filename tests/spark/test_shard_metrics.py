@@ -67,7 +67,7 @@ def wait_scrape(port: int, ready: Callable[[Samples, LiveStats], bool], timeout:
 def test_a_running_journal_shard_serves_its_live_metrics(make_task, shard_spark, monkeypatch):
     monkeypatch.setattr(shard_module, "JOURNAL_LAG_INTERVAL_SECONDS", 0.0)  # measured at every poll
     monkeypatch.setenv(METRICS_HOST_ENV, "127.0.0.1")
-    env = make_task(trigger="200 milliseconds")
+    env = make_task(trigger="200 milliseconds", conf={"spark.taskshard.keyGroupMetrics": "true"})  # the load map
     events = list(generate_events(300, 30, seed=23))
     env.produce(events)
     port = free_port()
@@ -161,3 +161,19 @@ def test_run_refuses_a_metrics_port_in_use_before_starting(make_task):
     assert (info.value.reason, info.value.field) == ("MetricsPortInUse", "metricsPort")
     assert f"127.0.0.1:{port}" in str(info.value)
     assert runner.query is None and runner.fence.epoch is None, "nothing started"
+
+
+def test_the_load_map_is_off_unless_asked_for(make_task, shard_spark):
+    """Without ``spark.taskshard.keyGroupMetrics: "true"`` the plan has no observe() and no load map series."""
+    env = make_task()
+    env.produce(list(generate_events(100, 20, seed=29)))
+    runner = ShardRunner(env.config(0, 16), shard_spark, available_now=True)
+    runner.start()
+    runner.query.awaitTermination(240)
+    runner.poll()
+    samples, _ = parse(generate_latest(runner.metrics.registry).decode())
+    progress = [p for p in runner.query.recentProgress if p.numInputRows]
+    runner.stop()
+    assert progress and not any(p.observedMetrics.get("taskshard_key_groups") for p in progress)
+    assert not [n for n, _, _ in samples if n == f"{Metric.KEY_GROUP_ROWS}_total"]
+    assert sum(p.numInputRows for p in progress) == 100

@@ -350,6 +350,13 @@ def test_key_group_buckets_cover_the_range_in_at_most_64_contiguous_pieces():
         assert all(b == c for (_, b), (c, _) in itertools.pairwise(buckets))
         assert len(buckets) == min(KEY_GROUP_BUCKETS, end - start)
     assert key_group_buckets(0, 16) == [(g, g + 1) for g in range(16)], "one bucket per key group when it fits"
+    from spark_runtime.live import bucket_of
+
+    for start, end in ((0, 128), (0, 10), (100, 333), (0, 32768)):
+        buckets = key_group_buckets(start, end)
+        for kg in range(start, end, max(1, (end - start) // 997)):
+            a, b = buckets[bucket_of(kg, start, end)]
+            assert a <= kg < b, (start, end, kg)
 
 
 def test_a_batch_s_rows_per_key_group_bucket_become_counters():
@@ -359,10 +366,16 @@ def test_a_batch_s_rows_per_key_group_bucket_become_counters():
     from spark_runtime.live import KEY_GROUP_METRICS, Metric
     from spark_runtime.metrics import ShardMetrics
 
-    m = ShardMetrics("t", "t-0-16")
-    first = {KEY_GROUP_METRICS: {"0-1": 5, "1-2": 2, "2-3": 0}}
+    m = ShardMetrics("t", "t-0-16", key_groups=(0, 16))
+    first = {KEY_GROUP_METRICS: {"buckets": [{"x": 0.0, "y": 5.0}, {"x": 1.0, "y": 2.0}]}}
     m.on_batch({"batchId": 0, "numInputRows": 7, "observedMetrics": first})
-    m.on_batch({"batchId": 1, "numInputRows": 3, "observedMetrics": {KEY_GROUP_METRICS: {"0-1": 3, "1-2": None}}})
+    merged = [{"x": 0.0, "y": 1.0}, {"x": 0.0, "y": 2.0}]  # equal x after a merge of partial histograms
+    m.on_batch({"batchId": 1, "numInputRows": 3, "observedMetrics": {KEY_GROUP_METRICS: {"buckets": merged}}})
+    m.on_batch({"batchId": 2, "numInputRows": 0, "observedMetrics": {KEY_GROUP_METRICS: {"buckets": None}}})
+    # A sample (1 of 3 rows seen, 2 in bucket 2 and 1 in bucket 3) is scaled to the batch's exact row count.
+    sample = [{"x": 2.0, "y": 2.0}, {"x": 3.0, "y": 1.0}]
+    scaled = {KEY_GROUP_METRICS: {"buckets": sample, "rows": 9}}
+    m.on_batch({"batchId": 3, "numInputRows": 9, "observedMetrics": scaled})
     text = generate_latest(m.registry).decode()
     rows = {
         s.labels["key_groups"]: s.value
@@ -370,4 +383,29 @@ def test_a_batch_s_rows_per_key_group_bucket_become_counters():
         for s in f.samples
         if s.name == f"{Metric.KEY_GROUP_ROWS}_total"
     }
-    assert rows == {"0-1": 8.0, "1-2": 2.0}
+    assert rows == {"0-1": 8.0, "1-2": 2.0, "2-3": 6.0, "3-4": 3.0}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "complaint"),
+    [
+        ("spark.taskshard.keyGroupMetrics", "maybe", "'maybe' is invalid: expected true or false"),
+    ],
+)
+def test_bad_load_map_settings_are_refused_naming_the_key(key, value, complaint):
+    data = {
+        "task": "t",
+        "shard": "t-0-16",
+        "maxKeyGroups": 16,
+        "keyGroups": {"start": 0, "end": 16},
+        "processor": {"builtin": "count"},
+        "source": {"journal": {"path": "/j", "partitions": 1}},
+        "sink": {"directory": {"path": "/out"}},
+        "storage": {"path": "/data"},
+        "spark": {"conf": {key: value}},
+    }
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert f"spark.conf.{key}" in str(err.value) and complaint in str(err.value)
+    data["spark"]["conf"][key] = "true"
+    parse_config(data)
