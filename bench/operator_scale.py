@@ -416,6 +416,10 @@ def busy_steady_state(cluster: Any, timings_path: Path, proc: subprocess.Popen, 
     finally:
         busy.stop()
     calls = {n: a["calls"] - before.get(n, {}).get("calls", 0) for n, a in after.items()}
+    errors = {
+        n: {e: k - (before.get(n, {}).get("errors") or {}).get(e, 0) for e, k in (a.get("errors") or {}).items()}
+        for n, a in after.items()
+    }
     writes = calls.get("patch_custom_status", 0)
     return {
         "pods": pods,
@@ -424,6 +428,7 @@ def busy_steady_state(cluster: Any, timings_path: Path, proc: subprocess.Popen, 
         "statusWrites": writes,
         "writesPerShardPer10s": round(10 * writes / max(1, pods) / max(1e-9, seconds), 3),
         "apiCalls": calls,
+        "apiErrors": {n: e for n, e in errors.items() if any(e.values())},
     }
 
 

@@ -11,7 +11,8 @@ work queue (as ``pass:task`` and ``pass:shard``), and wraps the methods of :clas
     {"handlers": {"<id>": {"calls": n, "seconds": total, "max": s, "p50": s, "p99": s,
                             "slowest": [{"seconds": s, "object": "ns/name", "at": unix}, ...]}},
      "inflight": [{"handler": "<id>", "object": "ns/name", "seconds": s}, ...],   # calls not finished yet
-     "api": {"<method>": {"calls": n, "seconds": total, "max": s}}, "written": unix}
+     "api": {"<method>": {"calls": n, "seconds": total, "max": s, "errors": {"<exception type>": n}}},
+     "written": unix}
 
 Nothing in the operator is changed; the wrappers only measure.
 """
@@ -50,12 +51,14 @@ def _record_handler(hid: str, seconds: float, obj: str) -> None:
             del slow[KEEP_SLOWEST:]
 
 
-def _record_api(name: str, seconds: float) -> None:
+def _record_api(name: str, seconds: float, error: str | None = None) -> None:
     with _LOCK:
-        a = _API.setdefault(name, {"calls": 0, "seconds": 0.0, "max": 0.0})
+        a = _API.setdefault(name, {"calls": 0, "seconds": 0.0, "max": 0.0, "errors": {}})
         a["calls"] += 1
         a["seconds"] += seconds
         a["max"] = max(a["max"], seconds)
+        if error is not None:
+            a["errors"][error] = a["errors"].get(error, 0) + 1
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -154,10 +157,14 @@ def _timed_method(name: str, fn: Any) -> Any:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
+        error = None
         try:
             return fn(*args, **kwargs)
+        except Exception as exc:  # counted by type (e.g. Conflict: a conditional write refused), then re-raised
+            error = type(exc).__name__
+            raise
         finally:
-            _record_api(name, time.perf_counter() - t0)
+            _record_api(name, time.perf_counter() - t0, error)
 
     return wrapper
 

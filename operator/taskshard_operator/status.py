@@ -73,10 +73,12 @@ def get_condition(conditions: list[dict[str, Any]] | None, type_: str) -> dict[s
 
 
 def conditions_equal(a: list[dict[str, Any]] | None, b: list[dict[str, Any]] | None) -> bool:
-    """Equal ignoring ``lastTransitionTime`` (so an unchanged status is not re-written)."""
+    """Equal ignoring ``lastTransitionTime`` and the order of conditions and of their keys (so an unchanged status
+    is not re-written: the API returns a condition's keys in another order than the operator builds them)."""
 
     def strip(cs):
-        return sorted(({k: v for k, v in c.items() if k != "lastTransitionTime"} for c in cs or []), key=str)
+        kept = ({k: v for k, v in c.items() if k != "lastTransitionTime"} for c in cs or [])
+        return sorted(kept, key=lambda c: (str(c.get("type")), json.dumps(c, sort_keys=True, default=str)))
 
     return strip(a) == strip(b)
 

@@ -160,3 +160,21 @@ def test_the_task_sums_its_active_shards_live_status():
     assert decision is not None
     live = decision.status["live"]
     assert (live["rate"], live["lag"], live["lagUnit"], live["shardsReporting"]) == (20.0, 512, "bytes", 1)
+
+
+def test_conditions_are_equal_whatever_the_key_order_the_api_returns():
+    """The API returns a condition's keys sorted; the operator builds them in another order. Comparing them as
+    strings made every pass re-write unchanged conditions (two status writes per live update at scale)."""
+    from taskshard_operator import status as st
+
+    ours = [
+        st.condition("Ready", True, "Emitting", "driver pod x processes [0, 4)", generation=1),
+        st.condition("Degraded", False, "Healthy", "", generation=1),
+        st.condition("Progressing", False, "Stable", "", generation=1),
+        st.condition("Splitting", False, "NotSplitting", "", generation=1),
+    ]
+    from_api = [dict(sorted(c.items())) for c in reversed(ours)]
+    assert [list(c) for c in from_api] != [list(c) for c in ours], "different key orders"
+    assert st.conditions_equal(ours, from_api)
+    changed = [*from_api[:-1], {**from_api[-1], "reason": "NotEmittingYet"}]
+    assert not st.conditions_equal(ours, changed)
