@@ -772,7 +772,9 @@ class ShardRunner:
         return last_planned_batch(self.paths.checkpoint) == last_committed_batch(self.paths.checkpoint)
 
     def drain(self) -> dict[str, Any]:
-        """Drain (see the module docstring); returns the summary. Idempotent."""
+        """Drain (see the module docstring); returns the summary. Idempotent. A superseded runtime raises
+        :class:`~spark_runtime.fencing.WriterFenced` even when a summary exists (its successor wrote it)."""
+        self.fence.check("the drain")
         if self.already_drained:
             self.summary = self.paths.drained.read_json()
             return self.summary

@@ -107,7 +107,7 @@ def test_examples_apply_and_come_back_as_valid_models(k):
         task = Task.from_k8s({**obj, "metadata": obj["metadata"]})
         assert task.spec.max_key_groups >= 1
     table = k("get", "tsk").stdout
-    assert table.split("\n")[0].split() == ["NAME", "SHARDS", "PHASE", "READY", "AGE"]
+    assert table.split("\n")[0].split() == ["NAME", "SHARDS", "PHASE", "READY", "RATE", "LAG", "AGE"]
 
 
 def test_server_defaults_match_the_models(k):
@@ -316,6 +316,13 @@ def test_status_subresource_and_printer_columns(k):
             "phase": "Running",
             "observedGeneration": 1,
             "lastCheckpoint": {"batchId": 7, "time": "2026-11-22T03:04:05Z"},
+            "live": {
+                "batchId": 7,
+                "rate": 812.5,
+                "lag": 2310,
+                "lagUnit": "bytes",
+                "observedAt": "2026-11-22T03:04:06Z",
+            },  # noqa: E501
             "conditions": [
                 {
                     "type": "Ready",
@@ -334,8 +341,9 @@ def test_status_subresource_and_printer_columns(k):
     _patch(k, "taskshard", name, {"status": {"phase": "Split"}}, check=True)
     assert json.loads(k("get", "taskshard", name, "-o", "json").stdout)["status"]["phase"] == "Running"
     header, row = k("get", "tss", name).stdout.strip().split("\n")
-    assert header.split() == ["NAME", "TASK", "RANGE", "PHASE", "READY", "LAST", "BATCH", "AGE"]
-    assert row.split()[1:6] == ["orders-count", "0-64", "Running", "True", "7"]
+    assert header.split() == ["NAME", "TASK", "RANGE", "PHASE", "READY", "RATE", "LAG", "LAST", "BATCH", "AGE"]
+    assert row.split()[1:8] == ["orders-count", "0-64", "Running", "True", "812.5", "2310", "7"]
+    assert parsed.status.live is not None and parsed.status.live.lag_unit == "bytes"
 
 
 @pytest.mark.parametrize(

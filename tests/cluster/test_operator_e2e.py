@@ -63,10 +63,16 @@ class OverlapWatcher(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.wait(0.5):
             try:
+                # Pods, then the shards, then the pods again: a pod counts as running only in both pod reads, so
+                # the shard phases are never older than the pod states they are compared with (two GETs are not
+                # one snapshot).
+                before = get_json(self.kubectl, "pods", "-l", "taskshard.io/component=shard")["items"]
                 shards = get_json(self.kubectl, "taskshards")["items"]
-                pods = get_json(self.kubectl, "pods", "-l", "taskshard.io/component=shard")["items"]
+                after = get_json(self.kubectl, "pods", "-l", "taskshard.io/component=shard")["items"]
             except Exception:  # noqa: BLE001 - keep watching
                 continue
+            was_running = {p["metadata"]["uid"] for p in before if (p.get("status") or {}).get("phase") == "Running"}
+            pods = [p for p in after if p["metadata"]["uid"] in was_running]
             self.samples += 1
             phase = {s["metadata"]["name"]: (s.get("status") or {}).get("phase") for s in shards}
             standby = {
@@ -153,6 +159,16 @@ def scrape_shard(kubectl, shard: str) -> dict[str, float]:
 def assert_live_status(kubectl, op, shard: str, rows: int) -> None:
     """A running, caught-up shard: its driver's endpoint counts exactly the rows it processed, lag 0; the operator
     mirrors it into status.live (the RATE, LAG and LAST BATCH columns) and counted its scrapes."""
+
+    # The journal's lag is measured at the runtime's poll (at most once a second): it reaches 0 soon after the
+    # results are complete.
+    def lag_zero() -> bool:
+        try:
+            return scrape_shard(kubectl, shard).get("taskshard_shard_lag") == 0
+        except OSError:  # the endpoint between two polls of a busy driver: ask again
+            return False
+
+    wait_for(lag_zero, 60, f"{shard}'s lag 0")
     scraped = scrape_shard(kubectl, shard)
     assert scraped["taskshard_shard_rows_total"] == rows, scraped
     assert scraped["taskshard_shard_lag"] == 0 and scraped["taskshard_shard_emitting"] == 1, scraped

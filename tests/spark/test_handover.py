@@ -160,9 +160,10 @@ def test_a_child_killed_while_catching_up_resumes_its_catch_up(make_task, shard_
 
 
 def test_a_parent_replaced_during_the_catch_up_hands_over_once_and_its_zombie_is_fenced(make_task, shard_spark):
-    """The parent's pod is replaced while its children catch up (a node partition: the old pod keeps running).
-    The replacement resumes from the recovery log, keeps answering the hand-over and drains once; the old runtime
-    (epoch 1) cannot drain or write anything once the replacement (epoch 2) started. Results exact."""
+    """The parent's pod is replaced while its children catch up (a node partition: the old pod keeps running but
+    never gets to its final drain, here because its hand-over step stops asking for one). The replacement resumes
+    from the recovery log, finds both ready notes and drains once; the old runtime (epoch 1) cannot drain or write
+    anything once the replacement (epoch 2) started. Results exact."""
     from spark_runtime.fencing import WriterFenced
     from spark_runtime.shard import ShardRunner
 
@@ -170,6 +171,8 @@ def test_a_parent_replaced_during_the_catch_up_hands_over_once_and_its_zombie_is
     events = list(generate_events(900, 40, seed=23))
     produce(events[:300])
     zombie = ShardRunner(env.config(0, 16), shard_spark)
+    answer_only = zombie.as_parent.tick
+    zombie.as_parent.tick = lambda: (answer_only(), None)[1]  # answers the children, never drains by itself
     restore = {"parent": PARENT, "manifest": str(shard_dir(env, PARENT) / "drained.json")}
     children = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in HALVES]
     threads = [InThread(zombie.run, "run zombie parent")] + [InThread(c.run, f"run {c.config.shard}") for c in children]
@@ -179,10 +182,11 @@ def test_a_parent_replaced_during_the_catch_up_hands_over_once_and_its_zombie_is
         caught_up(env, PARENT)
         for t in threads[1:]:
             t.start()
-        # The children asked for a pre-copy and restored it: they are catching up on the zombie's progress.
+        # The children restored the zombie's pre-copy and caught up with its progress: both ready notes are there.
         for c in children:
-            path = shard_dir(env, c.config.shard) / "catch-up.json"
-            wait_progress(env, c.config.shard, lambda p, path=path: p["batchId"] >= 0 and path.exists(), 240)
+            ready = shard_dir(env, PARENT) / "handover" / f"ready-{c.config.shard}.json"
+            wait_progress(env, c.config.shard, lambda p, ready=ready: p["batchId"] >= 0 and ready.exists(), 240)
+        assert not (shard_dir(env, PARENT) / "drained.json").exists()
         produce(events[300:600])
         threads.append(InThread(replacement.run, "run replacement parent"))
         threads[-1].start()
