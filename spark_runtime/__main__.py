@@ -6,6 +6,9 @@ Subcommands::
                                  SIGTERM (a resumable stop); exit 0 after either, 1 when the query fails,
                                  2 for a bad config, 3 when the source, sink or storage cannot be used
                                  (missing topic, wrong credentials, unreachable bucket or broker)
+        [--abort-split A,B]      instead: undo the shard's split into children A and B (fence them, clear
+                                 their storage and the hand-over) and exit 0 with an "aborted" summary, or
+                                 with the drain summary when the hand-over happened already
     produce ...                  append events to a journal (same as taskshard-produce)
     results --sink DIR --storage DIR --task NAME
                                  print the final per-key results across the shard lineage as JSON lines
@@ -75,7 +78,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if early_sigterm:
         runner.request_drain("SIGTERM", final=False)
     try:
-        summary = runner.run()
+        if args.abort_split:
+            from spark_runtime.handover import abort_split
+
+            summary = abort_split(runner, [c for c in args.abort_split.split(",") if c])
+        else:
+            summary = runner.run()
     except EnvironmentProblem as exc:
         log.error("cannot run: %s", exc)
         _write_termination_message(config.termination_message_path, exc.termination(config.shard))
@@ -132,6 +140,13 @@ def _parser() -> argparse.ArgumentParser:
         "--config",
         default=None,
         help="shard config, JSON or YAML (default: $TASKSHARD_CONFIG, or inline JSON in $TASKSHARD_CONFIG_JSON)",
+    )
+    run.add_argument(
+        "--abort-split",
+        default="",
+        metavar="CHILD,CHILD",
+        help="undo this shard's split into these children instead of running (the operator starts the pod so "
+        "once the split request was withdrawn and the children's pods are gone)",
     )
     run.set_defaults(func=_cmd_run)
     produce = sub.add_parser("produce", help="append events to a journal", add_help=False)

@@ -45,6 +45,20 @@ Crash safety, by construction: every step is a file written once (atomically) an
   never emits. Dead letters follow the same rule in the source.
 - Why nothing is lost: the child's state is the parent's at ``K`` plus every record after ``K`` of its key
   groups, each processed once in its own recovery log; the parent emitted everything up to ``F``.
+
+Abort (:func:`abort_split`; the operator starts the parent's pod with ``run --abort-split`` once the split was
+withdrawn and the children's pods are gone)::
+
+    drained.json exists? ──yes──> too late: report the drain summary (the children take over as usual)
+          │ no
+          ▼
+    fence each child (claim its next writer epoch), remove the rest of its directory; remove handover/ and the
+    drain marker; report SplitAbortSummary (exit 0). The next pod resumes the parent from its recovery log.
+
+The parent holds its own new writer epoch first, so no earlier parent runtime writes a summary after the check
+(its fence check comes before ``drained.json``); nothing a child did is visible outside its own directory (it
+emits nothing before ``drained.json``), so clearing that directory undoes the split. A re-split later starts its
+children afresh (same names, new epochs).
 """
 
 from __future__ import annotations
@@ -63,6 +77,7 @@ from spark_runtime.protocol import (
     DrainSummary,
     HandoverMode,
     HandoverNote,
+    SplitAbortSummary,
     SummaryEvent,
     at_or_after,
     covers,
@@ -70,7 +85,7 @@ from spark_runtime.protocol import (
 from spark_runtime.snapshot import RestoreError, utc_now
 from spark_runtime.storage import Loc, location
 
-__all__ = ["ChildHandover", "ParentHandover", "StandbyStopped"]
+__all__ = ["ChildHandover", "ParentHandover", "StandbyStopped", "abort_split"]
 
 log = logging.getLogger("taskshard.handover")
 
@@ -387,3 +402,53 @@ class ChildHandover:
         if batch_id == 0 or state.final is None:
             return False
         return state.emits_from(self.runner.positions_at(batch_id - 1))
+
+
+def abort_split(runner: Any, children: list[str]) -> dict[str, Any]:
+    """Undo ``runner``'s shard's split (see the module docstring) and return the termination message: a
+    :class:`~spark_runtime.protocol.SplitAbortSummary`, or the drain summary when the hand-over happened already.
+    Idempotent (a restart repeats it harmlessly)."""
+    from spark_runtime.fencing import WriterFence
+
+    cfg, paths = runner.config, runner.paths
+    runner.check_environment()
+    if runner.already_drained:
+        summary = paths.drained.read_json()
+        log.warning(
+            "shard %s: the split cannot be aborted, the hand-over happened at batch %s",
+            cfg.shard,
+            summary.get("batchId"),
+        )
+        return summary
+    runner.fence.claim()
+    if paths.drained.exists():  # written by an earlier runtime between the look above and the claim
+        return paths.drained.read_json()
+    for child in children:
+        child_paths = paths.shard_path(child)
+        fence = WriterFence(child_paths)
+        fence.claim()  # a child runtime still running (a partitioned node) is fenced from here on
+        removed = []
+        if child_paths.shard_dir.exists():
+            for entry in child_paths.shard_dir.iterdir():
+                if entry.name == fence.dir.name:
+                    continue
+                if entry.is_dir():
+                    entry.rmtree()
+                else:
+                    entry.unlink()
+                removed.append(entry.name)
+        removed_names = ", ".join(sorted(removed)) or "nothing"
+        log.info("shard %s: child %s fenced at epoch %s; removed %s", cfg.shard, child, fence.epoch, removed_names)
+    runner.fence.check("clearing its hand-over")
+    paths.handover_dir.rmtree()
+    paths.drain_marker.unlink()
+    summary = SplitAbortSummary(
+        task=cfg.task,
+        shard=cfg.shard,
+        batch_id=last_committed_batch(paths.checkpoint),
+        children=tuple(children),
+        writer_epoch=runner.fence.epoch,
+        time=utc_now(),
+    ).to_json()
+    log.info("shard %s: split aborted; it resumes from batch %s", cfg.shard, summary["batchId"])
+    return summary

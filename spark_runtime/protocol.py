@@ -15,6 +15,10 @@ Files of a split (under ``<root>/<task>/shards/``; see ``docs/split-protocol.md`
     <child>/catch-up.json                    the child's catch-up state (CatchUpState): what it may read and
                                              from which positions on it emits
 
+An abort (``run --abort-split``, a split withdrawn before ``drained.json`` exists) claims the next writer epoch of
+each child (fencing it), removes everything else in the children's directories and the parent's ``handover/``,
+and reports a SplitAbortSummary; the parent resumes from its recovery log.
+
 The writer fence (every shard, split or not; :mod:`spark_runtime.fencing`)::
 
     <shard>/epochs/<epoch>.json              one per start of the shard's runtime (WriterEpoch), created only
@@ -44,6 +48,7 @@ __all__ = [
     "parse_epoch_name",
     "HandoverMode",
     "HandoverNote",
+    "SplitAbortSummary",
     "SummaryEvent",
     "at_or_after",
     "clamp",
@@ -137,6 +142,46 @@ class SummaryEvent(StrEnum):
     STOPPED = "stopped"
     """A non-final stop (a SIGTERM alone): the next pod resumes from the recovery log."""
     FAILED = "failed"
+    ABORTED = "aborted"
+    """A split undone before the hand-over (:class:`SplitAbortSummary`): the shard keeps its range and resumes."""
+
+
+@dataclass(frozen=True)
+class SplitAbortSummary:
+    """The termination message of a runtime started to abort its shard's split (``run --abort-split``): the
+    children were fenced and their storage cleared, the parent's ``handover/`` is gone, and the shard resumes
+    from its recovery log at ``batch_id`` with its next pod."""
+
+    task: str
+    shard: str
+    batch_id: int
+    children: tuple[str, ...]
+    writer_epoch: int | None = None
+    time: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event": str(SummaryEvent.ABORTED),
+            "task": self.task,
+            "shard": self.shard,
+            "batchId": self.batch_id,
+            "children": list(self.children),
+            "writerEpoch": self.writer_epoch,
+            "time": self.time,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SplitAbortSummary:
+        if data.get("event") != SummaryEvent.ABORTED:
+            raise ValueError(f"event: {data.get('event')!r} is not {SummaryEvent.ABORTED!r}")
+        return cls(
+            task=str(data.get("task") or ""),
+            shard=str(data.get("shard") or ""),
+            batch_id=int(data["batchId"]),
+            children=tuple(str(c) for c in data.get("children") or ()),
+            writer_epoch=data.get("writerEpoch"),
+            time=str(data.get("time") or ""),
+        )
 
 
 class HandoverMode(StrEnum):

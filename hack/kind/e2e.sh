@@ -6,7 +6,7 @@
 #      through the module proxy), the node image (present or pulled), kubectl and helm (PATH or the project cache,
 #      else hack/build-binaries.sh)
 #   2. kind create cluster; docker build --target operator|shard (hack/image/lib.sh); kind load docker-image both
-#   3. helm install charts/taskshard-operator with image.*, watchNamespaces: [] (and shardImage.* when the chart
+#   3. helm install charts/taskshard-operator with image.*, clusterWide: true (and shardImage.* when the chart
 #      declares it)
 #   4. a producer pod appends events to the journal (hostPath /srv/taskshard on the node, owned by uid 10001)
 #   5. kubectl apply the Task from examples/task-count-journal.yaml (image -> the loaded shard image, small
@@ -287,7 +287,7 @@ done
 
 # Step 3: the chart.
 chart=$repo/charts/taskshard-operator
-values=(--set image.repository=taskshard/operator --set "image.tag=$TAG" --set-json 'watchNamespaces=[]')
+values=(--set image.repository=taskshard/operator --set "image.tag=$TAG" --set clusterWide=true)
 # shardImage.* only where the chart declares it (its schema refuses unknown keys); Tasks name their image anyway.
 if grep -q '^shardImage:' "$chart/values.yaml"; then
   values+=(--set shardImage.repository=taskshard/shard --set "shardImage.tag=$TAG")

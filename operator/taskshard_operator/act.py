@@ -76,7 +76,7 @@ class Patch:
 @dataclass(frozen=True)
 class Delete:
     plural: str
-    """pods or configmaps."""
+    """pods, configmaps or taskshards (the children of an aborted split)."""
     name: str
     uid: str | None = None
     grace: int | None = None
@@ -147,6 +147,8 @@ def _do(kube: Kube, observed: Observed, namespace: str, action: Action, backoff:
     if isinstance(action, Delete):
         if action.plural == "pods":
             kube.delete_pod(namespace, action.name, uid=action.uid, grace=action.grace)
+        elif action.plural == naming.SHARD_PLURAL:
+            kube.delete_custom(action.plural, namespace, action.name, uid=action.uid)
         else:
             kube.delete_configmap(namespace, action.name)
         return None

@@ -264,17 +264,23 @@ def build_pod(
     template_hash: str,
     restarts_base: int = 0,
     log_format: str = "plain",
+    abort_split: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The Spark driver pod ``<shard>-driver`` of a shard (owner reference added by the caller).
 
     ``restarts_base`` is recorded so that ``status.restarts`` survives pod replacement. ``log_format`` ``json``
     makes the runtime log one JSON object per line (``$TASKSHARD_LOG_FORMAT``, ``spark_runtime.logs``), as the
-    operator itself does with ``--log-format json``.
+    operator itself does with ``--log-format json``. ``abort_split`` (the split's children) makes it a pod that
+    undoes the shard's split and exits (``run --abort-split``, annotation ``taskshard.io/abort-split``).
     """
     annotations = {
         naming.ANNOTATION_TEMPLATE_HASH: template_hash,
         naming.ANNOTATION_RESTARTS_BASE: str(restarts_base),
     }
+    command = list(SHARD_COMMAND)
+    if abort_split:
+        annotations[naming.ANNOTATION_ABORT_SPLIT] = ",".join(abort_split)
+        command += ["--abort-split", ",".join(abort_split)]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
         dict(TMP_MOUNT),
@@ -291,7 +297,7 @@ def build_pod(
     container: dict[str, Any] = {
         "name": naming.CONTAINER_DRIVER,
         "image": spec.spark.image,
-        "command": list(SHARD_COMMAND),
+        "command": command,
         "env": [
             {"name": "TASKSHARD_TASK", "value": task},
             {"name": "TASKSHARD_SHARD", "value": shard},

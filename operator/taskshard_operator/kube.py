@@ -24,6 +24,7 @@ MERGE_PATCH = "application/merge-patch+json"
 API_VERBS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "create_custom": ((naming.DOMAIN, naming.SHARD_PLURAL, "create"),),
     "patch_custom": ((naming.DOMAIN, naming.SHARD_PLURAL, "patch"),),
+    "delete_custom": ((naming.DOMAIN, naming.SHARD_PLURAL, "delete"),),
     "patch_custom_status": (
         (naming.DOMAIN, f"{naming.TASK_PLURAL}/status", "patch"),
         (naming.DOMAIN, f"{naming.SHARD_PLURAL}/status", "patch"),
@@ -106,6 +107,20 @@ class Kube:
         return self.custom.patch_namespaced_custom_object(
             naming.DOMAIN, naming.API_VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH
         )
+
+    def delete_custom(self, plural: str, namespace: str, name: str, *, uid: str | None = None) -> None:
+        """Delete a TaskShard (background propagation: its pod and ConfigMap follow by owner reference); a missing
+        one, or one replaced since (``uid`` precondition), is fine."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self.custom.delete_namespaced_custom_object(
+                naming.DOMAIN, naming.API_VERSION, namespace, plural, name, body=body
+            )
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
 
     def patch_custom_status(
         self, plural: str, namespace: str, name: str, status: dict[str, Any], *, resource_version: str | None = None

@@ -6,7 +6,8 @@ Every name is ``taskshard_operator_*``:
   ``ok``, or ``error``: retried with back-off);
 - ``api_requests_total{method, outcome}``: calls of the operator's API wrapper (``ok``: done, including a create
   that found its object or a delete that found none; ``conflict``: a conditional write refused; ``error``);
-- ``splits_total{outcome}``: split requests ``accepted``, ``rejected`` or ``waiting``, and splits ``completed``;
+- ``splits_total{outcome}``: split requests ``accepted``, ``rejected`` or ``waiting``, and splits ``completed``
+  or ``aborted`` (withdrawn before the hand-over);
 - ``split_seconds``: a split from its acceptance to ``Split``; ``split_phase_seconds{phase}``: time a split
   parent spent in each protocol phase (measured by this process; a restarted operator starts over);
 - ``live_scrapes_total{outcome}``: scrapes of shard drivers' metrics endpoints for ``status.live`` (``ok``,
@@ -65,12 +66,13 @@ LIVE_SCRAPES = Counter(
     registry=REGISTRY,
 )
 
-SPLIT_PHASES = ("SplitRequested", "Draining", "Drained", "ChildrenCreated")
+SPLIT_PHASES = ("SplitRequested", "Draining", "Drained", "ChildrenCreated", "AbortingSplit")
 SPLIT_EVENTS = {
     "SplitAccepted": "accepted",
     "SplitRejected": "rejected",
     "SplitWaiting": "waiting",
     "Split": "completed",
+    "SplitAborted": "aborted",
 }
 """Events the passes post, and the ``splits_total`` outcome each counts as."""
 

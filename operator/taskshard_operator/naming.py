@@ -41,6 +41,11 @@ ANNOTATION_RESTARTS_BASE = f"{DOMAIN}/restarts-base"
 """On the driver pod: restarts of the shard before this pod existed (status.restarts = base + restartCount)."""
 
 FINALIZER = f"{DOMAIN}/finalizer"
+SPLIT_FINALIZER = f"{DOMAIN}/split"
+"""On a TaskShard while a split of it is in progress (SplitRequested .. ChildrenCreated, AbortingSplit): a deletion
+waits until the split has finished or was aborted, so children are never left waiting for a parent that is gone."""
+ANNOTATION_ABORT_SPLIT = f"{DOMAIN}/abort-split"
+"""On a driver pod started to abort its shard's split: the children it fences and clears (``run --abort-split``)."""
 PROGRESS_PREFIX = DOMAIN
 
 CONTAINER_DRIVER = "driver"

@@ -12,11 +12,15 @@ module is the table the operator enforces; every status write goes through :func
 
     Pending | Running | Failed ──Task deleted──> Stopped (terminal)
     Pending | Running | Failed ──Task suspended, pod gone──> Suspended ──resumed──> Pending
+    SplitRequested | Draining ──spec.split withdrawn──> AbortingSplit ──parent's pod undid it──> Pending
+                                                                     └──it had drained already──> Drained
 
 Contracts:
 - Writing the same phase again is always allowed (idempotent retries after a crash).
-- From SplitRequested on, the only way is forward: a split that was accepted is completed, never rolled back
-  (a failed drain is retried by the pod's restart policy, the phase stays Draining).
+- A split goes forward, or back only through AbortingSplit: withdrawn (``spec.split.requested: false`` or
+  ``spec.split`` removed) before the parent's runtime wrote its drain summary, it is undone and the shard
+  resumes; from Drained on it is completed, never rolled back (a failed drain is retried by the pod's restart
+  policy, the phase stays Draining).
 - Split and Stopped are terminal.
 """
 
@@ -31,8 +35,9 @@ ALLOWED: dict[ShardPhase, frozenset[ShardPhase]] = {
     P.RUNNING: frozenset({P.PENDING, P.FAILED, P.SPLIT_REQUESTED, P.STOPPED, P.SUSPENDED}),
     P.FAILED: frozenset({P.PENDING, P.RUNNING, P.STOPPED, P.SUSPENDED}),
     P.SUSPENDED: frozenset({P.PENDING, P.STOPPED}),
-    P.SPLIT_REQUESTED: frozenset({P.DRAINING}),
-    P.DRAINING: frozenset({P.DRAINED}),
+    P.SPLIT_REQUESTED: frozenset({P.DRAINING, P.ABORTING_SPLIT}),
+    P.DRAINING: frozenset({P.DRAINED, P.ABORTING_SPLIT}),
+    P.ABORTING_SPLIT: frozenset({P.PENDING, P.DRAINED}),
     P.DRAINED: frozenset({P.CHILDREN_CREATED}),
     P.CHILDREN_CREATED: frozenset({P.SPLIT}),
     P.SPLIT: frozenset(),

@@ -47,6 +47,35 @@ def split_requested(split: Mapping[str, Any] | None) -> bool:
     return bool(split) and split.get("requested") is True
 
 
+@dataclass(frozen=True)
+class SplitWithdrawn:
+    """``spec.split`` no longer asks for the split in progress: abort it if it has not handed over yet."""
+
+
+@dataclass(frozen=True)
+class SplitUnchanged:
+    """A new generation that still asks for the split in progress (another field changed, or ``at`` repeated)."""
+
+
+def plan_split_change(
+    *, shard: str, phase: ShardPhase, accepted_at: int, split: Mapping[str, Any] | None
+) -> SplitWithdrawn | SplitUnchanged | SplitRefused:
+    """Decide on a new generation of ``spec.split`` while a split of the shard is in progress (``phase`` is one of
+    the split's phases, ``accepted_at`` its point). Withdrawing it aborts the split before the hand-over (the
+    caller knows whether that is still possible); asking for another point is refused with the way out named."""
+    if not split_requested(split):
+        return SplitWithdrawn()
+    at = split.get("at")
+    if at is None or at == accepted_at:
+        return SplitUnchanged()
+    return SplitRefused(
+        "spec.split.at",
+        f"spec.split.at: {at!r}: shard {shard} is splitting at key group {accepted_at} (phase {phase.value}); a "
+        "second split request is refused. Wait until the split finished and split a child, or withdraw the "
+        "request (spec.split.requested: false) to abort the split while it has not handed over",
+    )
+
+
 def plan_split(
     *, shard: str, key_groups: KeyGroupRange, phase: ShardPhase, split: Mapping[str, Any] | None
 ) -> SplitDecision:

@@ -37,6 +37,25 @@ leaves a phase from which the next pass continues, and every action is idempoten
 - Step 5, ChildrenCreated: once both children exist and have been seen by their reconciler (``status.phase``
   set), write ``Split``. The parent keeps no pod and no ConfigMap.
 
+Aborting (the request withdrawn: ``spec.split.requested: false`` or ``spec.split`` removed, in SplitRequested or
+Draining before the parent's pod exited drained)::
+
+    SplitRequested | Draining ──withdrawn──> AbortingSplit ──children and parent pod gone, then the parent's pod
+                                                │            run with --abort-split reports "aborted"──> Pending
+                                                └──the parent's pod reports "drained" (it handed over first)──> Drained
+
+- AbortingSplit: delete both children (TaskShards; their pods and ConfigMaps follow by owner reference) and
+  stop the parent's pod (SIGTERM: a stop at a batch boundary, resumable). Once all of them are gone, create the
+  parent's pod with ``--abort-split <children>``: it claims the parent's next writer epoch, and unless the drain
+  summary exists it fences each child (claims the child's next epoch) and clears the child's directory and the
+  parent's ``handover/``, then exits 0 with an ``aborted`` summary; the operator deletes that pod and writes
+  Pending (``status.split`` and ``lineage.children`` removed), and the next pass starts the shard's pod as
+  before. Crash anywhere: every action is repeated harmlessly (the abort is idempotent in storage).
+- A new ``spec.split`` point during a split is refused (SplitRejected, reason SplitInProgress); a withdrawal
+  from Drained on is too late (reason SplitAbortTooLate): the split completes.
+- While any split phase lasts, the shard carries the finalizer ``taskshard.io/split``: ``kubectl delete`` of it
+  waits until the split finished (or was undone), so its children never wait for a parent that is gone.
+
 No key group's output is ever emitted by two shards: a child builds state while its parent runs but emits
 nothing for input at or before the parent's final positions, which the parent's drain summary names; the parent
 writes that summary as the last step of a final drain, after stopping its query; a final drain is sticky (a
@@ -237,8 +256,10 @@ def reconcile_shard(kube: Kube, observed: Observed, namespace: str, name: str, *
 def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=lambda uid: 0.0) -> Decision | None:
     """The pure part of a pass: what to do for the shard, from the cache alone. None: nothing (shard gone)."""
     shard = observed.shard(namespace, name)
-    if shard is None or shard["metadata"].get("deletionTimestamp"):
+    if shard is None:
         return None
+    if shard["metadata"].get("deletionTimestamp") and naming.SPLIT_FINALIZER not in _finalizers(shard):
+        return None  # deleted (a shard being deleted mid-split goes on until its split finished or was undone)
     task_name = shard["spec"]["taskRef"]["name"]
     task = observed.task(namespace, task_name)
     ctx = ShardContext(
@@ -253,7 +274,9 @@ def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=
         decision=Decision(naming.SHARD_PLURAL, shard),
     )
     _sync_active_label(ctx)
-    if task is None or task["metadata"].get("deletionTimestamp"):
+    task_alive = task is not None and not task["metadata"].get("deletionTimestamp")
+    _sync_split_finalizer(ctx, want=task_alive and ctx.phase.splitting)
+    if not task_alive:
         _stop(ctx)
         return ctx.decision
     parsed = observed.task_spec(task)
@@ -286,6 +309,23 @@ def _sync_active_label(ctx: ShardContext) -> None:
     want = "false" if ctx.phase.terminal else "true"
     if (ctx.shard["metadata"].get("labels") or {}).get(naming.LABEL_ACTIVE) != want:
         ctx.do(Patch(naming.SHARD_PLURAL, ctx.name, {"metadata": {"labels": {naming.LABEL_ACTIVE: want}}}))
+
+
+def _finalizers(obj: dict[str, Any]) -> list[str]:
+    return list(obj["metadata"].get("finalizers") or [])
+
+
+def _sync_split_finalizer(ctx: ShardContext, *, want: bool) -> None:
+    """``taskshard.io/split`` on the shard while a split of it is in progress (and its Task lives): a deletion then
+    waits until the split finished or was undone, so children never wait for a parent that is gone. Patched only
+    when it differs, conditional on the observed version; never added to a shard being deleted (the API refuses
+    that, and a shard deleted before its split started has no children to strand)."""
+    have = _finalizers(ctx.shard)
+    if want == (naming.SPLIT_FINALIZER in have) or (want and ctx.shard["metadata"].get("deletionTimestamp")):
+        return
+    wanted = [*have, naming.SPLIT_FINALIZER] if want else [f for f in have if f != naming.SPLIT_FINALIZER]
+    version = ctx.shard["metadata"].get("resourceVersion")
+    ctx.do(Patch(naming.SHARD_PLURAL, ctx.name, {"metadata": {"finalizers": wanted, "resourceVersion": version}}))
 
 
 def first_error(e: ValidationError) -> str:
@@ -407,8 +447,8 @@ def _ensure_config(ctx: ShardContext) -> bool:
     return True
 
 
-def _create_pod(ctx: ShardContext, *, restarts_base: int) -> None:
-    if builders.executor_instances(ctx.spec) > 0:
+def _create_pod(ctx: ShardContext, *, restarts_base: int, abort_split: tuple[str, ...] = ()) -> None:
+    if builders.executor_instances(ctx.spec) > 0 and not abort_split:
         svc = builders.build_executor_service(task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups)
         kopf.adopt(svc, owner=ctx.shard)
         ctx.do(Create("services", svc))
@@ -420,10 +460,12 @@ def _create_pod(ctx: ShardContext, *, restarts_base: int) -> None:
         template_hash=ctx.template_hash,
         restarts_base=restarts_base,
         log_format=SHARD_LOG_FORMAT,
+        abort_split=abort_split,
     )
     kopf.adopt(pod, owner=ctx.shard)
     name = pod["metadata"]["name"]
-    ctx.do(Create("pods", pod, announce=Event("Normal", "PodCreated", f"created driver pod {name}")))
+    what = "pod" if not abort_split else "pod to undo the split"
+    ctx.do(Create("pods", pod, announce=Event("Normal", "PodCreated", f"created driver {what} {name}")))
 
 
 def _replace_or_create_pod(ctx: ShardContext) -> bool:
@@ -771,9 +813,50 @@ def _keep_suspended(ctx: ShardContext) -> None:
 # ---------------------------------------------------------------- split steps
 
 
+def _split_request_changed(ctx: ShardContext) -> bool:
+    """A new generation of ``spec.split`` during a split (:func:`planner.plan_split_change`). Withdrawn while
+    SplitRequested or Draining (and the parent has not drained): AbortingSplit, and the pass ends here (True).
+    Withdrawn later: too late, said once. Another split point: refused. The split in progress goes on."""
+    if ctx.generation == ctx.status.get("observedGeneration"):
+        return False
+    change = planner.plan_split_change(
+        shard=ctx.name,
+        phase=ctx.phase,
+        accepted_at=int(ctx.status["split"]["at"]),
+        split=ctx.shard["spec"].get("split"),
+    )
+    if isinstance(change, planner.SplitUnchanged):
+        ctx.write({"observedGeneration": ctx.generation})
+        return False
+    if isinstance(change, planner.SplitWithdrawn):
+        drained = ctx.pod.terminated is not None and ctx.pod.terminated.drained
+        if ctx.phase in (P.SPLIT_REQUESTED, P.DRAINING) and not drained:
+            _begin_abort(ctx)
+            return True
+        message = (
+            f"spec.split withdrawn too late: {ctx.name} has handed its range over to its children (phase "
+            f"{ctx.phase.value}); the split completes"
+        )
+        reason = "SplitAbortTooLate"
+    else:
+        message, reason = change.message, "SplitInProgress"
+    ctx.write(
+        {"observedGeneration": ctx.generation, "conditions": [ctx.cond(st.SPLIT_REJECTED, True, reason, message)]}
+    )
+    ctx.event("Warning", reason, message)
+    return False
+
+
+def _split_children(ctx: ShardContext) -> list[str]:
+    """The children's names of the split in progress (from ``status.split.at``), lower first."""
+    return planner.child_names(ctx.task_name, ctx.key_groups.split(int(ctx.status["split"]["at"])))
+
+
 def _step_request_drain(ctx: ShardContext) -> None:
     """Step 2: SplitRequested -> (create the children) -> Draining. The parent's pod keeps processing; the
     children and the parent's runtime hand over through storage (``spark_runtime.handover``)."""
+    if _split_request_changed(ctx):
+        return
     names = _ensure_children(ctx)
     if names is None:
         return  # a name collision (reported); the parent keeps processing until it is resolved
@@ -797,7 +880,10 @@ def _step_request_drain(ctx: ShardContext) -> None:
 
 
 def _step_await_drain(ctx: ShardContext) -> None:
-    """Step 3: Draining -> Drained once the container exited 0 with a manifest."""
+    """Step 3: Draining -> Drained once the container exited 0 with a manifest (a child deleted meanwhile is
+    created again: it resumes its catch-up from its storage)."""
+    if _split_request_changed(ctx) or _ensure_children(ctx) is None:
+        return
     pod = ctx.pod
     if not pod.exists:
         _create_pod(ctx, restarts_base=int(ctx.status.get("restarts") or 0) + 1)
@@ -813,23 +899,7 @@ def _step_await_drain(ctx: ShardContext) -> None:
             ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "DrainRetry", message)]})
         return
     if term.drained:
-        final = term.checkpoint(with_manifest=True) or {"manifest": term.manifest}
-        final.setdefault("batchId", 0)
-        message = f"drained at batch {final['batchId']}; snapshot manifest {term.manifest}"
-        ctx.write(
-            {
-                "finalCheckpoint": final,
-                "lastCheckpoint": final,
-                **_ended_live(ctx, final),
-                "restarts": pod.restarts,
-                "conditions": [
-                    ctx.cond(st.PROGRESSING, True, "Drained", message),
-                    ctx.cond(st.DEGRADED, False, "Healthy", ""),
-                ],
-            },
-            phase=P.DRAINED,
-        )
-        ctx.event("Normal", "Drained", message)
+        _record_drained(ctx, term)
         return
     if term.exit_code == 0 or pod.phase in ("Failed", "Succeeded"):
         # Ended without a snapshot manifest: nothing to restore from; run the drain again from the recovery log.
@@ -840,6 +910,127 @@ def _step_await_drain(ctx: ShardContext) -> None:
         ctx.do(Delete("pods", pod.name, grace=0))
         ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "DrainWithoutManifest", message)]})
         ctx.event("Warning", "DrainWithoutManifest", message)
+
+
+def _record_drained(ctx: ShardContext, term: st.Termination, *, note: str = "") -> None:
+    """Draining (or AbortingSplit, too late) -> Drained: the parent's runtime ended its final drain."""
+    final = term.checkpoint(with_manifest=True) or {"manifest": term.manifest}
+    final.setdefault("batchId", 0)
+    message = f"drained at batch {final['batchId']}; snapshot manifest {term.manifest}{note}"
+    ctx.write(
+        {
+            "finalCheckpoint": final,
+            "lastCheckpoint": final,
+            **_ended_live(ctx, final),
+            "restarts": ctx.pod.restarts,
+            "conditions": [
+                ctx.cond(st.PROGRESSING, True, "Drained", message),
+                ctx.cond(st.DEGRADED, False, "Healthy", ""),
+            ],
+        },
+        phase=P.DRAINED,
+    )
+    ctx.event("Normal" if not note else "Warning", "Drained" if not note else "SplitAbortTooLate", message)
+
+
+# ---------------------------------------------------------------- aborting a split
+
+
+def _begin_abort(ctx: ShardContext) -> None:
+    """SplitRequested | Draining -> AbortingSplit: the request was withdrawn before the hand-over."""
+    low, high = _split_children(ctx)
+    message = (
+        f"spec.split withdrawn: aborting the split of {ctx.name} into {low} and {high}: the children are deleted, "
+        f"then {naming.pod_name(ctx.name)} undoes the split in storage and {ctx.name} resumes (unless it handed "
+        "over already, then the split completes)"
+    )
+    ctx.write(
+        {
+            "observedGeneration": ctx.generation,
+            "conditions": [
+                ctx.cond(st.PROGRESSING, True, "AbortingSplit", message),
+                ctx.cond(st.READY, False, "AbortingSplit", message),
+                ctx.cond(st.SPLIT_REJECTED, False, "Withdrawn", message),
+            ],
+        },
+        phase=P.ABORTING_SPLIT,
+    )
+    ctx.event("Normal", "SplitAborting", message)
+
+
+def _step_abort(ctx: ShardContext) -> None:
+    """AbortingSplit: delete the children (their pods follow) and stop the parent's pod; once all are gone, run
+    the parent's pod with ``--abort-split`` (``spark_runtime.handover.abort_split``: it fences and clears the
+    children's storage and the hand-over); its ``aborted`` summary -> Pending (the shard resumes from its
+    recovery log). A parent that drained before it could be stopped -> Drained: the split completes."""
+    pod = ctx.pod
+    term = pod.terminated if pod.exists else None
+    if term is not None and term.drained:
+        _record_drained(ctx, term, note=" (the split request was withdrawn too late: the split completes)")
+        return
+    aborted = term.aborted if term is not None and pod.aborts_split else None
+    if aborted is not None:
+        _finish_abort(ctx, aborted)
+        return
+    waiting = []
+    for name in _split_children(ctx):
+        child = ctx.observed.shard(ctx.namespace, name)
+        if child is not None and (child["spec"].get("restoreFrom") or {}).get("parent") == ctx.name:
+            if not child["metadata"].get("deletionTimestamp"):
+                ctx.do(Delete(naming.SHARD_PLURAL, name, uid=child["metadata"].get("uid")))
+            waiting.append(f"TaskShard {name}")
+        if ctx.observed.pod(ctx.namespace, name).exists:
+            waiting.append(f"pod {naming.pod_name(name)}")
+    if pod.exists and not pod.aborts_split:
+        if not pod.deleting:
+            ctx.do(Delete("pods", pod.name, uid=pod.uid))  # graceful: a SIGTERM stop at a batch boundary
+        waiting.append(f"pod {pod.name}")
+    if waiting:
+        message = f"aborting the split: waiting until {', '.join(waiting)} are gone"
+        ctx.write({"conditions": [ctx.cond(st.PROGRESSING, True, "AbortingSplit", message)]})
+        ctx.decision.again_in(2.0)
+        return
+    if not pod.exists:
+        _create_pod(ctx, restarts_base=int(ctx.status.get("restarts") or 0), abort_split=tuple(_split_children(ctx)))
+        message = f"the children are gone; {naming.pod_name(ctx.name)} undoes the split in storage"
+        ctx.write(
+            {"pod": naming.pod_name(ctx.name), "conditions": [ctx.cond(st.PROGRESSING, True, "AbortingSplit", message)]}
+        )
+        return
+    if pod.deleting:
+        return
+    if term is not None and pod.phase in ("Failed", "Succeeded"):  # ended without an abort summary: once more
+        message = f"pod {pod.name} ended (exit code {term.exit_code}) without undoing the split: {term.message!r}"
+        ctx.do(Delete("pods", pod.name, uid=pod.uid, grace=0))
+        ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "AbortRetry", message)]})
+        ctx.event("Warning", "AbortRetry", message)
+    elif pod.failed:
+        message = f"pod {pod.name} failed while undoing the split ({pod.waiting_reason}); it is restarted"
+        ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "AbortRetry", message)]})
+
+
+def _finish_abort(ctx: ShardContext, aborted: Any) -> None:
+    """AbortingSplit -> Pending: the split is undone; the next pass starts the shard's pod as before the split."""
+    lineage = {k: v for k, v in (ctx.status.get("lineage") or {}).items() if k != "children"}
+    message = (
+        f"split aborted: children {' and '.join(aborted.children)} fenced and removed; {ctx.name} resumes from "
+        f"batch {aborted.batch_id}"
+    )
+    ctx.do(Delete("pods", ctx.pod.name, uid=ctx.pod.uid, grace=0))
+    ctx.write(
+        {
+            "split": None,
+            "lineage": {**lineage, "children": None} if lineage else None,
+            "pod": None,
+            "conditions": [
+                ctx.cond(st.PROGRESSING, True, "SplitAborted", message),
+                ctx.cond(st.READY, False, "SplitAborted", message),
+                ctx.cond(st.DEGRADED, False, "Healthy", ""),
+            ],
+        },
+        phase=P.PENDING,
+    )
+    ctx.event("Normal", "SplitAborted", message)
 
 
 def _ensure_children(ctx: ShardContext) -> list[str] | None:
@@ -874,6 +1065,7 @@ def _remove_own_pod(ctx: ShardContext) -> None:
 
 def _step_create_children(ctx: ShardContext) -> None:
     """Step 4: Drained -> (delete the stopped pod, create both children) -> ChildrenCreated."""
+    _split_request_changed(ctx)  # withdrawn now: too late, said once
     if ctx.pod.exists and ctx.pod.terminated is None and ctx.pod.phase not in ("Succeeded", "Failed"):
         return  # defensive: never create children while the parent's container could still run
     _remove_own_pod(ctx)
@@ -890,6 +1082,7 @@ def _step_create_children(ctx: ShardContext) -> None:
 
 def _step_finish_split(ctx: ShardContext) -> None:
     """Step 5: ChildrenCreated -> Split once both children were seen by their reconciler."""
+    _split_request_changed(ctx)
     _remove_own_pod(ctx)
     names = _ensure_children(ctx)
     if names is None:
@@ -952,6 +1145,7 @@ def _nothing(ctx: ShardContext) -> None:
 #                                                 | Suspended (spec.suspend, once the pod is gone)
 #   SplitRequested --_step_request_drain--> Draining --_step_await_drain--> Drained
 #   Drained --_step_create_children--> ChildrenCreated --_step_finish_split--> Split (_keep_split: terminal)
+#   SplitRequested | Draining (spec.split withdrawn) --> AbortingSplit --_step_abort--> Pending | Drained
 #   Suspended --_keep_suspended--> Pending (resumed)          Stopped: terminal
 STEPS = {
     P.PENDING: _reconcile_active,
@@ -961,6 +1155,7 @@ STEPS = {
     P.DRAINING: _step_await_drain,
     P.DRAINED: _step_create_children,
     P.CHILDREN_CREATED: _step_finish_split,
+    P.ABORTING_SPLIT: _step_abort,
     P.SPLIT: _keep_split,
     P.STOPPED: _nothing,
     P.SUSPENDED: _keep_suspended,

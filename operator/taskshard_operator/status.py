@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from spark_runtime.protocol import DrainSummary, SummaryEvent
+from spark_runtime.protocol import DrainSummary, SplitAbortSummary, SummaryEvent
 from taskshard_operator import naming
 from taskshard_operator.models import ConditionType
 
@@ -157,6 +157,16 @@ class Termination:
         return manifest if isinstance(manifest, str) and manifest else None
 
     @property
+    def aborted(self) -> SplitAbortSummary | None:
+        """Exited 0 after undoing its shard's split (``run --abort-split``), else None."""
+        if self.exit_code != 0 or (self.message or {}).get("event") != SummaryEvent.ABORTED:
+            return None
+        try:
+            return SplitAbortSummary.from_json(self.message or {})
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @property
     def failure(self) -> RuntimeFailure | None:
         """The runtime's failure report (event ``failed`` with a non-empty ``error``), else None."""
         m = self.message or {}
@@ -234,6 +244,8 @@ class PodView:
     restart_count: int = 0
     restarts_base: int = 0
     template_hash: str | None = None
+    aborts_split: bool = False
+    """Started to abort its shard's split (``naming.ANNOTATION_ABORT_SPLIT``), not to process."""
     pod_ip: str | None = None
     """``status.podIP``: where the driver's metrics endpoint answers (``taskshard_operator.live``)."""
     terminated: Termination | None = None
@@ -321,6 +333,7 @@ def pod_view(pod: dict[str, Any] | None) -> PodView:
         restart_count=int(cs.get("restartCount") or 0),
         restarts_base=base,
         template_hash=annotations.get(naming.ANNOTATION_TEMPLATE_HASH),
+        aborts_split=bool(annotations.get(naming.ANNOTATION_ABORT_SPLIT)),
         pod_ip=status.get("podIP") or None,
         terminated=_termination(state),
         last_terminated=_termination(cs.get("lastState")),

@@ -48,6 +48,7 @@ def test_helm_lint_strict_passes():
         ("probes.port=70000", "/probes/port"),
         ("storage.pvc.size=lots", "/storage/pvc/size"),
         ("logFormat=xml", "/logFormat"),
+        ("clusterWide=yes", "/clusterWide"),
         ("unknownKey=1", "unknownKey"),
     ],
 )
@@ -83,44 +84,134 @@ def test_operator_pod_meets_the_restricted_pod_security_standard():
     assert {"name": "tmp", "mountPath": "/tmp"} in pod["containers"][0]["volumeMounts"]
 
 
-def test_cluster_wide_by_default_with_framework_and_application_roles():
-    docs = render()
-    roles = {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
-    assert set(roles) == {
-        "ts-taskshard-operator-framework",
-        "ts-taskshard-operator-framework-namespaced",
-        "ts-taskshard-operator-application",
+ROLES = {
+    "ts-taskshard-operator-framework",
+    "ts-taskshard-operator-framework-namespaced",
+    "ts-taskshard-operator-application",
+}
+MODES = {
+    "default": (),
+    "watchNamespaces": ("watchNamespaces={team-a,team-b}",),
+    "clusterWide": ("clusterWide=true",),
+}
+
+
+def rules_of(role: dict) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
     }
+
+
+def operator_args(docs: list[dict]) -> list[str]:
+    return by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_namespaced_by_default_watching_only_the_release_namespace():
+    docs = render(namespace="tasks-here")
+    roles = {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
+    assert set(roles) == ROLES
     application = roles["ts-taskshard-operator-application"]["rules"]
     groups = {g for rule in application for g in rule["apiGroups"]}
     assert groups == {"taskshard.io", ""}, "the application role touches only TaskShard kinds and core objects"
     assert not any("secrets" in rule["resources"] for rule in application), "the operator never reads secrets"
     assert not any("*" in rule["verbs"] or "*" in rule["resources"] for r in roles.values() for rule in r["rules"])
-    assert len(by_kind(docs, "ClusterRoleBinding")) == 3
+    # Cluster-wide: only Kopf's reads of cluster-scoped kinds (CRDs, namespaces); no ClusterKopfPeering grant.
+    assert rules_of(roles["ts-taskshard-operator-framework"]) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+        ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+        ("", "namespaces", "list"),
+        ("", "namespaces", "watch"),
+    }
+    assert [b["metadata"]["name"] for b in by_kind(docs, "ClusterRoleBinding")] == ["ts-taskshard-operator-framework"]
+    bindings = by_kind(docs, "RoleBinding")
+    assert {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings} == {
+        ("tasks-here", "ts-taskshard-operator-application"),
+        ("tasks-here", "ts-taskshard-operator-framework-namespaced"),
+    }
+    assert all(
+        b["subjects"] == [{"kind": "ServiceAccount", "name": "ts-taskshard-operator", "namespace": "tasks-here"}]
+        for b in bindings
+    )
+    args = operator_args(docs)
+    assert [a for a in args if a.startswith("--namespace") or a.startswith("--all")] == ["--namespace=tasks-here"]
+    assert "--peering=taskshard" in args
+    assert not by_kind(docs, "ClusterKopfPeering")
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in by_kind(docs, "KopfPeering")] == [
+        ("tasks-here", "taskshard")
+    ]
+    shard_accounts = [a for a in by_kind(docs, "ServiceAccount") if a["metadata"]["name"] == "taskshard-shard"]
+    assert [a["metadata"]["namespace"] for a in shard_accounts] == ["tasks-here"]
+    (pod_monitor,) = by_kind(render("metrics.podMonitor.enabled=true", namespace="tasks-here"), "PodMonitor")
+    assert pod_monitor["spec"]["namespaceSelector"] == {"matchNames": ["tasks-here"]}
+
+
+def test_cluster_wide_is_an_explicit_opt_in():
+    docs = render("clusterWide=true", "metrics.podMonitor.enabled=true")
+    roles = {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
+    assert set(roles) == ROLES
+    assert {("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch")} <= rules_of(
+        roles["ts-taskshard-operator-framework"]
+    )
+    assert {(b["metadata"]["name"], b["roleRef"]["name"]) for b in by_kind(docs, "ClusterRoleBinding")} == {
+        (name, name) for name in ROLES
+    }
     assert not by_kind(docs, "RoleBinding")
-    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = operator_args(docs)
     assert "--all-namespaces" in args and "--peering=taskshard" in args
+    assert not [a for a in args if a.startswith("--namespace")]
     assert by_kind(docs, "ClusterKopfPeering")[0]["metadata"]["name"] == "taskshard"
+    assert not by_kind(docs, "KopfPeering")
+    shard_accounts = [a for a in by_kind(docs, "ServiceAccount") if a["metadata"]["name"] == "taskshard-shard"]
+    assert [a["metadata"]["namespace"] for a in shard_accounts] == ["taskshard-system"]
+    assert by_kind(docs, "PodMonitor")[0]["spec"]["namespaceSelector"] == {"any": True}
 
 
-def test_the_application_role_grants_exactly_the_calls_the_operator_makes():
+def test_cluster_wide_with_watch_namespaces_is_refused_naming_both_values():
+    result = helm(
+        "template", "ts", str(CHART), "--kube-version", KUBE_VERSION,
+        "--set", "clusterWide=true", "--set", "watchNamespaces={team-a}", check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert 'clusterWide: true and watchNamespaces: ["team-a"] exclude each other' in result.stderr
+    # Either alone renders; clusterWide=false with a list is the plain namespaced mode.
+    assert "--namespace=team-a" in operator_args(render("clusterWide=false", "watchNamespaces={team-a}"))
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_the_application_role_grants_exactly_the_calls_the_operator_makes(mode):
     """The verbs come from the code: every public method of the operator's API wrapper declares its calls
     (``kube.API_VERBS``), Kopf's watches and finalizer patches are ``kube.KOPF_VERBS``; the chart grants those and
-    nothing else (a new call without a grant, or a grant without a call, fails here)."""
+    nothing else (a new call without a grant, or a grant without a call, fails here), and binds that role to the
+    operator's ServiceAccount wherever it watches, in every mode."""
     from taskshard_operator import kube
 
     methods = {n for n, v in vars(kube.Kube).items() if callable(v) and not n.startswith("_")}
     assert methods == set(kube.API_VERBS), "every API method declares its calls"
     used = {*kube.KOPF_VERBS, *(c for calls in kube.API_VERBS.values() for c in calls)}
-    roles = {r["metadata"]["name"]: r for r in by_kind(render(), "ClusterRole")}
-    granted = {
-        (group, resource, verb)
-        for rule in roles["ts-taskshard-operator-application"]["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
+    docs = render(*MODES[mode])
+    roles = {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
+    granted = rules_of(roles["ts-taskshard-operator-application"])
     assert granted == used, (sorted(granted - used), sorted(used - granted))
+    # No other role grants any of the operator's own resources: the application role is the whole grant.
+    others = set().union(*(rules_of(r) for n, r in roles.items() if n != "ts-taskshard-operator-application"))
+    assert not {(g, r) for g, r, _ in others} & {(g, r) for g, r, _ in used}
+    bound = [
+        b
+        for b in (*by_kind(docs, "ClusterRoleBinding"), *by_kind(docs, "RoleBinding"))
+        if b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "ts-taskshard-operator-application"}
+    ]  # fmt: skip
+    expected = {"clusterWide": {("ClusterRoleBinding", None)}, "default": {("RoleBinding", "taskshard-system")}}
+    expected["watchNamespaces"] = {("RoleBinding", "team-a"), ("RoleBinding", "team-b")}
+    assert {(b["kind"], b["metadata"].get("namespace")) for b in bound} == expected[mode]
+    assert all(
+        b["subjects"] == [{"kind": "ServiceAccount", "name": "ts-taskshard-operator", "namespace": "taskshard-system"}]
+        for b in bound
+    )
 
 
 def test_namespaced_watch_binds_roles_only_in_those_namespaces():
@@ -204,4 +295,4 @@ def test_optional_pieces_render_only_when_enabled():
     args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--standalone" in args
     assert by_kind(docs, "Deployment")[0]["spec"]["strategy"]["type"] == "Recreate"
-    assert not by_kind(docs, "ClusterKopfPeering")
+    assert not by_kind(docs, "ClusterKopfPeering") and not by_kind(docs, "KopfPeering")

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.cluster
 START = 300  # seconds: JVM start, restore, first batches on a loaded 2-core machine
 
 
-PARENT_OWNS_RANGE = {"SplitRequested", "Draining", "Drained"}
+PARENT_OWNS_RANGE = {"SplitRequested", "Draining", "Drained", "AbortingSplit"}
 
 
 class OverlapWatcher(threading.Thread):

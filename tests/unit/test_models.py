@@ -48,6 +48,7 @@ CONTRACT_SHARD_PHASES = [
     "Failed",
     "Stopped",
     "Suspended",
+    "AbortingSplit",
 ]
 
 
@@ -132,7 +133,16 @@ def test_shard_round_trip_with_status():
 def test_shard_phases_match_the_contract_and_ownership():
     assert [p.value for p in ShardPhase] == CONTRACT_SHARD_PHASES
     owners = {p.value for p in ShardPhase if p.owns_range}
-    assert owners == {"Pending", "Running", "SplitRequested", "Draining", "Drained", "Failed", "Suspended"}
+    assert owners == {
+        "Pending",
+        "Running",
+        "SplitRequested",
+        "Draining",
+        "Drained",
+        "Failed",
+        "Suspended",
+        "AbortingSplit",
+    }
     for phase in ShardPhase:
         assert phase.value in ShardPhase.__doc__
 

@@ -21,6 +21,7 @@ from taskshard_operator import builders, naming
 from taskshard_operator import status as st
 from taskshard_operator.act import ApplyConfigMap, Backoff, Create, Decision, Delete, Patch
 from taskshard_operator.cache import data_digest, parse_task
+from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.reconcile_shard import decide_shard
 from taskshard_operator.reconcile_task import CREATE_PER_PASS, decide_task
 
@@ -131,6 +132,8 @@ def add_shard(
     body["metadata"].update(name=name, namespace=NS, uid=f"uid-{name}", resourceVersion="10", generation=generation)
     if phase in ("Split", "Stopped"):
         body["metadata"]["labels"][naming.LABEL_ACTIVE] = "false"
+    if phase is not None and ShardPhase(phase).splitting:  # as the operator keeps it during a split
+        body["metadata"]["finalizers"] = [naming.SPLIT_FINALIZER]
     if split is not None:
         body["spec"]["split"] = split
     full_status: dict[str, Any] = {}

@@ -39,6 +39,10 @@ def test_every_phase_has_a_row():
         (P.DRAINED, P.CHILDREN_CREATED),
         (P.CHILDREN_CREATED, P.SPLIT),
         (P.RUNNING, P.STOPPED),
+        (P.SPLIT_REQUESTED, P.ABORTING_SPLIT),
+        (P.DRAINING, P.ABORTING_SPLIT),
+        (P.ABORTING_SPLIT, P.PENDING),  # undone: the shard resumes
+        (P.ABORTING_SPLIT, P.DRAINED),  # too late: the parent had drained
     ],
 )
 def test_allowed(old, new):
@@ -50,7 +54,11 @@ def test_allowed(old, new):
     [
         (P.SPLIT, P.RUNNING),
         (P.STOPPED, P.RUNNING),
-        (P.DRAINING, P.RUNNING),  # an accepted split is never rolled back
+        (P.DRAINING, P.RUNNING),  # an accepted split is rolled back only through AbortingSplit
+        (P.DRAINED, P.ABORTING_SPLIT),  # handed over: too late to abort
+        (P.CHILDREN_CREATED, P.ABORTING_SPLIT),
+        (P.ABORTING_SPLIT, P.RUNNING),
+        (P.ABORTING_SPLIT, P.CHILDREN_CREATED),
         (P.DRAINED, P.FAILED),
         (P.SPLIT_REQUESTED, P.DRAINED),  # no step is skipped
         (P.RUNNING, P.DRAINING),
@@ -73,24 +81,38 @@ def test_terminal_phases_never_leave_and_split_only_moves_forward(old, new):
     if old in TERMINAL and new != old:
         assert not can_transition(old, new)
     if old in SPLIT_STEPS and new != old and can_transition(old, new):
-        assert SPLIT_STEPS.index(new) == SPLIT_STEPS.index(old) + 1
+        aborts = new == P.ABORTING_SPLIT and old in (P.SPLIT_REQUESTED, P.DRAINING)
+        assert aborts or SPLIT_STEPS.index(new) == SPLIT_STEPS.index(old) + 1
+    if old == P.ABORTING_SPLIT and new != old and can_transition(old, new):
+        assert new in (P.PENDING, P.DRAINED)
 
 
 @given(s.lists(s.sampled_from(list(P)), max_size=30))
 def test_any_allowed_walk_keeps_the_split_in_order(walk):
-    """Along any allowed walk, once SplitRequested is reached the phases follow SPLIT_STEPS in order."""
+    """Along any allowed walk, each split attempt follows SPLIT_STEPS in order; it leaves the order only through
+    AbortingSplit before Drained, which undoes it (back to Pending: a later attempt starts from SplitRequested)
+    or finds it handed over (on at Drained)."""
     phase = P.PENDING
     seen = [phase]
     for new in walk:
         if can_transition(phase, new):
             phase = new
             seen.append(phase)
-    split = [p for p in seen if p in SPLIT_STEPS]
-    deduped = [p for i, p in enumerate(split) if i == 0 or split[i - 1] != p]
-    assert deduped == list(SPLIT_STEPS[: len(deduped)])
+    deduped = [p for i, p in enumerate(seen) if i == 0 or seen[i - 1] != p]
+    at = -1  # index in SPLIT_STEPS of the current attempt's last step (-1: no attempt)
+    for prev, p in zip(deduped, deduped[1:], strict=False):
+        if p == P.ABORTING_SPLIT:
+            assert prev in (P.SPLIT_REQUESTED, P.DRAINING)
+        elif prev == P.ABORTING_SPLIT:
+            assert p in (P.PENDING, P.DRAINED)
+            at = SPLIT_STEPS.index(P.DRAINED) if p == P.DRAINED else -1
+        elif p in SPLIT_STEPS:
+            assert SPLIT_STEPS.index(p) == at + 1, deduped
+            at = SPLIT_STEPS.index(p)
 
 
 def test_helpers():
     assert parse_phase(None) == P.PENDING
     assert parse_phase("Draining") == P.DRAINING
     assert is_splitting(P.DRAINED) and not is_splitting(P.SPLIT) and not is_splitting(P.RUNNING)
+    assert is_splitting(P.ABORTING_SPLIT) and P.ABORTING_SPLIT.owns_range and P.ABORTING_SPLIT.holds_range_for_children

@@ -26,6 +26,14 @@ taskshard.io/component: operator
 {{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
 {{- end -}}
 
+{{/* "true" when the operator watches every namespace (clusterWide: true, an explicit opt-in); else empty. */}}
 {{- define "taskshard.clusterWide" -}}
-{{- if empty .Values.watchNamespaces -}}true{{- end -}}
+{{- if .Values.clusterWide -}}true{{- end -}}
+{{- end -}}
+
+{{/* The namespaces the operator watches when not cluster-wide, as a JSON list (read it with fromJsonArray):
+     watchNamespaces, or the release namespace when that is empty. Cluster-wide, the release namespace alone
+     (where the shard ServiceAccount goes). */}}
+{{- define "taskshard.watchNamespaces" -}}
+{{- .Values.watchNamespaces | default (list .Release.Namespace) | toJson -}}
 {{- end -}}

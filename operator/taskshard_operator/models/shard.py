@@ -49,6 +49,8 @@ class ShardPhase(StrEnum):
                                                                             │ parent pod deleted
         Any phase ──Task deleted──> Stopped (terminal)                      ▼
         Pending/Running/Failed ──Task suspended, pod gone──> Suspended ──resumed──> Pending
+        SplitRequested/Draining ──spec.split withdrawn──> AbortingSplit ──undone──> Pending
+                                                                      └─too late (drained)──> Drained
                                                                       ChildrenCreated (status.lineage.children)
                                                                             │ both children observed
                                                                             ▼
@@ -89,6 +91,10 @@ class ShardPhase(StrEnum):
     SUSPENDED = "Suspended"
     """The Task is suspended: the shard stopped at a batch boundary with a savepoint and keeps no pod; it still
     owns its range and resumes (Pending) from its recovery log when ``spec.suspend`` is false again."""
+    ABORTING_SPLIT = "AbortingSplit"
+    """The split request was withdrawn before the hand-over: the children are deleted, then the parent's pod
+    undoes the split in storage (it fences and clears the children) and the shard resumes (Pending). If the
+    parent had handed over already, the split goes on (Drained) instead."""
 
     @property
     def owns_range(self) -> bool:
@@ -102,19 +108,20 @@ class ShardPhase(StrEnum):
 
     @property
     def splitting(self) -> bool:
-        """An accepted split not finished yet: SplitRequested, Draining, Drained, ChildrenCreated (condition
-        ``Splitting=True``)."""
+        """An accepted split not finished or undone yet: SplitRequested, Draining, Drained, ChildrenCreated,
+        AbortingSplit (condition ``Splitting=True``; the split finalizer holds a deletion)."""
         return self in (
             ShardPhase.SPLIT_REQUESTED,
             ShardPhase.DRAINING,
             ShardPhase.DRAINED,
             ShardPhase.CHILDREN_CREATED,
+            ShardPhase.ABORTING_SPLIT,
         )
 
     @property
     def holds_range_for_children(self) -> bool:
         """A split parent that still owns its range although its children exist (they wait on standby):
-        SplitRequested, Draining, Drained."""
+        SplitRequested, Draining, Drained, AbortingSplit."""
         return self.splitting and self != ShardPhase.CHILDREN_CREATED
 
     @property
@@ -130,6 +137,7 @@ _ACTIVE_PHASES = frozenset(
         ShardPhase.SPLIT_REQUESTED,
         ShardPhase.DRAINING,
         ShardPhase.DRAINED,
+        ShardPhase.ABORTING_SPLIT,
         ShardPhase.FAILED,
         ShardPhase.SUSPENDED,
     }

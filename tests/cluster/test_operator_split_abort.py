@@ -1,0 +1,120 @@
+"""Aborting a split and deleting a shard mid-split, end to end (real control plane, node agent, Spark pods).
+
+``test_a_withdrawn_split_is_undone_and_a_parent_deleted_mid_split_finishes_it``: a Task with one shard is split;
+while the children are on standby (their driver processes are frozen with SIGSTOP so that they cannot become
+ready: the withdrawal must beat the hand-over, deterministically) the request is withdrawn with ``kubectl patch``.
+The operator moves the parent to AbortingSplit, deletes both children, stops the parent's pod, runs it once with
+``--abort-split`` and brings the shard back to Running; results stay exact, the children's storage holds only
+their fencing epochs. Then the shard is split again and deleted with ``kubectl delete`` while its children catch
+up: the split finalizer keeps it until the split is done, the children take over, and the parent goes. At no
+instant do two running pods own a key group outside a hand-over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from tests.cluster.operator_fixtures import (  # noqa: F401 - fixtures
+    apply,
+    operator_crds,
+    operator_process,
+    shard_phases,
+    task_manifest,
+    wait_phases,
+    wait_results,
+    write_events,
+)
+from tests.cluster.test_operator_e2e import START, OverlapWatcher, assert_single_hand_over, split, status
+from tests.waiting import get_json, wait_for
+
+pytestmark = pytest.mark.cluster
+
+PARENT, LOW, HIGH = "ab-0-16", "ab-0-8", "ab-8-16"
+
+
+def driver_pid(kubectl, shard: str) -> int | None:
+    """The process group of a shard's running driver container (the node agent's container id is its pid)."""
+    try:
+        pod = get_json(kubectl, "pod", f"{shard}-driver")
+    except Exception:  # noqa: BLE001 - not created yet
+        return None
+    states = (pod.get("status") or {}).get("containerStatuses") or []
+    if not states or "running" not in (states[0].get("state") or {}):
+        return None
+    return int(states[0]["containerID"].split("://")[1])
+
+
+def events_of(kubectl, name: str) -> list[str]:
+    items = get_json(kubectl, "events", "--field-selector", f"involvedObject.name={name}")["items"]
+    return [e["reason"] for e in items]
+
+
+def test_a_withdrawn_split_is_undone_and_a_parent_deleted_mid_split_finishes_it(kubectl, operator_process, tmp_path):  # noqa: F811
+    data = tmp_path / "data"
+    data.mkdir()
+    op = operator_process
+    watcher = OverlapWatcher(kubectl)
+    watcher.start()
+    frozen: list[int] = []
+    try:
+        write_events(data, "ab", start=0, count=300)
+        apply(kubectl, task_manifest("ab", data, max_key_groups=16))
+        wait_phases(kubectl, {PARENT: "Running"}, START, op)
+        wait_results(data, "ab", START)
+
+        # Split, and freeze each child's driver as soon as it runs: they stay on standby, never ready.
+        split(kubectl, PARENT)
+        for child in (LOW, HIGH):
+            frozen.append(wait_for(lambda c=child: driver_pid(kubectl, c), START, f"{child}'s driver running"))
+            os.killpg(frozen[-1], signal.SIGSTOP)
+        assert shard_phases(kubectl)[PARENT] == "Draining"
+        write_events(data, "ab", start=300, count=100)  # the parent keeps processing and emitting
+
+        # Withdraw: the children go, the parent's pod undoes the split in storage, the shard runs again.
+        kubectl(
+            "patch", "taskshard", PARENT, "--type=merge", "-p", json.dumps({"spec": {"split": {"requested": False}}})
+        )
+        wait_for(lambda: shard_phases(kubectl).get(PARENT) == "AbortingSplit", 60, "phase AbortingSplit")
+        for pid in frozen:  # let them take their SIGTERM (a stop on standby)
+            os.killpg(pid, signal.SIGCONT)
+        frozen.clear()
+        wait_for(lambda: not ({LOW, HIGH} & set(shard_phases(kubectl))), START, "both children deleted")
+        wait_phases(kubectl, {PARENT: "Running"}, START, op)
+        parent = status(kubectl, "taskshard", PARENT)
+        assert "split" not in parent and not (parent.get("lineage") or {}).get("children"), parent
+        progressing = next(c for c in parent["conditions"] if c["type"] == "Progressing")
+        assert progressing["reason"] in ("SplitAborted", "Stable"), progressing
+        meta = get_json(kubectl, "taskshard", PARENT)["metadata"]
+        assert "taskshard.io/split" not in (meta.get("finalizers") or []), "the finalizer goes with the split"
+        reasons = events_of(kubectl, PARENT)
+        assert "SplitAborting" in reasons and "SplitAborted" in reasons, reasons
+        shards = data / "state" / "ab" / "shards"
+        for child in (LOW, HIGH):
+            assert {f.name for f in (shards / child).iterdir()} == {"epochs"}, f"{child}: only its fence is left"
+        assert not (shards / PARENT / "handover").exists() and not (shards / PARENT / "drained.json").exists()
+        write_events(data, "ab", start=400, count=100)
+        wait_results(data, "ab", START)
+
+        # Split again and delete the parent mid-split: the split finalizer holds it until the children own it.
+        split(kubectl, PARENT)
+        wait_for(lambda: shard_phases(kubectl).get(PARENT) == "Draining", 60, "phase Draining")
+        kubectl("delete", "taskshard", PARENT, "--wait=false")
+        assert get_json(kubectl, "taskshard", PARENT)["metadata"].get("deletionTimestamp")
+        wait_phases(kubectl, {LOW: "Running", HIGH: "Running"}, START, op)
+        wait_for(lambda: PARENT not in shard_phases(kubectl), START, "the split parent deleted after its split")
+        write_events(data, "ab", start=500, count=200)
+        expected = wait_results(data, "ab", START)
+        assert sum(expected.values()) == 700
+        assert_single_hand_over(data, "ab", PARENT, (LOW, HIGH))
+        assert watcher.samples > 0 and not watcher.violations, watcher.violations
+    finally:
+        for pid in frozen:
+            try:
+                os.killpg(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        watcher.stop()
