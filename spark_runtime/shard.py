@@ -56,6 +56,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from spark_runtime import faults
 from spark_runtime.checkpoint import last_committed_batch, last_planned_batch, read_offsets
 from spark_runtime.config import ConfigError, ShardConfig
 from spark_runtime.fencing import WriterFence
@@ -779,7 +780,8 @@ class ShardRunner:
             self.summary = self.paths.drained.read_json()
             return self.summary
         t0 = time.monotonic()
-        final = self._final or not self._drain.is_set()  # drain() called directly is final
+        # drain() called directly is final, and so is one a restart found begun (a SIGTERM cannot make it a stop)
+        final = self._final or not self._drain.is_set() or self._final_drain_pending()
         kind = "final" if final else "stop"
         set_log_phase("draining")
         log.info("shard %s draining (%s, %s)", self.config.shard, self._drain_reason or "request", kind)
@@ -787,9 +789,11 @@ class ShardRunner:
         self.fence.check("the drain marker")
         self.paths.shard_dir.mkdir()
         self.paths.drain_marker.write_text(f"{kind} {utc_now()}\n")
+        faults.crash_point("marker")  # crash tests only (spark_runtime.faults), as at each step below
         # Steps 2-3: the micro-batch boundary, then stop.
         self._stop_at_boundary()
         self.as_parent.wait_export()
+        faults.crash_point("stopped")
         # Step 4: the last committed batch and its positions (concrete: a child resumes exactly there).
         batch_id = last_committed_batch(self.paths.checkpoint)
         if isinstance(self.sink, DirectorySinkWriter):  # publish batches <= N; drop an interrupted batch's file
@@ -805,8 +809,9 @@ class ShardRunner:
             manifest_uri, snapshot_batch = precopy["manifest"], int(precopy["batchId"])
             manifest = load_manifest(location(manifest_uri, self.s3))
         else:
-            manifest = self.write_snapshot(batch_id)
+            manifest = self.write_snapshot(batch_id, in_drain=True)
             manifest_uri, snapshot_batch = self.paths.manifest(batch_id).uri(), batch_id
+        faults.crash_point("manifest")
         # Step 7: the summary.
         cfg = self.config
         summary = DrainSummary(
@@ -831,6 +836,7 @@ class ShardRunner:
             if not self.paths.drained.create_exclusive_json(summary):  # never replaces a summary once written
                 summary = self.paths.drained.read_json()
                 log.warning("shard %s: a drain summary was already written; keeping it: %s", cfg.shard, summary)
+            faults.crash_point("summary")
         else:
             self.paths.drain_marker.unlink()
         self.summary = summary
@@ -868,15 +874,18 @@ class ShardRunner:
         self.poll_after_stop()
         self._recount_unreported_batches()
 
-    def write_snapshot(self, batch_id: int) -> dict[str, Any]:
+    def write_snapshot(self, batch_id: int, *, in_drain: bool = False) -> dict[str, Any]:
         """Drain steps 5-6 for committed ``batch_id`` (also a parent's pre-copy, while its query runs): export
         the key-group-indexed state, then write the manifest last. Returns the manifest; idempotent (an existing
-        manifest is returned as it is)."""
+        manifest is returned as it is). ``in_drain``: a drain's export (only that one has crash points, for the
+        crash tests of :mod:`spark_runtime.faults`)."""
         manifest_path = self.paths.manifest(batch_id)
         if manifest_path.exists():
             return manifest_path.read_json()
         state_dir = self.paths.state_dir(batch_id)
-        self._export(batch_id, self.paths.snapshot_dir(batch_id), state_dir)
+        self._export(batch_id, self.paths.snapshot_dir(batch_id), state_dir, in_drain=in_drain)
+        if in_drain:
+            faults.crash_point("exported")
         positions = self.positions_at(batch_id)
         self.source.validate_positions(positions)
         cfg = self.config
@@ -949,16 +958,24 @@ class ShardRunner:
         except Exception:  # progress is advisory; the drain goes on
             log.exception("could not update progress after stop")
 
-    def _export(self, batch_id: int, snap_dir: Loc, state_dir: Loc) -> None:
+    def _export(self, batch_id: int, snap_dir: Loc, state_dir: Loc, *, in_drain: bool = False) -> None:
         """Write the snapshot of committed ``batch_id`` into ``state_dir`` (in place: the manifest, written
-        after, marks it complete; a partial export of a crashed drain is removed first)."""
+        after, marks it complete; a partial export of a crashed drain is removed first). ``in_drain``: crash
+        points on (crash tests, :mod:`spark_runtime.faults`)."""
+        mid_export = "mid-export" if in_drain else None
         snap_dir.rmtree()
         if batch_id >= 0:
             if self.spark is None:
                 from spark_runtime.session import spark_session
 
                 self.spark = spark_session(self.config.spark.master, self.spark_conf())
-            export_state(self.spark, self.config, self.plan, self.paths.checkpoint, batch_id, state_dir)
+            if mid_export is None:
+                export_state(self.spark, self.config, self.plan, self.paths.checkpoint, batch_id, state_dir)
+                return
+            # Crash tests: die as soon as Spark has written part of the state (else right after the export).
+            with faults.crash_when(mid_export, lambda: faults.export_in_progress(state_dir), "part of it written"):
+                export_state(self.spark, self.config, self.plan, self.paths.checkpoint, batch_id, state_dir)
+            faults.crash_point(mid_export, "the export finished before a part of it was seen")
             return
         state_dir.mkdir()
         if self.restore_manifest is not None:  # never ran a batch: the state is still the seed
@@ -968,6 +985,8 @@ class ShardRunner:
             ).items():
                 for f in parquet_files(directory):
                     f.copy_to(state_dir / f"key_group={kg}" / f.name)
+                    if mid_export is not None:
+                        faults.crash_point(mid_export, f"{f.name} of key group {kg} copied")
 
     def stop(self) -> None:
         """Stop the query without draining (tests; a crash-like stop)."""

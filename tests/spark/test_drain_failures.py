@@ -77,6 +77,7 @@ def test_a_restart_during_a_final_drain_drains_without_processing(make_task, sha
     root.stop()
     monkeypatch.setenv(FAIL_BATCH_ENV, "1")  # the poison record is still there
     restarted = ShardRunner(env.config(0, 16), shard_spark)
+    restarted.request_drain("SIGTERM", final=False)  # the pod is deleted as it restarts: the drain stays final
     summary = restarted.run(poll_interval=0.1)
     assert restarted.query is None, "the restarted pod did not start its query"
     assert summary["event"] == "drained" and summary["batchId"] == 0
