@@ -38,7 +38,7 @@ series carries the labels ``task`` and ``shard``. Names (:class:`Metric`):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -144,6 +144,8 @@ class LiveStats:
     state_rows: int | None
     dead_letters: int
     emitting: bool
+    key_group_rows: Mapping[str, float] = field(default_factory=dict)
+    """The load map: input rows per bucket label ``"<a>-<b>"`` since the runtime started (empty when it is off)."""
 
     def to_status(self, *, observed_at: str) -> dict[str, Any]:
         """The ``status.live`` object; ``rate`` rounded to 0.1 rows/s so that noise does not cause writes."""
@@ -170,10 +172,13 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
     """The :class:`LiveStats` of a scrape, given its samples as ``(name, labels, value)`` (the parser is the
     caller's: ``prometheus_client.parser``); None when the scrape holds no shard metrics (not a shard runtime)."""
     values: dict[str, float] = {}
+    key_group_rows: dict[str, float] = {}
     lag_unit: str | None = None
     for name, labels, value in samples:
         if name == Metric.LAG:
             lag_unit = labels.get("unit")
+        if name == f"{Metric.KEY_GROUP_ROWS}_total" and labels.get("key_groups"):
+            key_group_rows[labels["key_groups"]] = float(value)
         labelled = (Metric.BATCH_DURATION, Metric.PARTITION_LAG, f"{Metric.KEY_GROUP_ROWS}_total")
         if name in labelled or name.endswith("_created"):
             continue
@@ -192,4 +197,5 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
         state_rows=int(state_rows) if state_rows is not None else None,
         dead_letters=int(values.get(f"{Metric.DEAD_LETTERS}_total", 0.0)),
         emitting=bool(values.get(Metric.EMITTING, 0.0)),
+        key_group_rows=key_group_rows,
     )

@@ -119,7 +119,8 @@ def build_output_frame(spark: Any, config: ShardConfig, plan: Plan, events: Any,
         bucket = F.floor(((F.col("key_group") - r.start + 1) * n - 1) / (r.end - r.start)).cast("int")
         mine = mine.observe(
             live.KEY_GROUP_METRICS,
-            F.histogram_numeric(bucket, F.lit(n)).alias("buckets"),
+            # at least 2 bins: Spark refuses fewer (a one-key-group shard has one bucket; the extra bin stays empty)
+            F.histogram_numeric(bucket, F.lit(max(2, n))).alias("buckets"),
             F.count(F.lit(1)).alias("rows"),
         )
     if plan.kind == "builtin":

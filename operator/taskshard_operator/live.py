@@ -25,14 +25,16 @@ import logging
 import threading
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from spark_runtime.live import METRICS_PATH, METRICS_PORT, LiveStats, live_stats
+from taskshard_operator.split_points import parse_bucket
 
 __all__ = [
     "LIVE_INTERVAL_SECONDS",
@@ -73,23 +75,65 @@ class ScrapeTarget:
     port: int = METRICS_PORT
 
 
+LOAD_WINDOW_SECONDS = 300.0
+"""The window a load-aware split point is chosen from: the growth of a shard's load map over the last five
+minutes of scrapes (or since its runtime started, when it has run for less)."""
+
+
 @dataclass(frozen=True)
 class Scraped:
     stats: LiveStats
     observed_at: str
     pod_ip: str
+    load: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    """Input rows per key-group bucket ``(start, end)`` over :attr:`load_seconds` (empty: the load map is off)."""
+    load_seconds: float = 0.0
+    """The time ``load`` covers; 0 when it holds everything since the runtime started (one scrape so far)."""
+
+
+@dataclass
+class LoadHistory:
+    """One shard's recent load-map scrapes, for the growth over a window (pure: times are given)."""
+
+    window: float = LOAD_WINDOW_SECONDS
+    samples: deque[tuple[float, str, Mapping[str, float]]] = field(default_factory=deque)
+
+    def add(self, now: float, pod_ip: str, rows: Mapping[str, float]) -> tuple[dict[tuple[int, int], float], float]:
+        """Record a scrape; return the rows per bucket since the oldest sample of the window and the seconds
+        between the two (a new pod's counters start over: its samples alone count)."""
+        if self.samples and self.samples[-1][1] != pod_ip:
+            self.samples.clear()
+        self.samples.append((now, pod_ip, dict(rows)))
+        while len(self.samples) > 1 and self.samples[1][0] <= now - self.window:
+            self.samples.popleft()  # keep the newest sample at or before the window's start as the baseline
+        base_time, _, base = self.samples[0]
+        if len(self.samples) == 1:
+            return {parse_bucket(k): v for k, v in rows.items() if v > 0}, 0.0
+        growth = {parse_bucket(k): v - base.get(k, 0.0) for k, v in rows.items()}
+        return {k: v for k, v in growth.items() if v > 0}, now - base_time
 
 
 class LiveStore:
     """The last scrape per shard (thread-safe). Entries of shards no longer scraped are dropped by :meth:`keep`."""
 
-    def __init__(self) -> None:
+    def __init__(self, load_window: float = LOAD_WINDOW_SECONDS) -> None:
         self._lock = threading.Lock()
         self._data: dict[tuple[str, str], Scraped] = {}
+        self._history: dict[tuple[str, str], LoadHistory] = {}
+        self.load_window = load_window
 
-    def put(self, namespace: str, shard: str, scraped: Scraped) -> None:
+    def put(self, namespace: str, shard: str, scraped: Scraped, *, now: float | None = None) -> None:
+        """Keep ``scraped`` as the shard's last answer, with its load map's growth over the window."""
+        key = (namespace, shard)
         with self._lock:
-            self._data[(namespace, shard)] = scraped
+            if scraped.stats.key_group_rows:
+                history = self._history.setdefault(key, LoadHistory(self.load_window))
+                now = time.monotonic() if now is None else now
+                load, seconds = history.add(now, scraped.pod_ip, scraped.stats.key_group_rows)
+                scraped = replace(scraped, load=load, load_seconds=seconds)
+            else:
+                self._history.pop(key, None)
+            self._data[key] = scraped
 
     def get(self, namespace: str, shard: str) -> Scraped | None:
         with self._lock:
@@ -100,6 +144,7 @@ class LiveStore:
         with self._lock:
             for key in [k for k in self._data if k not in wanted]:
                 del self._data[key]
+                self._history.pop(key, None)
 
 
 def _comparable(live: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -18,8 +18,9 @@ from typing import Any
 
 from spark_runtime.keygroups import KeyGroupError, KeyGroupRange, TilingError, check_tiling, initial_ranges
 from taskshard_operator import naming
-from taskshard_operator.models.shard import ShardPhase
+from taskshard_operator.models.shard import ShardPhase, SplitBy
 from taskshard_operator.models.task import TaskPhase
+from taskshard_operator.split_points import LoadSplitPoint, load_split_point
 
 # ---------------------------------------------------------------- split
 
@@ -30,6 +31,8 @@ class SplitAccepted:
 
     at: int
     children: tuple[KeyGroupRange, KeyGroupRange]
+    load: LoadSplitPoint | None = None
+    """``by: load``: the point's expected shares and the rows it was chosen from."""
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,29 @@ def plan_split_change(
     )
 
 
+def split_by(split: Mapping[str, Any] | None) -> SplitBy:
+    """``spec.split.by`` (midpoint when absent or unknown: the API server enforces the enum)."""
+    try:
+        return SplitBy((split or {}).get("by") or SplitBy.MIDPOINT)
+    except ValueError:
+        return SplitBy.MIDPOINT
+
+
 def plan_split(
-    *, shard: str, key_groups: KeyGroupRange, phase: ShardPhase, split: Mapping[str, Any] | None
+    *,
+    shard: str,
+    key_groups: KeyGroupRange,
+    phase: ShardPhase,
+    split: Mapping[str, Any] | None,
+    load: Mapping[tuple[int, int], float] | None = None,
+    load_seconds: float = 0.0,
 ) -> SplitDecision:
     """Decide on ``spec.split`` of a shard that has not accepted a split yet.
 
     Returns None when no split is requested, :class:`SplitAccepted` for a valid request of a Running shard,
-    else :class:`SplitRefused` (nothing may change then). The point defaults to the midpoint.
+    else :class:`SplitRefused` (nothing may change then). The point is ``at``, else chosen as ``by`` says: the
+    midpoint, or (``by: load``) where ``load`` (rows per key-group bucket over ``load_seconds``, from the
+    shard's load map; None: no scrape with a load map) divides in half.
     """
     if not split_requested(split):
         return None
@@ -108,11 +127,27 @@ def plan_split(
             f"integer with {key_groups.start} < at < {key_groups.end}, or omit it to split at the midpoint "
             f"{key_groups.midpoint()}",
         )
+    point = None
+    if split_by(split) == SplitBy.LOAD and at is None:
+        point = load_split_point(key_groups, load or {})
+        if point is None:
+            window = f"the last {load_seconds:.0f} s" if load_seconds else "its pod's lifetime"
+            why = (
+                'no load map: set spec.spark.conf spark.taskshard.keyGroupMetrics: "true" on the Task (the '
+                "shard then counts its input rows per key group) and wait for its next metrics scrape"
+                if load is None
+                else f"its load map counted no input rows in {window}"
+            )
+            return SplitRefused(
+                "spec.split.by",
+                f"spec.split.by: load: shard {shard} has {why}; or split by midpoint, or give spec.split.at",
+            )
+        at = point.at
     try:
         low, high = key_groups.split(at)
     except KeyGroupError as e:  # defensive: the checks above cover every case KeyGroupRange.split refuses
         return SplitRefused("spec.split.at", f"spec.split.at: {e}")
-    return SplitAccepted(at=low.end, children=(low, high))
+    return SplitAccepted(at=low.end, children=(low, high), load=point)
 
 
 def child_names(task: str, children: Iterable[KeyGroupRange]) -> list[str]:

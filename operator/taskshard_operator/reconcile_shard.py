@@ -373,8 +373,14 @@ def _observe_split_request(ctx: ShardContext) -> bool:
         return False
     split = ctx.shard["spec"].get("split")
     starting = ctx.phase == P.PENDING and planner.split_requested(split)
+    load, load_seconds = _load_map(ctx)
     decision = planner.plan_split(
-        shard=ctx.name, key_groups=ctx.key_groups, phase=P.RUNNING if starting else ctx.phase, split=split
+        shard=ctx.name,
+        key_groups=ctx.key_groups,
+        phase=P.RUNNING if starting else ctx.phase,
+        split={**split, "by": "midpoint"} if starting else split,  # a starting shard's point is chosen once it runs
+        load=load,
+        load_seconds=load_seconds,
     )
     if starting and isinstance(decision, planner.SplitAccepted):
         _split_waits(ctx, "the shard is not running yet; the split starts once it runs")
@@ -382,10 +388,23 @@ def _observe_split_request(ctx: ShardContext) -> bool:
     if isinstance(decision, planner.SplitAccepted):
         low, high = planner.child_names(ctx.task_name, decision.children)
         message = f"split accepted at key group {decision.at}: {ctx.name} -> {low} + {high}"
+        accepted: dict[str, Any] = {"at": decision.at, "acceptedTime": st.now()}
+        if decision.load is not None:
+            shares = [round(s, 4) for s in decision.load.shares]
+            accepted.update(
+                by="load",
+                expectedShares=shares,
+                windowRows=int(decision.load.rows),
+                windowSeconds=int(load_seconds),
+            )
+            message += (
+                f" (by load: {shares[0]:.0%} / {shares[1]:.0%} of {int(decision.load.rows)} input rows"
+                f"{f' in the last {load_seconds:.0f} s' if load_seconds else ' since its pod started'})"
+            )
         ctx.write(
             {
                 "observedGeneration": ctx.generation,
-                "split": {"at": decision.at, "acceptedTime": st.now()},
+                "split": accepted,
                 "conditions": [
                     ctx.cond(st.PROGRESSING, True, "SplitRequested", message),
                     ctx.cond(st.SPLIT_REJECTED, False, "Accepted", message),
@@ -406,6 +425,15 @@ def _observe_split_request(ctx: ShardContext) -> bool:
         return True
     ctx.write({"observedGeneration": ctx.generation})
     return False
+
+
+def _load_map(ctx: ShardContext) -> tuple[dict[tuple[int, int], float] | None, float]:
+    """The shard's input rows per key-group bucket over the load window, from the last scrape of its running pod
+    (``taskshard_operator.live``), and the seconds they cover; None when it exports no load map."""
+    scraped = ctx.observed.live(ctx.namespace, ctx.name)
+    if scraped is None or not scraped.stats.key_group_rows or scraped.pod_ip != ctx.pod.pod_ip:
+        return None, 0.0
+    return dict(scraped.load), scraped.load_seconds
 
 
 def _ensure_config(ctx: ShardContext) -> bool:

@@ -5,9 +5,11 @@ while the children are on standby (their driver processes are frozen with SIGSTO
 ready: the withdrawal must beat the hand-over, deterministically) the request is withdrawn with ``kubectl patch``.
 The operator moves the parent to AbortingSplit, deletes both children, stops the parent's pod, runs it once with
 ``--abort-split`` and brings the shard back to Running; results stay exact, the children's storage holds only
-their fencing epochs. Then the shard is split again and deleted with ``kubectl delete`` while its children catch
-up: the split finalizer keeps it until the split is done, the children take over, and the parent goes. At no
-instant do two running pods own a key group outside a hand-over.
+their fencing epochs. Then, on skewed input (most rows in key groups 0 and 1), the shard is split again with
+``by: load`` (the Task counts rows per key group): the point follows the rows, not the midpoint, and status.split
+shows it with the expected shares before the hand-over; the shard is deleted with ``kubectl delete`` while its
+children catch up: the split finalizer keeps it until the split is done, the children take over, and the parent
+goes. At no instant do two running pods own a key group outside a hand-over.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
+from spark_runtime.keygroups import key_group
+from spark_runtime.produce import append_events
 from tests.cluster.operator_fixtures import (  # noqa: F401 - fixtures
     apply,
     operator_crds,
@@ -34,6 +39,15 @@ from tests.waiting import get_json, wait_for
 pytestmark = pytest.mark.cluster
 
 PARENT, LOW, HIGH = "ab-0-16", "ab-0-8", "ab-8-16"
+HOT = [f"k{i}" for i in range(400) if key_group(f"k{i}", 16) in (0, 1)][:10]
+COLD = [f"k{i}" for i in range(400) if key_group(f"k{i}", 16) >= 2][:40]
+
+
+def write_skewed(data, task: str, *, start: int, count: int) -> None:
+    """Four of five events on keys of key groups 0 and 1, the rest spread over key groups 2 to 15."""
+    keys = [HOT[i % len(HOT)] if i % 5 else COLD[(i // 5) % len(COLD)] for i in range(start, start + count)]
+    journal = data / "journal" / task
+    append_events(journal, 2, [{"key": k, "seq": i} for i, k in enumerate(keys, start)])
 
 
 def driver_pid(kubectl, shard: str) -> int | None:
@@ -62,7 +76,9 @@ def test_a_withdrawn_split_is_undone_and_a_parent_deleted_mid_split_finishes_it(
     frozen: list[int] = []
     try:
         write_events(data, "ab", start=0, count=300)
-        apply(kubectl, task_manifest("ab", data, max_key_groups=16))
+        task = task_manifest("ab", data, max_key_groups=16)
+        task["spec"]["spark"]["conf"]["spark.taskshard.keyGroupMetrics"] = "true"  # the load map, for by: load
+        apply(kubectl, task)
         wait_phases(kubectl, {PARENT: "Running"}, START, op)
         wait_results(data, "ab", START)
 
@@ -96,20 +112,31 @@ def test_a_withdrawn_split_is_undone_and_a_parent_deleted_mid_split_finishes_it(
         for child in (LOW, HIGH):
             assert {f.name for f in (shards / child).iterdir()} == {"epochs"}, f"{child}: only its fence is left"
         assert not (shards / PARENT / "handover").exists() and not (shards / PARENT / "drained.json").exists()
-        write_events(data, "ab", start=400, count=100)
+        write_skewed(data, "ab", start=400, count=400)
         wait_results(data, "ab", START)
+        scraped_after = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        wait_for(
+            lambda: (status(kubectl, "taskshard", PARENT).get("live") or {}).get("observedAt", "") > scraped_after,
+            120,
+            "a scrape of the resumed parent after the skewed input",
+        )
 
-        # Split again and delete the parent mid-split: the split finalizer holds it until the children own it.
-        split(kubectl, PARENT)
+        # Split again, by load, and delete the parent mid-split: the finalizer holds it until the children own it.
+        body = {"spec": {"split": {"requested": True, "by": "load"}}}
+        kubectl("patch", "taskshard", PARENT, "--type=merge", "-p", json.dumps(body))
         wait_for(lambda: shard_phases(kubectl).get(PARENT) == "Draining", 60, "phase Draining")
+        chosen = status(kubectl, "taskshard", PARENT)["split"]
+        assert chosen["by"] == "load" and 1 <= chosen["at"] <= 3, chosen
+        assert chosen["windowRows"] > 0 and abs(chosen["expectedShares"][0] - 0.5) < 0.3, chosen
+        low, high = f"ab-0-{chosen['at']}", f"ab-{chosen['at']}-16"
         kubectl("delete", "taskshard", PARENT, "--wait=false")
         assert get_json(kubectl, "taskshard", PARENT)["metadata"].get("deletionTimestamp")
-        wait_phases(kubectl, {LOW: "Running", HIGH: "Running"}, START, op)
+        wait_phases(kubectl, {low: "Running", high: "Running"}, START, op)
         wait_for(lambda: PARENT not in shard_phases(kubectl), START, "the split parent deleted after its split")
-        write_events(data, "ab", start=500, count=200)
+        write_skewed(data, "ab", start=800, count=200)
         expected = wait_results(data, "ab", START)
-        assert sum(expected.values()) == 700
-        assert_single_hand_over(data, "ab", PARENT, (LOW, HIGH))
+        assert sum(expected.values()) == 1000
+        assert_single_hand_over(data, "ab", PARENT, (low, high))
         assert watcher.samples > 0 and not watcher.violations, watcher.violations
     finally:
         for pid in frozen:

@@ -177,3 +177,25 @@ def test_the_load_map_is_off_unless_asked_for(make_task, shard_spark):
     assert progress and not any(p.observedMetrics.get("taskshard_key_groups") for p in progress)
     assert not [n for n, _, _ in samples if n == f"{Metric.KEY_GROUP_ROWS}_total"]
     assert sum(p.numInputRows for p in progress) == 100
+
+
+def test_a_one_key_group_shard_counts_its_load_map(make_task, shard_spark):
+    """A split can leave a shard of one key group (a split by load next to a hot key group): its load map has one
+    bucket, and the plan still runs (Spark refuses a histogram of fewer than two bins)."""
+    from spark_runtime.keygroups import key_group
+
+    from .conftest import wait_caught_up
+
+    env = make_task(trigger="200 milliseconds", conf={"spark.taskshard.keyGroupMetrics": "true"})
+    events = list(generate_events(300, 30, seed=29))
+    env.produce(events)
+    runner = ShardRunner(env.config(3, 4), shard_spark)
+    try:
+        runner.start()
+        wait_caught_up(env, [runner])
+        samples, _ = parse(generate_latest(runner.metrics.registry).decode())
+    finally:
+        runner.stop()
+    mine = sum(1 for e in events if key_group(e["key"], 16) == 3)
+    assert mine > 0
+    assert {lab["key_groups"]: v for n, lab, v in samples if n == f"{Metric.KEY_GROUP_ROWS}_total"} == {"3-4": mine}

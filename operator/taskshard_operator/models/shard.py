@@ -24,6 +24,7 @@ __all__ = [
     "Lineage",
     "RestoreFrom",
     "ShardPhase",
+    "SplitBy",
     "SplitRequest",
     "SplitStatus",
     "TaskShard",
@@ -144,6 +145,16 @@ _ACTIVE_PHASES = frozenset(
 )
 
 
+class SplitBy(StrEnum):
+    """How the operator chooses the split point when ``spec.split.at`` is not given."""
+
+    MIDPOINT = "midpoint"
+    """``start + (end - start) / 2``, rounded down."""
+    LOAD = "load"
+    """Where the shard's input rows of the last five minutes divide in half (its load map: the Task's
+    ``spark.taskshard.keyGroupMetrics: "true"``); ``taskshard_operator.split_points``."""
+
+
 class SplitRequest(K8sModel):
     """The user's split request (set with ``kubectl edit``)."""
 
@@ -156,8 +167,15 @@ class SplitRequest(K8sModel):
         default=None,
         ge=1,
         le=MAX_KEY_GROUPS_LIMIT - 1,
-        description="Optional split point, strictly inside spec.keyGroups (start < at < end). Default: the "
-        "midpoint start + (end - start) / 2, rounded down.",
+        description="Optional split point, strictly inside spec.keyGroups (start < at < end). Default: chosen "
+        "as spec.split.by says.",
+    )
+    by: SplitBy | None = Field(
+        default=None,
+        description="How to choose the point when spec.split.at is not given: midpoint (the default) or load "
+        "(where the shard's input rows of the last five minutes divide in half; needs the Task's Spark conf "
+        'spark.taskshard.keyGroupMetrics: "true"). The chosen point and the expected shares show in '
+        "status.split before the hand-over begins.",
     )
 
 
@@ -201,6 +219,11 @@ class TaskShardSpec(K8sModel):
                 "spec.split.requested: a shard whose spec.keyGroups holds one key group (end - start == 1) "
                 "cannot be split",
                 field_path=".split.requested",
+            ),
+            cel(
+                "!has(self.split) || !has(self.split.at) || !has(self.split.by) || self.split.by == 'midpoint'",
+                "spec.split.at and spec.split.by: load exclude each other: give the point, or let the load choose it",
+                field_path=".split.by",
             ),
             cel(
                 "has(self.restoreFrom) == has(oldSelf.restoreFrom)",
@@ -249,6 +272,11 @@ class TaskShardSpec(K8sModel):
             )
         if self.split.requested and r.size < 2:
             raise ValueError(f"spec.split.requested: spec.keyGroups {r} holds one key group and cannot be split")
+        if self.split.at is not None and self.split.by == SplitBy.LOAD:
+            raise ValueError(
+                f"spec.split.by: load and spec.split.at: {self.split.at} exclude each other: give the point, or let "
+                "the load choose it"
+            )
         return self
 
 
@@ -278,6 +306,24 @@ class SplitStatus(K8sModel):
     )
     accepted_time: datetime | None = Field(
         default=None, description="When the operator accepted the request (RFC 3339 date-time)."
+    )
+    by: SplitBy | None = Field(default=None, description="How the point was chosen (absent: given as spec.split.at).")
+    expected_shares: (
+        list[Annotated[float, Field(ge=0, le=1, description="A child's expected share (0 to 1).")]] | None
+    ) = Field(
+        default=None,
+        min_length=2,
+        max_length=2,
+        description="by: load: the expected fraction of the shard's input rows in [start, at) and [at, end), from "
+        "the rows of the window below.",
+    )
+    window_rows: int | None = Field(
+        default=None, ge=0, description="by: load: the shard's input rows the point was chosen from."
+    )
+    window_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="by: load: how many seconds of input those rows are (0: everything since its pod started).",
     )
 
 
