@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TASKSHARD_BACKOFF_BASE"] = str(args.backoff_base)
     if args.metrics_port is not None:
         os.environ["TASKSHARD_METRICS_PORT"] = str(args.metrics_port)
-    os.environ["TASKSHARD_LOG_FORMAT"] = args.log_format  # the shard pods log alike (reconcile_shard)
+    os.environ["TASKSHARD_LOG_FORMAT"] = args.log_format  # the shard pods log alike (shard_context)
     if args.live_status_seconds is not None:
         os.environ["TASKSHARD_LIVE_SECONDS"] = str(args.live_status_seconds)
 
