@@ -17,7 +17,9 @@ The benchmarks (issue 8), each a script that prints its table and writes JSON + 
 6. ``kafka``: ``bench/kafka_read_amplification.py`` (a real Kafka topic read by 1, 2, 4 and 8 shards, both modes);
 7. ``split-chain``: ``bench/split_latency.py --mode chain`` (splits next to other running shards; informational);
 8. ``child-cpu``: ``bench/child_cpu.py`` (a fresh split child's CPU by JVM thread and Python process; informational);
-9. ``split-1m``: ``bench/split_latency.py --keys 1000000`` (the same split with 1,000,000 keys of state).
+9. ``split-1m``: ``bench/split_latency.py --keys 1000000`` (the same split with 1,000,000 keys of state);
+10. ``skew``: ``bench/split_skew.py`` (a ``by: load`` split of one shard on Zipf-distributed keys next to a
+    midpoint split: the children's input rows).
 
 They run one after another (never two at once: they would measure each other), each in its own process, with
 the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
@@ -120,6 +122,14 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         # the parent to get steady and the hand-over itself get more time than with 50,000 keys.
         "full": SPLIT_1M + ["--splits", "2"],
         "quick": SPLIT_1M + ["--splits", "1"],
+    },
+    "skew": {
+        "number": 10,
+        "title": "Load-aware split point on skewed keys",
+        "script": "bench/split_skew.py",
+        "result": "split_skew",
+        "full": ["--events", "200000", "--keys", "20000"],
+        "quick": ["--events", "100000", "--keys", "20000"],
     },
 }
 
@@ -394,6 +404,38 @@ def _findings(key: str, data: dict[str, Any]) -> list[str]:
             f"A child reads only its key groups: {half['rows']:,} keys and {half['bytes'] / 1e6:.1f} MB for half "
             f"the range ({half['keyGroups']})."
         )
+    elif key == "skew":
+        res = raw["results"]
+        load, mid = res["by load"], res["midpoint"]
+        out.append(
+            f"By load: split at {load['at']}, children's input rows {load['rows'][0]:,.0f} / {load['rows'][1]:,.0f}, "
+            f"{load['imbalance']:.1%} apart (target <= 15 %: {'met' if load['imbalance'] <= 0.15 else 'missed'}); "
+            f"midpoint {mid['at']}: {mid['rows'][0]:,.0f} / {mid['rows'][1]:,.0f}, {mid['imbalance']:.1%} apart."
+        )
+        out.append(
+            "Expected shares (from the parent's load map) vs measured (phase 2): by load "
+            f"{load['expectedShares'][0]:.3f} vs {load['measuredShares'][0]:.3f} for the lower child, midpoint "
+            f"{mid['expectedShares'][0]:.3f} vs {mid['measuredShares'][0]:.3f}."
+        )
+        hot, best = raw["hottestKeyGroup"], raw["bestInHindsight"]
+        out.append(
+            f"The hottest key group ({hot['keyGroup']}) holds {hot['share']:.1%} of phase 2, its hottest key "
+            f"{raw['hottestKey']['share']:.1%}; the best split point in hindsight ({best['at']}) gives "
+            f"{best['imbalance']:.1%}"
+            + (
+                f" (key group {', '.join(map(str, raw['blockingKeyGroups']))} straddles the middle of the rows: no "
+                "split point between key groups meets 15 % on this input)."
+                if raw.get("blockingKeyGroups")
+                else "."
+            )
+        )
+        wrong = (raw.get("loadMapErrors") or {}).get("skew-0-128")
+        if wrong:
+            out.append(
+                f"The parent's scraped load map differs from the rows counted by hash in {len(wrong)} buckets "
+                f"(table 3); on the counted rows the chooser would have picked {raw['chooserOnPerKeyGroupRows']['at']} "
+                f"({raw['chooserOnPerKeyGroupRows']['phase2Imbalance']:.1%} on phase 2)."
+            )
     elif key == "scaling":
         out += _scaling_findings(raw)
     elif key == "kafka":

@@ -99,8 +99,8 @@ def bucket_of(kg: int, start: int, end: int, buckets: int = KEY_GROUP_BUCKETS) -
 def bucket_rows(observed: Any, start: int, end: int, total: int | None = None) -> dict[str, float]:
     """A batch's rows per bucket, ``{"<a>-<b>": rows}``, from its observed ``histogram_numeric`` value (a list of
     ``{"x": bucket index, "y": rows}``; equal ``x`` can repeat after a merge and are added up), scaled so that they
-    add up to ``total``, the batch's ``count(1)`` (None: not scaled). With every row in the histogram the scale is 1;
-    it matters only if bins ever merged (more distinct buckets than bins, which the plan never asks for)."""
+    add up to ``total``, the batch's ``count(1)`` (None: not scaled). The scale is 1 unless Spark merged bins (a batch
+    of more input partitions than ``pipeline.LOAD_MAP_BINS_PER_BUCKET``: then the buckets are approximate)."""
     labels = [f"{a}-{b}" for a, b in key_group_buckets(start, end)]
     out: dict[str, float] = {}
     for point in observed or []:
