@@ -5,7 +5,8 @@ A decision (:class:`Decision`) is data: the actions in order, the status patch, 
 
 1. every action, in order (a Task's independent shard creates run a few at a time); a create that finds the
    object (409) counts as done (the step ran before) and posts no event; a write's result goes into the cache
-   (write-through), and a patch of the object itself carries its new ``resourceVersion`` to the status write;
+   (write-through), and a patch of the object itself carries its new ``resourceVersion`` to the status write (a
+   conditional patch that finds a newer version ends the pass: it runs again on fresher state);
 2. the status patch, once, conditional on the ``resourceVersion`` the decision was made from: when the object
    changed meanwhile (409), nothing is written and the pass runs again on fresher state;
 3. the events (only once the status is written, so a refused write posts nothing twice).
@@ -166,11 +167,16 @@ def carry_out(kube: Kube, observed: Observed, decision: Decision, *, emit: Emit,
     ns, name = decision.namespace, decision.name
     body = decision.body
     version = body["metadata"].get("resourceVersion")
-    for action, result in _results(kube, observed, decision, backoff):
-        if isinstance(action, Create) and result is not None and action.announce is not None:
-            _post(emit, decision, action.announce)
-        if isinstance(action, Patch) and action.plural == decision.plural and action.name == name and result:
-            body, version = result, result["metadata"].get("resourceVersion")
+    try:
+        for action, result in _results(kube, observed, decision, backoff):
+            if isinstance(action, Create) and result is not None and action.announce is not None:
+                _post(emit, decision, action.announce)
+            if isinstance(action, Patch) and action.plural == decision.plural and action.name == name and result:
+                body, version = result, result["metadata"].get("resourceVersion")
+    except Conflict:  # a conditional patch of the object itself (its finalizers): decide again on fresher state
+        observed.forget(decision.plural, ns, name)
+        log.debug("%s %s/%s changed before its patch; the pass runs again", decision.plural, ns, name)
+        return CONFLICT_RETRY_SECONDS
     if decision.status:
         try:
             result = kube.patch_custom_status(decision.plural, ns, name, decision.status, resource_version=version)

@@ -104,9 +104,16 @@ class Kube:
             raise
 
     def patch_custom(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.patch_namespaced_custom_object(
-            naming.DOMAIN, naming.API_VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH
-        )
+        """Merge-patch a TaskShard; a patch carrying ``metadata.resourceVersion`` is conditional (raises
+        :class:`Conflict` when the object changed since)."""
+        try:
+            return self.custom.patch_namespaced_custom_object(
+                naming.DOMAIN, naming.API_VERSION, namespace, plural, name, patch, _content_type=MERGE_PATCH
+            )
+        except ApiException as e:
+            if e.status == 409 and (patch.get("metadata") or {}).get("resourceVersion"):
+                raise Conflict(f"{plural} {namespace}/{name} changed since it was read") from e
+            raise
 
     def delete_custom(self, plural: str, namespace: str, name: str, *, uid: str | None = None) -> None:
         """Delete a TaskShard (background propagation: its pod and ConfigMap follow by owner reference); a missing

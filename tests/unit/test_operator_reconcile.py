@@ -118,6 +118,9 @@ class FakeKube:
         if plural == "pods":
             self.pod_patches.append((name, copy.deepcopy(patch)))
         obj = self.objects[(plural, name)]
+        expected = (patch.get("metadata") or {}).get("resourceVersion")
+        if expected is not None and expected != obj["metadata"]["resourceVersion"]:
+            raise Conflict(f"{plural} {name} changed since {expected}")
         _merge(obj, patch)
         if "spec" in patch:
             obj["metadata"]["generation"] += 1

@@ -249,3 +249,31 @@ def test_a_deleted_task_releases_the_finalizer_of_a_splitting_shard():
     decision = decide(world, PARENT)
     assert finalizer_patches(decision) == [[]]
     assert "Delete(pods)" in kinds(decision)
+
+
+def test_a_finalizer_patch_that_finds_a_newer_version_ends_the_pass_without_a_status_write():
+    """The finalizer patch is conditional on the observed version: when the shard changed meanwhile, nothing more
+    of the decision is carried out (no status write, no event) and the pass runs again shortly."""
+    from taskshard_operator.act import CONFLICT_RETRY_SECONDS, carry_out
+    from taskshard_operator.kube import Conflict
+
+    world = World()
+    add_shard(world, PARENT, phase="SplitRequested", generation=2, observed_generation=2, status=split_status())
+    world.shards[PARENT]["metadata"].pop("finalizers")
+    world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
+    decision = decide(world, PARENT)
+    assert kinds(decision)[0] == "Patch(taskshards)" and decision.status["phase"] == "Draining"
+    calls: list[str] = []
+
+    class Kube:
+        def patch_custom(self, plural, namespace, name, patch):
+            calls.append("patch")
+            raise Conflict("changed")
+
+        def __getattr__(self, name):  # anything else would be a write after the refused patch
+            raise AssertionError(f"{name} called after a refused conditional patch")
+
+    posted: list = []
+    again = carry_out(Kube(), world, decision, emit=lambda *args: posted.append(args))
+    assert again == CONFLICT_RETRY_SECONDS and calls == ["patch"] and posted == []
+    assert ("forget", "taskshards", PARENT) in world.calls
