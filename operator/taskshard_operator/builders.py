@@ -255,32 +255,8 @@ def _restricted(pod_spec: dict[str, Any]) -> dict[str, Any]:
     return {**pod_spec, "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT)}
 
 
-def build_pod(
-    *,
-    task: str,
-    shard: str,
-    key_groups: KeyGroupRange,
-    spec: TaskSpec,
-    template_hash: str,
-    restarts_base: int = 0,
-    log_format: str = "plain",
-    abort_split: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """The Spark driver pod ``<shard>-driver`` of a shard (owner reference added by the caller).
-
-    ``restarts_base`` is recorded so that ``status.restarts`` survives pod replacement. ``log_format`` ``json``
-    makes the runtime log one JSON object per line (``$TASKSHARD_LOG_FORMAT``, ``spark_runtime.logs``), as the
-    operator itself does with ``--log-format json``. ``abort_split`` (the split's children) makes it a pod that
-    undoes the shard's split and exits (``run --abort-split``, annotation ``taskshard.io/abort-split``).
-    """
-    annotations = {
-        naming.ANNOTATION_TEMPLATE_HASH: template_hash,
-        naming.ANNOTATION_RESTARTS_BASE: str(restarts_base),
-    }
-    command = list(SHARD_COMMAND)
-    if abort_split:
-        annotations[naming.ANNOTATION_ABORT_SPLIT] = ",".join(abort_split)
-        command += ["--abort-split", ",".join(abort_split)]
+def _driver_volumes(shard: str, spec: TaskSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The driver container's mounts and the pod's volumes: the config, ``/tmp`` and the storage volume."""
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
         dict(TMP_MOUNT),
@@ -293,7 +269,21 @@ def build_pod(
     if storage is not None:
         volumes.append(storage[0])
         mounts.append(storage[1])
-    executors = executor_instances(spec) > 0
+    return mounts, volumes
+
+
+def _driver_container(
+    *,
+    task: str,
+    shard: str,
+    spec: TaskSpec,
+    command: list[str],
+    mounts: list[dict[str, Any]],
+    log_format: str,
+    executors: bool,
+) -> dict[str, Any]:
+    """The driver container: the runtime's command and environment, the readiness probe (the shard emits), the
+    termination message (its summary) and its ports (metrics; the driver's own when executors run)."""
     container: dict[str, Any] = {
         "name": naming.CONTAINER_DRIVER,
         "image": spec.spark.image,
@@ -327,6 +317,40 @@ def build_pod(
             {"name": "driver", "containerPort": DRIVER_PORT},
             {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT},
         ]
+    return container
+
+
+def build_pod(
+    *,
+    task: str,
+    shard: str,
+    key_groups: KeyGroupRange,
+    spec: TaskSpec,
+    template_hash: str,
+    restarts_base: int = 0,
+    log_format: str = "plain",
+    abort_split: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The Spark driver pod ``<shard>-driver`` of a shard (owner reference added by the caller).
+
+    ``restarts_base`` is recorded so that ``status.restarts`` survives pod replacement. ``log_format`` ``json``
+    makes the runtime log one JSON object per line (``$TASKSHARD_LOG_FORMAT``, ``spark_runtime.logs``), as the
+    operator itself does with ``--log-format json``. ``abort_split`` (the split's children) makes it a pod that
+    undoes the shard's split and exits (``run --abort-split``, annotation ``taskshard.io/abort-split``).
+    """
+    annotations = {
+        naming.ANNOTATION_TEMPLATE_HASH: template_hash,
+        naming.ANNOTATION_RESTARTS_BASE: str(restarts_base),
+    }
+    command = list(SHARD_COMMAND)
+    if abort_split:
+        annotations[naming.ANNOTATION_ABORT_SPLIT] = ",".join(abort_split)
+        command += ["--abort-split", ",".join(abort_split)]
+    mounts, volumes = _driver_volumes(shard, spec)
+    executors = executor_instances(spec) > 0
+    container = _driver_container(
+        task=task, shard=shard, spec=spec, command=command, mounts=mounts, log_format=log_format, executors=executors
+    )
     return {
         "apiVersion": "v1",
         "kind": "Pod",
