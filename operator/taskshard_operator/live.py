@@ -99,15 +99,17 @@ class LoadHistory:
     samples: deque[tuple[float, str, Mapping[str, float]]] = field(default_factory=deque)
 
     def add(self, now: float, pod_ip: str, rows: Mapping[str, float]) -> tuple[dict[tuple[int, int], float], float]:
-        """Record a scrape; return the rows per bucket since the oldest sample of the window and the seconds
-        between the two (a new pod's counters start over: its samples alone count)."""
+        """Record a scrape; return the rows per bucket over the window and the seconds they cover: the growth since
+        the newest sample at or before the window's start, or, while the pod's first sample is younger than the
+        window, everything its counters hold (they start at zero with its runtime: 0 seconds = since it started).
+        A new pod's counters start over: its samples alone count."""
         if self.samples and self.samples[-1][1] != pod_ip:
             self.samples.clear()
         self.samples.append((now, pod_ip, dict(rows)))
         while len(self.samples) > 1 and self.samples[1][0] <= now - self.window:
             self.samples.popleft()  # keep the newest sample at or before the window's start as the baseline
         base_time, _, base = self.samples[0]
-        if len(self.samples) == 1:
+        if base_time > now - self.window:
             return {parse_bucket(k): v for k, v in rows.items() if v > 0}, 0.0
         growth = {parse_bucket(k): v - base.get(k, 0.0) for k, v in rows.items()}
         return {k: v for k, v in growth.items() if v > 0}, now - base_time

@@ -95,9 +95,15 @@ def test_the_load_window_is_the_growth_since_its_oldest_sample():
     history = LoadHistory(window=300)
     load, seconds = history.add(0.0, "ip-1", {"0-8": 100.0, "8-16": 50.0})
     assert load == {(0, 8): 100.0, (8, 16): 50.0} and seconds == 0.0, "one scrape: everything since the start"
-    history.add(100.0, "ip-1", {"0-8": 200.0, "8-16": 60.0})
+    load, seconds = history.add(100.0, "ip-1", {"0-8": 200.0, "8-16": 60.0})
+    assert load == {(0, 8): 200.0, (8, 16): 60.0} and seconds == 0.0, (
+        "the pod's first scrape is younger than the window: its rows before that scrape count too"
+    )
     load, seconds = history.add(400.0, "ip-1", {"0-8": 500.0, "8-16": 70.0})
     assert load == {(0, 8): 300.0, (8, 16): 10.0} and seconds == 300.0, "since the sample at the window's start"
+    idle = LoadHistory(window=300)
+    idle.add(0.0, "ip-1", {"0-8": 100.0})  # the pod's first scrape came after it had processed its input
+    assert idle.add(2.0, "ip-1", {"0-8": 100.0}) == ({(0, 8): 100.0}, 0.0), "not 'no rows in the last 2 s'"
     load, seconds = history.add(401.0, "ip-2", {"0-8": 5.0})
     assert load == {(0, 8): 5.0} and seconds == 0.0, "a new pod's counters start over"
 
@@ -108,8 +114,11 @@ def test_the_store_keeps_the_window_only_for_shards_with_a_load_map():
     store.put("ns", "s", Scraped(stats, "t", "ip"), now=0.0)
     store.put("ns", "s", Scraped(LiveStats(2, None, 0.0, None, None, None, 0, True, {"0-8": 25.0}), "t", "ip"), now=30)
     scraped = store.get("ns", "s")
-    assert scraped is not None and scraped.load == {(0, 8): 15.0} and scraped.load_seconds == 30
-    store.put("ns", "s", Scraped(LiveStats(3, None, 0.0, None, None, None, 0, True), "t", "ip"), now=40)
+    assert scraped is not None and scraped.load == {(0, 8): 25.0} and scraped.load_seconds == 0, "since it started"
+    store.put("ns", "s", Scraped(LiveStats(3, None, 0.0, None, None, None, 0, True, {"0-8": 40.0}), "t", "ip"), now=90)
+    scraped = store.get("ns", "s")
+    assert scraped is not None and scraped.load == {(0, 8): 15.0} and scraped.load_seconds == 60, "the last minute"
+    store.put("ns", "s", Scraped(LiveStats(4, None, 0.0, None, None, None, 0, True), "t", "ip"), now=100)
     assert store.get("ns", "s").load == {}
 
 
