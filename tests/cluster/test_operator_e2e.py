@@ -51,7 +51,8 @@ class OverlapWatcher(threading.Thread):
 
     A split child's pod runs while its parent still owns the range (it catches up but emits nothing until the
     parent's drain summary exists; :func:`assert_single_hand_over` checks that from the files), so a child whose
-    parent's phase still owns the range is not counted."""
+    parent's phase still owns the range is not counted; nor is a pod whose TaskShard is gone (an aborted split's
+    child, being garbage-collected) unless it is Ready, i.e. emitting."""
 
     def __init__(self, kubectl) -> None:
         super().__init__(daemon=True)
@@ -83,12 +84,24 @@ class OverlapWatcher(threading.Thread):
             ranges = sorted(
                 (KeyGroupRange.from_label(p["metadata"]["labels"]["taskshard.io/key-groups"]), p["metadata"]["name"])
                 for p in pods
-                if (p.get("status") or {}).get("phase") == "Running"
-                and p["metadata"]["labels"].get("taskshard.io/shard") not in standby
+                if (p.get("status") or {}).get("phase") == "Running" and self._may_emit(p, phase, standby)
             )
             for (a, na), (b, nb) in itertools.pairwise(ranges):
                 if a.end > b.start:
                     self.violations.append(f"{na} {a} and {nb} {b} run at once")
+
+    @staticmethod
+    def _may_emit(pod: dict, phase: dict, standby: set) -> bool:
+        """Whether a running pod counts as owning its range: not a child on standby, and, for a pod whose TaskShard
+        is gone (the garbage collector deletes it: an aborted split's child), only while it is Ready (the
+        readiness probe is the runtime's "emitting" file)."""
+        shard = pod["metadata"]["labels"].get("taskshard.io/shard")
+        if shard in standby:
+            return False
+        if shard not in phase:
+            statuses = (pod.get("status") or {}).get("containerStatuses") or []
+            return any(c.get("ready") for c in statuses)
+        return True
 
     def stop(self) -> None:
         self.stop_event.set()
