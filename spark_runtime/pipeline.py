@@ -1,5 +1,5 @@
-"""The shard's Spark plan: source -> native key-group filter -> keyed state -> ``(key, key_group, result)``,
-and the export of that state as a key-group-indexed snapshot.
+"""The shard's Spark plan: source -> native key-group filter -> keyed state -> ``(key, key_group, result)``
+(the export of that state as a key-group-indexed snapshot is :mod:`spark_runtime.snapshot.export`'s).
 
 Two processing kinds share the source, the filter, the seeding and the sink:
 
@@ -28,7 +28,7 @@ from spark_runtime.config import BuiltinProcessor, ShardConfig
 from spark_runtime.processor import load_processor, result_column_type, state_columns
 from spark_runtime.records import RecordSpec
 
-__all__ = ["Plan", "build_output_frame", "export_state", "make_plan"]
+__all__ = ["Plan", "build_output_frame", "key_group_column", "make_plan"]
 
 STATE_FORMAT_VERSION = 1
 
@@ -209,71 +209,3 @@ def make_group_function(plan: Plan) -> Any:
             yield pd.DataFrame({"key": outputs["key"].astype(str), "key_group": group, "result": outputs["result"]})
 
     return process_key_group
-
-
-# ---------------------------------------------------------------- snapshot export
-
-
-def export_state(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Any, batch_id: int, out_dir: Any) -> None:
-    """Write the state at committed ``batch_id`` as Parquet partitioned by ``key_group`` into ``out_dir``
-    (which must not exist). Reads the checkpoint with Spark's State Data Source; key groups are computed
-    natively from the key. ``checkpoint`` and ``out_dir`` are local paths or :class:`~spark_runtime.storage.Loc`
-    (their string form is what Spark gets: a path or an ``s3a://`` URI)."""
-    from pyspark.sql import functions as F
-
-    st = spark.read.format("statestore").option("batchId", batch_id).load(str(checkpoint))
-    if plan.kind == "builtin":
-        value_field = st.schema["value"].dataType.fields[0].name
-        value = F.col(f"value.`{value_field}`").alias("value")
-        if config.key_grouping.nested:  # the state key carries the group (it depends on the record's partition)
-            rows = st.select(
-                F.col("key.key").alias("key"), value, F.col("key.key_group").cast("int").alias("key_group")
-            )
-        else:
-            rows = st.select(F.col("key.key").alias("key"), value)
-            rows = rows.withColumn("key_group", key_group_column(config))
-    else:
-        blobs = st.select(F.col("key.key_group").alias("key_group"), _blob_column(st).alias("blob"))
-        schema = plan.state_schema + ", key_group int"
-        rows = blobs.mapInArrow(_explode_blobs_function(plan), schema)
-    (rows.repartition(F.col("key_group")).write.partitionBy("key_group").mode("error").parquet(str(out_dir)))
-
-
-def _blob_column(st: Any) -> Any:
-    """The binary state column of the applyInPandasWithState state row (its layout varies by state format)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import BinaryType, StructType
-
-    def find(dtype: Any, path: str) -> str | None:
-        if isinstance(dtype, BinaryType):
-            return path
-        if isinstance(dtype, StructType):
-            for f in dtype.fields:
-                hit = find(f.dataType, f"{path}.`{f.name}`")
-                if hit:
-                    return hit
-        return None
-
-    path = find(st.schema["value"].dataType, "value")
-    if path is None:
-        raise RuntimeError(f"no binary state column in the state store value {st.schema['value'].dataType}")
-    return F.col(path)
-
-
-def _explode_blobs_function(plan: Plan) -> Any:
-    def explode(batches: Any) -> Any:
-        import pyarrow as pa
-
-        from spark_runtime import processor as P
-
-        for batch in batches:
-            kgs = batch.column("key_group").to_pylist()
-            blobs = batch.column("blob").to_pylist()
-            for kg, blob in zip(kgs, blobs, strict=True):
-                if blob is None:
-                    continue
-                table = P.decode_state_table(blob)
-                table = table.append_column("key_group", pa.array([kg] * table.num_rows, pa.int32()))
-                yield from table.to_batches()
-
-    return explode

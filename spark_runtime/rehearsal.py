@@ -36,6 +36,7 @@ from typing import Any
 from spark_runtime.config import ShardConfig
 from spark_runtime.layout import SinkPaths
 from spark_runtime.pipeline import Plan, build_output_frame
+from spark_runtime.snapshot.layout import key_group_dir
 from spark_runtime.sources import SourceContext
 from spark_runtime.sources.journal import JournalSource, partition_file
 from spark_runtime.storage import location
@@ -60,7 +61,7 @@ def write_synthetic_snapshot(state_dir: Path, plan: Plan, key_group: int) -> Pat
     for name, ddl in plan.state_columns:
         typ = arrow_type(ddl)
         columns[name] = pa.array([0], typ) if plan.kind == "builtin" else pa.nulls(1, typ)
-    directory = state_dir / f"key_group={key_group}"
+    directory = key_group_dir(state_dir, key_group)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "part-0.parquet"
     pq.write_table(pa.table(columns), path)

@@ -25,24 +25,10 @@ Recovery: the Spark checkpoint is the recovery log. A restart with the same conf
 loss) resumes from the last committed batch: an uncommitted batch is replayed with the offsets Spark logged for
 it, against the state of the previous commit, and its sink file is rewritten with the same content.
 
-Drain (:meth:`ShardRunner.drain`), each step safe to crash in (a restart with the drain request still
-present repeats the drain from the step it reached, without starting the query again). A query that failed
-(a poison record) does not stop a drain: the failing batch never committed, so steps 4-7 export the last
-committed one and the split finishes; the children, new pods, redo the rest:
-
-1. Persist the request: create ``drain-requested``. From now on the journal source admits no new data, so no
-   new micro-batch starts (the running one, if any, finishes).
-2. Wait for the batch boundary: no trigger active and every planned batch committed.
-3. Stop the query (nothing is running, so nothing is interrupted).
-4. Read the last committed batch ``N`` and its source end positions (concrete) from the checkpoint; the
-   directory sink publishes its batches up to ``N`` and deletes the output of any later, uncommitted one.
-5. Export the state at ``N`` (Spark's State Data Source) as Parquet partitioned by key group into
-   ``snapshots/batch-N/state``. Before any commit (N = -1) the state is the seed, so a restored shard copies
-   its slice of the parent's snapshot. Skipped by a final drain whose children all caught up: they hold the
-   state already, and the summary names the pre-copy manifest (:mod:`spark_runtime.handover`).
-6. Write ``manifest.json`` atomically: its presence marks the snapshot complete.
-7. Final drain: write ``drained.json`` (the summary, event ``drained``). Stop (SIGTERM only): remove the drain
-   marker instead (event ``stopped``). The caller writes the termination message and exits 0.
+Drain (:meth:`ShardRunner.drain`): :mod:`spark_runtime.drain` (the steps and what a crash in each leaves
+behind). Snapshots: :mod:`spark_runtime.snapshot`. Batches, positions and ``progress.json``:
+:mod:`spark_runtime.progress`. The runner itself is the supervisor: it prepares the start, starts the query
+(and restarts it in-process from the recovery log after a transient failure), polls, and calls those in turn.
 """
 
 from __future__ import annotations
@@ -50,45 +36,37 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from spark_runtime import faults
-from spark_runtime.checkpoint import last_committed_batch, last_planned_batch, read_offsets
+from spark_runtime.checkpoint import last_committed_batch
 from spark_runtime.config import ConfigError, ShardConfig
+from spark_runtime.drain import Drain, wait_until
 from spark_runtime.fencing import WriterFence
 from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped
 from spark_runtime.identity import claim_task_storage
 from spark_runtime.layout import ShardPaths, SinkPaths
 from spark_runtime.live import METRICS_HOST_ENV
 from spark_runtime.logs import set_phase as set_log_phase
-from spark_runtime.metrics import JOURNAL_LAG_INTERVAL_SECONDS, ShardMetrics, journal_lag
-from spark_runtime.pipeline import Plan, build_output_frame, export_state, make_plan
+from spark_runtime.metrics import ShardMetrics
+from spark_runtime.pipeline import Plan, build_output_frame, make_plan
 from spark_runtime.problems import EnvironmentProblem
-from spark_runtime.protocol import DrainSummary, HandoverMode, SummaryEvent
+from spark_runtime.progress import Progress
+from spark_runtime.protocol import HandoverMode
 from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter, KafkaSinkWriter
-from spark_runtime.snapshot import (
-    MANIFEST_VERSION,
-    check_restore,
-    load_manifest,
-    snapshot_stats,
-    utc_now,
-    verify_snapshot,
-)
+from spark_runtime.snapshot import utc_now
+from spark_runtime.snapshot.export import SnapshotWriter
+from spark_runtime.snapshot.restore import plan_restore
 from spark_runtime.sources import (
     ChecksEnvironment,
     GuardsBatches,
-    NamesFixedPositions,
-    RecountsBatches,
     ResolvesStartPositions,
     SourceContext,
     make_source,
 )
-from spark_runtime.sources.seed import is_seed_offset, parquet_files, slice_dirs
-from spark_runtime.storage import Loc, check_storage, location, s3_settings_from, storage_root
+from spark_runtime.storage import Loc, check_storage, s3_settings_from, storage_root
 
 __all__ = ["ShardFailed", "ShardRunner", "StandbyStopped", "summary_message"]
 
@@ -173,7 +151,6 @@ class ShardRunner:
         self.source = make_source(config.source, config.partitions_to_read)
         self.spark = spark
         self.available_now = available_now
-        self.drain_timeout = drain_timeout
         self.query: Any = None
         self.sink: DirectorySinkWriter | KafkaSinkWriter
         if config.sink.directory is not None:
@@ -183,8 +160,6 @@ class ShardRunner:
             assert config.sink.kafka is not None
             self.sink = KafkaSinkWriter(config.sink.kafka.bootstrap_servers, config.sink.kafka.topic, config.shard)
         self.dead_letters = DeadLetterCounter(dead_letter_dir) if dead_letter_dir is not None else None
-        self.source_metrics = {"rowsRead": 0, "bytesRead": 0, "deadLetters": 0}
-        """Observed per-batch source metrics (Kafka), added up over this process's batches."""
         self._checked = False
         self._listed_at = 0.0
         self.start_positions: dict[str, Any] | None = None
@@ -197,14 +172,10 @@ class ShardRunner:
         self.rehearsal_seconds: float | None = None
         self.summary: dict[str, Any] | None = None
         self.last_committed = -1
-        self.rows_processed = 0
-        self._drain = threading.Event()
-        self._drain_reason = ""
-        self._final = False
-        self._seen_progress: set[int] = set()
-        self._source_ctx: SourceContext | None = None
-        self._batches_from: int | None = None
-        """The last batch committed before this runner's first query start (its later batches are its own)."""
+        self.source_context: SourceContext | None = None
+        self.progress = Progress(self)
+        self.drainer = Drain(self, drain_timeout)
+        self.snapshots = SnapshotWriter(self)
         self.restarts_left = IN_PROCESS_RESTARTS
         if catch_up is None:
             catch_up = self.source.supports_catch_up
@@ -220,40 +191,33 @@ class ShardRunner:
         kg = config.key_groups
         self.metrics = ShardMetrics(config.task, config.shard, key_groups=(kg.start, kg.end))
         """The live metrics (:mod:`spark_runtime.metrics`): updated by ``poll()``, served by ``run()``."""
-        self._lag_at = float("-inf")
-        self._lag_positions: tuple[int, dict[str, Any]] | None = None
-        """(batch id, its committed positions) behind the journal's lag, read again when the batch changes."""
-        self._lag_failed = False
 
     # ---------------------------------------------------------------- requests
 
     def request_drain(self, reason: str = "request", *, final: bool = True) -> None:
         """Ask for a drain (thread- and signal-safe); ``run()`` performs it at the next poll. ``final=False`` (a
         SIGTERM alone) stops at a batch boundary with a savepoint and leaves the shard resumable."""
-        self._drain_reason = self._drain_reason or reason
-        self._final = self._final or final
-        self._drain.set()
+        self.drainer.request(reason, final=final)
 
     def stop_requested(self) -> bool:
         """A drain or stop was requested in this process (SIGTERM, ready children, a caller)."""
-        return self._drain.is_set()
+        return self.drainer.requested_here()
 
     @property
     def drain_reason(self) -> str:
-        return self._drain_reason
-
-    def _final_drain_pending(self) -> bool:
-        """A final drain began in an earlier run (a ``final`` drain marker)."""
-        marker = self.paths.drain_marker
-        return marker.exists() and marker.read_text().startswith("final")
+        return self.drainer.reason
 
     def drain_requested(self) -> bool:
-        if self._drain.is_set():
-            return True
-        if self.paths.drain_marker.exists():  # an earlier run of this shard began a final drain
-            self.request_drain("drain marker from an earlier run")
-            return True
-        return False
+        return self.drainer.requested()
+
+    @property
+    def source_metrics(self) -> dict[str, int]:
+        """Observed per-batch source metrics (Kafka), added up over this process's batches."""
+        return self.progress.source_metrics
+
+    @property
+    def rows_processed(self) -> int:
+        return self.progress.rows_processed
 
     # ---------------------------------------------------------------- start
 
@@ -319,34 +283,13 @@ class ShardRunner:
             log.info("shard %s: an earlier SIGTERM stop was interrupted; resuming", cfg.shard)
             marker.unlink()
         self.seed_options = None
-        # A split child checks the parent's manifest and takes its slice and positions.
-        if cfg.restore_from is not None:
+        if cfg.restore_from is not None:  # a split child: the parent's manifest, its slice and positions
             assert self.as_child is not None
-            self.restore_manifest_uri = self.as_child.acquire().uri()
-            manifest = load_manifest(location(self.restore_manifest_uri, self.s3))
-            check_restore(
-                manifest,
-                task=cfg.task,
-                parent=cfg.restore_from.parent,
-                max_key_groups=cfg.max_key_groups,
-                start=cfg.key_groups.start,
-                end=cfg.key_groups.end,
-                state_format=self.plan.state_format,
-                state_schema=self.plan.state_schema,
+            restore = plan_restore(
+                cfg, self.plan, self.source, self.as_child.acquire().uri(), self.s3, self.paths.restore_report_dir
             )
-            own_positions = self.source.validate_positions(manifest["positions"])
-            verified = verify_snapshot(
-                manifest, location(manifest["snapshot"]["path"], self.s3), cfg.key_groups.start, cfg.key_groups.end
-            )
-            log.info("shard %s: snapshot slice verified against the manifest: %s", cfg.shard, verified)
-            self.restore_manifest = manifest
-            self.start_positions = own_positions  # nested: only the partitions this shard reads
-            self.seed_options = {
-                "state_dir": location(manifest["snapshot"]["path"], self.s3),
-                "start": cfg.key_groups.start,
-                "end": cfg.key_groups.end,
-                "report_dir": self.paths.restore_report_dir,
-            }
+            self.restore_manifest_uri, self.restore_manifest = restore.manifest_uri, restore.manifest
+            self.start_positions, self.seed_options = restore.start_positions, restore.seed_options
         self._write_lineage()
         return True
 
@@ -355,10 +298,7 @@ class ShardRunner:
     def warm_up(self, *, rehearse: bool, should_stop: Any) -> None:
         """Standby work (:mod:`spark_runtime.handover`): the SparkSession, the source/sink preflight and, with
         ``rehearse``, one rehearsal of the restore plan (cut short once ``should_stop()``)."""
-        if self.spark is None:
-            from spark_runtime.session import spark_session
-
-            self.spark = spark_session(self.config.spark.master, self.spark_conf())
+        self.session()
         self._preflight()
         if rehearse and self.rehearse:
             from spark_runtime.rehearsal import rehearse as run_rehearsal
@@ -378,7 +318,7 @@ class ShardRunner:
         a poison record): it drains from the last committed batch without processing anything again."""
         if not self.prepare():
             return
-        if self._final_drain_pending():
+        if self.drainer.final_pending():
             log.warning(
                 "shard %s: its final drain began before this start; draining from the last committed batch "
                 "without starting the query",
@@ -405,12 +345,9 @@ class ShardRunner:
 
     def _start_query(self) -> None:
         cfg = self.config
-        if self.spark is None:
-            from spark_runtime.session import spark_session
-
-            self.spark = spark_session(cfg.spark.master, self.spark_conf())
+        self.session()
         self._preflight()
-        self._pin_start_positions()
+        self.pin_start_positions()
         conf = cfg.spark.conf
         ctx = SourceContext(
             shard=cfg.shard,
@@ -428,7 +365,7 @@ class ShardRunner:
             read_partitions=cfg.partitions_to_read,
             catch_up_state=self.paths.catch_up if self.as_child is not None and self.as_child.state else None,
         )
-        self._source_ctx = ctx
+        self.source_context = ctx
         events = self.source.stream(self.spark, ctx)
         out = build_output_frame(self.spark, cfg, self.plan, events, self.seed_options)
         writer = (
@@ -443,12 +380,12 @@ class ShardRunner:
             else writer.trigger(processingTime=cfg.spark.trigger_interval)
         )
         self.last_committed = last_committed_batch(self.paths.checkpoint)
-        self.metrics.on_commit(self.last_committed, committed_at=self._commit_time(self.last_committed))
-        if self._batches_from is None:
-            self._batches_from = self.last_committed
+        self.metrics.on_commit(self.last_committed, committed_at=self.progress.commit_time(self.last_committed))
+        if self.progress.batches_from is None:
+            self.progress.batches_from = self.last_committed
         resumed = self.last_committed >= 0
         self.query = writer.start()
-        self._write_progress()  # the last committed batch (-1 for a new shard) right away, for status displays
+        self.progress.write(self.last_committed)  # at once (-1 for a new shard), for status displays
         log.info(
             "shard %s started: task=%s keyGroups=[%d, %d) processor=%s source=%s %s",
             cfg.shard,
@@ -499,7 +436,7 @@ class ShardRunner:
             self._stop_problem = problem
             raise
 
-    def _pin_start_positions(self) -> None:
+    def pin_start_positions(self) -> None:
         """A fresh shard of a source whose start depends on when it is asked (Kafka's ``earliest``/``latest``)
         resolves it once, persists it (``start-positions.json``) and starts its query exactly there; every later
         start reads the same file. So the positions of batch -1, which a drain before the first commit hands to
@@ -511,11 +448,7 @@ class ShardRunner:
         if pinned.exists():
             positions = pinned.read_json()
         else:
-            if self.spark is None:
-                from spark_runtime.session import spark_session
-
-                self.spark = spark_session(self.config.spark.master, self.spark_conf())
-            positions = self.source.resolve_start_positions(self.spark)
+            positions = self.source.resolve_start_positions(self.session())
             self.source.validate_positions(positions)
             self.paths.shard_dir.mkdir()
             self.fence.check("start-positions.json")
@@ -524,6 +457,14 @@ class ShardRunner:
             else:  # pinned by an earlier runtime of this shard in the meantime: those are the positions
                 positions = pinned.read_json()
         self.start_positions = dict(positions)
+
+    def session(self) -> Any:
+        """The shard's SparkSession, started on first use (``spark.master`` and :meth:`spark_conf`)."""
+        if self.spark is None:
+            from spark_runtime.session import spark_session
+
+            self.spark = spark_session(self.config.spark.master, self.spark_conf())
+        return self.spark
 
     def spark_conf(self) -> dict[str, str]:
         """The session's conf: s3a settings for ``storage.s3`` (credentials from the environment), then the
@@ -587,27 +528,8 @@ class ShardRunner:
         new_dead = self.dead_letters.refresh() if self.dead_letters is not None else 0
         if new_dead:
             log.warning("%d new dead letters (total %d) in %s", new_dead, self.dead_letter_total, self.dead_letter_dir)
-        batches = []
-        for p in self.query.recentProgress:
-            data = json.loads(p.json if isinstance(p.json, str) else p.json())
-            bid = int(data.get("batchId", -1))
-            ran = bool(data.get("numInputRows")) or "addBatch" in (data.get("durationMs") or {})
-            if ran and bid not in self._seen_progress:  # idle triggers report the *next* batch id: skip them
-                self._seen_progress.add(bid)
-                batches.append(data)
-                self.metrics.on_batch(data)
-                observed = (data.get("observedMetrics") or {}).get("taskshard_source") or {}
-                for name in self.source_metrics:
-                    self.source_metrics[name] += int(observed.get(name) or 0)
-                if observed.get("deadLetters"):
-                    new_dead += int(observed["deadLetters"])
-                    log.warning(
-                        "batch %s: %s invalid records this shard owns were skipped (total %d)",
-                        bid,
-                        observed["deadLetters"],
-                        self.dead_letter_total,
-                        extra={"batch": bid},
-                    )
+        batches, dead = self.progress.take_new_batches(self.query)
+        new_dead += dead
         # A batch's progress is posted after its commit; on S3 the commit log is listed only then (or every few
         # seconds), not on every poll: a LIST request is not free.
         now = time.monotonic()
@@ -616,19 +538,8 @@ class ShardRunner:
             committed = last_committed_batch(self.paths.checkpoint)
             if committed > self.last_committed or new_dead:
                 self.last_committed = committed
-                self._write_progress()
-        for data in batches:
-            rows = int(data.get("numInputRows") or 0)
-            self.rows_processed += rows
-            log.info(
-                "batch %s: rows=%d rate=%.0f/s duration=%dms deadLetters=%d",
-                data.get("batchId"),
-                rows,
-                float(data.get("processedRowsPerSecond") or 0.0),
-                int((data.get("durationMs") or {}).get("triggerExecution", 0)),
-                self.dead_letter_total,
-                extra={"batch": data.get("batchId")},
-            )
+                self.progress.write(committed)
+        self.progress.log_batches(batches)
         self._update_metrics()
 
     def _update_metrics(self) -> None:
@@ -637,64 +548,12 @@ class ShardRunner:
         m.on_commit(self.last_committed)
         m.set_dead_letters(self.dead_letter_total)
         m.set_emitting(bool(self.query.isActive) and not (self.as_child is not None and self.as_child.catching_up))
-        self._measure_journal_lag()
+        self.progress.measure_journal_lag(self.last_committed)
         m.refresh()
-
-    def _measure_journal_lag(self) -> None:
-        """At most every :data:`~spark_runtime.metrics.JOURNAL_LAG_INTERVAL_SECONDS`: the journal's lag in bytes,
-        each partition file's complete end minus the last committed position. Advisory: a failure is logged."""
-        now = time.monotonic()
-        if self.source.kind != "journal" or now - self._lag_at < JOURNAL_LAG_INTERVAL_SECONDS:
-            return
-        self._lag_at = now
-        try:
-            if self._lag_positions is None or self._lag_positions[0] != self.last_committed:
-                self._lag_positions = (self.last_committed, self.positions_at(self.last_committed))
-            self.metrics.set_lag("bytes", journal_lag(self.source.path, self._lag_positions[1]))
-        except Exception:
-            if not self._lag_failed:
-                log.warning("could not measure the journal's lag (the metric stays as it was)", exc_info=True)
-            self._lag_failed = True
-
-    def _commit_time(self, batch_id: int) -> float | None:
-        """Unix time of committed ``batch_id``'s commit log entry (None: no batch, or unknown)."""
-        if batch_id < 0:
-            return None
-        entry = self.paths.checkpoint / "commits" / str(batch_id)
-        try:
-            mtime = entry.fs.get_file_info(entry.path).mtime
-        except Exception:  # advisory (a display value)
-            return None
-        return mtime.timestamp() if mtime is not None else None
 
     def positions_at(self, batch_id: int) -> dict[str, Any]:
         """The source's end positions of committed ``batch_id`` (the start positions when -1)."""
-        if batch_id < 0:
-            self._pin_start_positions()  # no-op once pinned, and for a child (its parent's positions)
-            if self.start_positions is not None:
-                return dict(self.start_positions)
-            names = self.source.positions_names() if isinstance(self.source, NamesFixedPositions) else []
-            return {name: 0 for name in names}
-        for entry in read_offsets(self.paths.checkpoint, batch_id):
-            if entry is not None and not is_seed_offset(entry) and self.source.owns_offset(entry):
-                return dict(entry)
-        raise RuntimeError(f"{self.paths.checkpoint}/offsets/{batch_id} has no {self.source.kind} offsets")
-
-    def _write_progress(self) -> None:
-        bid = self.last_committed
-        self.fence.check("progress.json")
-        self.paths.progress.write_json(
-            {
-                "task": self.config.task,
-                "shard": self.config.shard,
-                "batchId": bid,
-                "time": utc_now(),
-                "positions": self.positions_at(bid),
-                "deadLetters": self.dead_letter_total,
-                "source": dict(self.source_metrics),
-            },
-            fsync=False,
-        )
+        return self.progress.positions_at(batch_id)
 
     def run(self, poll_interval: float = 0.25) -> dict[str, Any]:
         """Start, process until a drain is requested (or, with ``available_now``, until caught up), drain, and
@@ -754,239 +613,26 @@ class ShardRunner:
             ready.touch()
             log.info("shard %s emits: ready", self.config.shard)
 
-    # ---------------------------------------------------------------- drain
-
-    def wait_until(self, predicate: Any, timeout: float, interval: float = 0.2) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(interval)
-        return predicate()
-
-    def _at_boundary(self) -> bool:
-        q = self.query
-        if q is None or not q.isActive:
-            return True
-        if q.status.get("isTriggerActive"):
-            return False
-        return last_planned_batch(self.paths.checkpoint) == last_committed_batch(self.paths.checkpoint)
+    # ---------------------------------------------------------------- drain (spark_runtime.drain)
 
     def drain(self) -> dict[str, Any]:
-        """Drain (see the module docstring); returns the summary. Idempotent. A superseded runtime raises
-        :class:`~spark_runtime.fencing.WriterFenced` even when a summary exists (its successor wrote it)."""
-        self.fence.check("the drain")
-        if self.already_drained:
-            self.summary = self.paths.drained.read_json()
-            return self.summary
-        t0 = time.monotonic()
-        # drain() called directly is final, and so is one a restart found begun (a SIGTERM cannot make it a stop)
-        final = self._final or not self._drain.is_set() or self._final_drain_pending()
-        kind = "final" if final else "stop"
-        set_log_phase("draining")
-        log.info("shard %s draining (%s, %s)", self.config.shard, self._drain_reason or "request", kind)
-        # Step 1: persist the request; the source stops admitting data.
-        self.fence.check("the drain marker")
-        self.paths.shard_dir.mkdir()
-        self.paths.drain_marker.write_text(f"{kind} {utc_now()}\n")
-        faults.crash_point("marker")  # crash tests only (spark_runtime.faults), as at each step below
-        # Steps 2-3: the micro-batch boundary, then stop.
-        self._stop_at_boundary()
-        self.as_parent.wait_export()
-        faults.crash_point("stopped")
-        # Step 4: the last committed batch and its positions (concrete: a child resumes exactly there).
-        batch_id = last_committed_batch(self.paths.checkpoint)
-        if isinstance(self.sink, DirectorySinkWriter):  # publish batches <= N; drop an interrupted batch's file
-            self.sink.publish_committed(batch_id)
-        positions = self.positions_at(batch_id)
-        self.source.validate_positions(positions)
-        # Steps 5-6: the snapshot and its manifest, unless every child caught up (it has the state already).
-        if self.dead_letters is not None:
-            self.dead_letters.refresh()
-        caught_up = final and self.as_parent.catch_up_only()
-        if caught_up:
-            precopy = self.as_parent.ensure_precopy()
-            manifest_uri, snapshot_batch = precopy["manifest"], int(precopy["batchId"])
-            manifest = load_manifest(location(manifest_uri, self.s3))
-        else:
-            manifest = self.write_snapshot(batch_id, in_drain=True)
-            manifest_uri, snapshot_batch = self.paths.manifest(batch_id).uri(), batch_id
-        faults.crash_point("manifest")
-        # Step 7: the summary.
-        cfg = self.config
-        summary = DrainSummary(
-            event=SummaryEvent.DRAINED if final else SummaryEvent.STOPPED,
-            task=cfg.task,
-            shard=cfg.shard,
-            key_groups=manifest["keyGroups"],
-            batch_id=batch_id,
-            manifest=manifest_uri,
-            positions=positions,
-            state_rows=manifest["snapshot"].get("rows", 0),
-            snapshot_files=manifest["snapshot"].get("files", 0),
-            dead_letters=self.dead_letter_total if caught_up else manifest.get("deadLetters", 0),
-            drain_seconds=round(time.monotonic() - t0, 3),
-            time=utc_now() if caught_up else manifest.get("createdAt"),
-            handover=(HandoverMode.CATCH_UP if caught_up else HandoverMode.RESTORE) if final else None,
-            snapshot_batch_id=snapshot_batch,
-            writer_epoch=self.fence.epoch,
-        ).to_json()
-        if final:
-            self.fence.check("the drain summary")
-            if not self.paths.drained.create_exclusive_json(summary):  # never replaces a summary once written
-                summary = self.paths.drained.read_json()
-                log.warning("shard %s: a drain summary was already written; keeping it: %s", cfg.shard, summary)
-            faults.crash_point("summary")
-        else:
-            self.paths.drain_marker.unlink()
-        self.summary = summary
-        set_log_phase(str(summary["event"]))
-        log.info("shard %s %s at batch %d: %s", cfg.shard, summary["event"], batch_id, manifest_uri)
-        return summary
+        """Drain (:mod:`spark_runtime.drain`); returns the summary and keeps it in ``summary``. Idempotent."""
+        self.summary = self.drainer.run()
+        return self.summary
 
-    def _stop_at_boundary(self) -> None:
-        """Drain steps 2-3: wait for the micro-batch boundary (bounded), stop the query, account for its last
-        batches. A failed query does not stop a drain (its failing batch never committed)."""
-        if self.query is None:
-            return
-        # A source that cannot hold back new data (Kafka) may run batches back to back under a backlog, so
-        # waiting long for a boundary only delays the split: stop soon and let the children redo the
-        # interrupted batch (the snapshot is of the last committed one).
-        timeout = self.drain_timeout if self.source.supports_drain_marker else min(self.drain_timeout, 10.0)
-        if not self.wait_until(self._at_boundary, timeout):
-            log.warning(
-                "no batch boundary within %.0fs; stopping anyway (the snapshot uses the last "
-                "committed batch, so it stays exact)",
-                timeout,
-            )
-        if self.query.isActive:
-            self.query.stop()
-        exc = self.query.exception()
-        if exc is not None:
-            # A failed query (a poison record, a lost dependency) must not make the split impossible: its
-            # failing batch never committed, so the snapshot of the last committed batch is exact, and the
-            # children (new pods, with any template fix) redo the rest. Crash-looping here never ends.
-            log.warning(
-                "the streaming query failed before or during the drain (%s); exporting the last committed batch %d",
-                str(exc).splitlines()[0][:300],
-                last_committed_batch(self.paths.checkpoint),
-            )
-        self.poll_after_stop()
-        self._recount_unreported_batches()
+    def wait_until(self, predicate: Any, timeout: float, interval: float = 0.2) -> bool:
+        return wait_until(predicate, timeout, interval)
 
     def write_snapshot(self, batch_id: int, *, in_drain: bool = False) -> dict[str, Any]:
-        """Drain steps 5-6 for committed ``batch_id`` (also a parent's pre-copy, while its query runs): export
-        the key-group-indexed state, then write the manifest last. Returns the manifest; idempotent (an existing
-        manifest is returned as it is). ``in_drain``: a drain's export (only that one has crash points, for the
-        crash tests of :mod:`spark_runtime.faults`)."""
-        manifest_path = self.paths.manifest(batch_id)
-        if manifest_path.exists():
-            return manifest_path.read_json()
-        state_dir = self.paths.state_dir(batch_id)
-        self._export(batch_id, self.paths.snapshot_dir(batch_id), state_dir, in_drain=in_drain)
-        if in_drain:
-            faults.crash_point("exported")
-        positions = self.positions_at(batch_id)
-        self.source.validate_positions(positions)
-        cfg = self.config
-        manifest = {
-            "version": MANIFEST_VERSION,
-            "task": cfg.task,
-            "shard": cfg.shard,
-            "maxKeyGroups": cfg.max_key_groups,
-            "keyGroups": {"start": cfg.key_groups.start, "end": cfg.key_groups.end},
-            "batchId": batch_id,
-            "positions": positions,
-            "source": self.source.describe(),
-            "processor": cfg.processor.to_json_dict(),
-            "stateFormat": self.plan.state_format,
-            "stateSchema": self.plan.state_schema,
-            "snapshot": {
-                "path": state_dir.uri(),
-                "format": "parquet",
-                "partitionColumn": "key_group",
-                **snapshot_stats(state_dir),
-            },
-            "checkpoint": self.paths.checkpoint.uri(),
-            "parent": (
-                {"shard": cfg.restore_from.parent, "manifest": cfg.restore_from.manifest} if cfg.restore_from else None
-            ),
-            "deadLetters": self.dead_letter_total,
-            "createdAt": utc_now(),
-            "writerEpoch": self.fence.epoch,
-        }
-        self.fence.check(f"the manifest of snapshot {batch_id}")
-        if not manifest_path.create_exclusive_json(manifest):  # another export of this batch finished first
-            return manifest_path.read_json()
-        return manifest
-
-    def _recount_unreported_batches(self) -> None:
-        """Spark posts a batch's progress, and with it the batch's observed source metrics, right after the
-        batch's commit; a stop that lands in between loses them (the children start after that batch, so nobody
-        would count its dead letters). Recount each such committed batch of this runner from the source, where
-        the source can (Kafka: a batch read of exactly the batch's offset range); otherwise log the gap."""
-        recount = self.source.recount if isinstance(self.source, RecountsBatches) else None
-        if self._batches_from is None or self._source_ctx is None:
-            return
-        committed = last_committed_batch(self.paths.checkpoint)
-        for bid in range(self._batches_from + 1, committed + 1):
-            if bid in self._seen_progress:
-                continue
-            metrics = None
-            if recount is not None:
-                try:
-                    metrics = recount(self.spark, self._source_ctx, self.positions_at(bid - 1), self.positions_at(bid))
-                except Exception:  # the counts are reported, not load-bearing: the drain goes on
-                    log.exception("could not recount the source metrics of batch %s", bid)
-            if metrics is None:
-                log.warning("batch %s committed without a progress event; its source metrics are not counted", bid)
-                continue
-            self._seen_progress.add(bid)
-            for name in self.source_metrics:
-                self.source_metrics[name] += int(metrics.get(name) or 0)
-            log.warning(
-                "batch %s committed without a progress event (the stop came in between); recounted from the "
-                "source: %s (dead letters total %d)",
-                bid,
-                metrics,
-                self.dead_letter_total,
-            )
+        """The snapshot of committed ``batch_id`` and its manifest (:mod:`spark_runtime.snapshot.export`);
+        also a parent's pre-copy while its query runs. Idempotent."""
+        return self.snapshots.write(batch_id, in_drain=in_drain)
 
     def poll_after_stop(self) -> None:
         try:
             self.poll(check_failure=False)
         except Exception:  # progress is advisory; the drain goes on
             log.exception("could not update progress after stop")
-
-    def _export(self, batch_id: int, snap_dir: Loc, state_dir: Loc, *, in_drain: bool = False) -> None:
-        """Write the snapshot of committed ``batch_id`` into ``state_dir`` (in place: the manifest, written
-        after, marks it complete; a partial export of a crashed drain is removed first). ``in_drain``: crash
-        points on (crash tests, :mod:`spark_runtime.faults`)."""
-        mid_export = "mid-export" if in_drain else None
-        snap_dir.rmtree()
-        if batch_id >= 0:
-            if self.spark is None:
-                from spark_runtime.session import spark_session
-
-                self.spark = spark_session(self.config.spark.master, self.spark_conf())
-            if mid_export is None:
-                export_state(self.spark, self.config, self.plan, self.paths.checkpoint, batch_id, state_dir)
-                return
-            # Crash tests: die as soon as Spark has written part of the state (else right after the export).
-            with faults.crash_when(mid_export, lambda: faults.export_in_progress(state_dir), "part of it written"):
-                export_state(self.spark, self.config, self.plan, self.paths.checkpoint, batch_id, state_dir)
-            faults.crash_point(mid_export, "the export finished before a part of it was seen")
-            return
-        state_dir.mkdir()
-        if self.restore_manifest is not None:  # never ran a batch: the state is still the seed
-            parent_state = location(self.restore_manifest["snapshot"]["path"], self.s3)
-            for kg, directory in slice_dirs(
-                parent_state, self.config.key_groups.start, self.config.key_groups.end
-            ).items():
-                for f in parquet_files(directory):
-                    f.copy_to(state_dir / f"key_group={kg}" / f.name)
-                    if mid_export is not None:
-                        faults.crash_point(mid_export, f"{f.name} of key group {kg} copied")
 
     def stop(self) -> None:
         """Stop the query without draining (tests; a crash-like stop)."""

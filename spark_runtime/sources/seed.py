@@ -19,20 +19,18 @@ store* by its first micro-batch, and its own checkpoint takes over from there:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from spark_runtime.records import arrow_type
+from spark_runtime.snapshot.layout import parquet_files, slice_dirs
 from spark_runtime.storage import Loc, S3Settings, location
 
-__all__ = ["SeedDataSource", "parse_ddl", "slice_dirs"]
+__all__ = ["SeedDataSource", "parse_ddl"]
 
 FORMAT = "taskshard_seed"
-_KG_DIR = re.compile(r"^key_group=(\d+)$")
 
 
 def parse_ddl(ddl: str) -> list[tuple[str, str]]:
@@ -49,24 +47,6 @@ def parse_ddl(ddl: str) -> list[tuple[str, str]]:
             name, typ = part.split(None, 1)
         cols.append((name, typ.strip().lower()))
     return cols
-
-
-def _loc(where: Loc | str | Path) -> Loc:
-    return where if isinstance(where, Loc) else location(where)
-
-
-def slice_dirs(state_dir: Loc | str | Path, start: int, end: int) -> dict[int, Loc]:
-    """The key-group directories ``key_group=<n>`` of a snapshot with ``start <= n < end`` (one listing)."""
-    out = {}
-    for child in _loc(state_dir).child_dirs():
-        m = _KG_DIR.match(child.name)
-        if m and start <= int(m.group(1)) < end:
-            out[int(m.group(1))] = child
-    return dict(sorted(out.items()))
-
-
-def parquet_files(kg_dir: Loc | str | Path) -> list[Loc]:
-    return [p for p in _loc(kg_dir).iterdir() if p.name.endswith(".parquet") and not p.name.startswith((".", "_"))]
 
 
 class SeedPiece(InputPartition):

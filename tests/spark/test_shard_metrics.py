@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from spark_runtime import shard as shard_module
+from spark_runtime import progress as progress_module
 from spark_runtime.live import METRICS_HOST_ENV, METRICS_PATH, LiveStats, Metric, live_stats
 from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.produce import generate_events
@@ -65,7 +65,7 @@ def wait_scrape(port: int, ready: Callable[[Samples, LiveStats], bool], timeout:
 
 
 def test_a_running_journal_shard_serves_its_live_metrics(make_task, shard_spark, monkeypatch):
-    monkeypatch.setattr(shard_module, "JOURNAL_LAG_INTERVAL_SECONDS", 0.0)  # measured at every poll
+    monkeypatch.setattr(progress_module, "JOURNAL_LAG_INTERVAL_SECONDS", 0.0)  # measured at every poll
     monkeypatch.setenv(METRICS_HOST_ENV, "127.0.0.1")
     env = make_task(trigger="200 milliseconds", conf={"spark.taskshard.keyGroupMetrics": "true"})  # the load map
     events = list(generate_events(300, 30, seed=23))

@@ -15,7 +15,8 @@ from spark_runtime.layout import ShardPaths, SinkPaths, write_json_atomic
 from spark_runtime.results import final_results, read_lineage
 from spark_runtime.sink import DeadLetterCounter
 from spark_runtime.snapshot import RestoreError, check_restore, load_manifest
-from spark_runtime.sources.seed import parse_ddl, slice_dirs
+from spark_runtime.snapshot.layout import key_group_dir, key_group_of, slice_dirs
+from spark_runtime.sources.seed import parse_ddl
 from spark_runtime.storage import location
 
 pytestmark = pytest.mark.unit
@@ -159,9 +160,13 @@ def test_seed_helpers(tmp_path):
         ("a b", "double"),
     ]
     for kg in (1, 5, 9):
-        (tmp_path / f"key_group={kg}").mkdir()
+        key_group_dir(tmp_path, kg).mkdir()
     (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / "key_group=x").mkdir()
     assert list(slice_dirs(tmp_path, 2, 9)) == [5]
+    assert list(slice_dirs(tmp_path, 0, 10)) == [1, 5, 9]
+    assert key_group_dir(tmp_path, 7).name == "key_group=7" and key_group_of("key_group=7") == 7
+    assert key_group_of("key_group=x") is None and key_group_of("_SUCCESS") is None
 
 
 def test_cli_help_does_not_start_spark():

@@ -1,4 +1,4 @@
-"""Drain manifests: what a drained shard leaves for its children, and how a child checks it can restore.
+"""Snapshot manifests: what a drained shard leaves for its children, and how a child checks it can restore.
 
 ``manifest.json`` (written last, atomically, next to ``state/``)::
 
@@ -36,12 +36,13 @@ import os
 import time
 from typing import Any
 
-from spark_runtime.sources.seed import parquet_files, slice_dirs
+from spark_runtime.snapshot.layout import PARTITION_COLUMN, parquet_files, slice_dirs
 from spark_runtime.storage import Loc, location
 
 __all__ = [
     "MANIFEST_VERSION",
     "RestoreError",
+    "build_manifest",
     "check_restore",
     "load_manifest",
     "snapshot_stats",
@@ -83,6 +84,44 @@ def load_manifest(manifest: Loc | str | os.PathLike[str]) -> dict[str, Any]:
             "checksums cannot be verified: drain the parent again with this runtime"
         )
     return data
+
+
+def build_manifest(
+    config: Any,
+    plan: Any,
+    *,
+    batch_id: int,
+    positions: dict[str, Any],
+    source: dict[str, Any],
+    state_dir: Loc,
+    stats: dict[str, Any],
+    checkpoint: str,
+    dead_letters: int,
+    writer_epoch: int | None,
+) -> dict[str, Any]:
+    """The manifest of the snapshot of committed ``batch_id`` in ``state_dir`` (the format above) for a shard
+    with ``config`` (:class:`spark_runtime.config.ShardConfig`) and ``plan`` (:class:`spark_runtime.pipeline.Plan`);
+    ``stats`` is :func:`snapshot_stats` of ``state_dir``. Pure."""
+    parent = config.restore_from
+    return {
+        "version": MANIFEST_VERSION,
+        "task": config.task,
+        "shard": config.shard,
+        "maxKeyGroups": config.max_key_groups,
+        "keyGroups": {"start": config.key_groups.start, "end": config.key_groups.end},
+        "batchId": batch_id,
+        "positions": positions,
+        "source": source,
+        "processor": config.processor.to_json_dict(),
+        "stateFormat": plan.state_format,
+        "stateSchema": plan.state_schema,
+        "snapshot": {"path": state_dir.uri(), "format": "parquet", "partitionColumn": PARTITION_COLUMN, **stats},
+        "checkpoint": checkpoint,
+        "parent": {"shard": parent.parent, "manifest": parent.manifest} if parent is not None else None,
+        "deadLetters": dead_letters,
+        "createdAt": utc_now(),
+        "writerEpoch": writer_epoch,
+    }
 
 
 def check_restore(

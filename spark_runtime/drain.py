@@ -1,0 +1,261 @@
+"""A shard's drain: stop at a micro-batch boundary and leave exact positions and state behind.
+
+Steps, each safe to crash in (a restart with the drain marker present repeats the drain from the step it
+reached, without starting the query again; :mod:`spark_runtime.faults` kills the process after each one in the
+crash tests). A query that failed (a poison record) does not stop a drain: the failing batch never committed, so
+steps 4-7 export the last committed one and the split finishes; the children, new pods, redo the rest.
+
+1. Persist the request: create ``drain-requested`` (``final`` or ``stop``). From now on the journal source
+   admits no new data, so no new micro-batch starts (the running one, if any, finishes).
+2. Wait for the batch boundary: no trigger active and every planned batch committed.
+3. Stop the query (nothing is running, so nothing is interrupted); account for batches whose progress event
+   the stop cut off (:meth:`Drain.recount_unreported_batches`).
+4. Read the last committed batch ``N`` and its source end positions (concrete) from the checkpoint; the
+   directory sink publishes its batches up to ``N`` and deletes the output of any later, uncommitted one.
+5. Export the state at ``N`` as a key-group-indexed snapshot (:mod:`spark_runtime.snapshot.export`). Skipped by
+   a final drain whose children all caught up: they hold the state already, and the summary names the pre-copy
+   manifest (:mod:`spark_runtime.handover`).
+6. The snapshot's ``manifest.json``, written last: its presence marks the snapshot complete.
+7. Final drain: write ``drained.json`` (:class:`spark_runtime.protocol.DrainSummary`, event ``drained``),
+   exclusively: it is never replaced once written. Stop (SIGTERM alone): remove the drain marker instead (event
+   ``stopped``), so the next pod resumes from the recovery log.
+
+A *final* drain (a split's hand-over, or ``drain()`` called directly) is sticky: once its marker exists, a
+SIGTERM cannot turn it into a stop, because the children own the key groups from then on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from spark_runtime import faults
+from spark_runtime.checkpoint import last_committed_batch, last_planned_batch
+from spark_runtime.logs import set_phase as set_log_phase
+from spark_runtime.protocol import DrainSummary, HandoverMode, SummaryEvent
+from spark_runtime.sink import DirectorySinkWriter
+from spark_runtime.snapshot import load_manifest, utc_now
+from spark_runtime.sources import RecountsBatches
+from spark_runtime.storage import location
+
+__all__ = ["Drain", "wait_until"]
+
+log = logging.getLogger("taskshard.shard")
+
+STOP_SOON_SECONDS = 10.0
+"""The boundary wait of a source that cannot hold back new data (Kafka): stop soon, the children redo the rest."""
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.2) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds passed; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+class Drain:
+    """The drain of one shard: its request (thread- and signal-safe) and its steps. ``runner`` is the
+    :class:`spark_runtime.shard.ShardRunner`; used: ``config``, ``paths``, ``s3``, ``fence``, ``query``,
+    ``source``, ``sink``, ``dead_letters``, ``as_parent``, ``progress`` and ``snapshots``."""
+
+    def __init__(self, runner: Any, timeout: float) -> None:
+        self.runner = runner
+        self.timeout = timeout
+        self._requested = threading.Event()
+        self.reason = ""
+        self._final = False
+
+    # ---------------------------------------------------------------- the request
+
+    def request(self, reason: str, *, final: bool) -> None:
+        """Ask for a drain; the runner performs it at its next poll. ``final=False`` (a SIGTERM alone) stops
+        at a batch boundary with a savepoint and leaves the shard resumable. Once final, always final."""
+        self.reason = self.reason or reason
+        self._final = self._final or final
+        self._requested.set()
+
+    def requested_here(self) -> bool:
+        """A drain or stop was requested in this process (SIGTERM, ready children, a caller)."""
+        return self._requested.is_set()
+
+    def final_pending(self) -> bool:
+        """A final drain began in an earlier run (a ``final`` drain marker)."""
+        marker = self.runner.paths.drain_marker
+        return marker.exists() and marker.read_text().startswith("final")
+
+    def requested(self) -> bool:
+        """A drain is due: requested in this process, or begun by an earlier run (its marker exists)."""
+        if self._requested.is_set():
+            return True
+        if self.runner.paths.drain_marker.exists():
+            self.request("drain marker from an earlier run", final=True)
+            return True
+        return False
+
+    # ---------------------------------------------------------------- the steps
+
+    def run(self) -> dict[str, Any]:
+        """Drain (see the module docstring); returns the summary. Idempotent. A superseded runtime raises
+        :class:`~spark_runtime.fencing.WriterFenced` even when a summary exists (its successor wrote it)."""
+        r = self.runner
+        r.fence.check("the drain")
+        if r.paths.drained.exists():
+            return r.paths.drained.read_json()
+        t0 = time.monotonic()
+        # called directly it is final, and so is one a restart found begun (a SIGTERM cannot make it a stop)
+        final = self._final or not self._requested.is_set() or self.final_pending()
+        kind = "final" if final else "stop"
+        set_log_phase("draining")
+        log.info("shard %s draining (%s, %s)", r.config.shard, self.reason or "request", kind)
+        # Step 1: persist the request; the source stops admitting data.
+        r.fence.check("the drain marker")
+        r.paths.shard_dir.mkdir()
+        r.paths.drain_marker.write_text(f"{kind} {utc_now()}\n")
+        faults.crash_point("marker")  # crash tests only (spark_runtime.faults), as at each step below
+        # Steps 2-3: the micro-batch boundary, then stop.
+        self.stop_at_boundary()
+        r.as_parent.wait_export()
+        faults.crash_point("stopped")
+        # Step 4: the last committed batch and its positions (concrete: a child resumes exactly there).
+        batch_id = last_committed_batch(r.paths.checkpoint)
+        if isinstance(r.sink, DirectorySinkWriter):  # publish batches <= N; drop an interrupted batch's file
+            r.sink.publish_committed(batch_id)
+        positions = r.progress.positions_at(batch_id)
+        r.source.validate_positions(positions)
+        # Steps 5-6: the snapshot and its manifest, unless every child caught up (it has the state already).
+        if r.dead_letters is not None:
+            r.dead_letters.refresh()
+        caught_up = final and r.as_parent.catch_up_only()
+        if caught_up:
+            precopy = r.as_parent.ensure_precopy()
+            manifest_uri, snapshot_batch = precopy["manifest"], int(precopy["batchId"])
+            manifest = load_manifest(location(manifest_uri, r.s3))
+        else:
+            manifest = r.snapshots.write(batch_id, in_drain=True)
+            manifest_uri, snapshot_batch = r.paths.manifest(batch_id).uri(), batch_id
+        faults.crash_point("manifest")
+        # Step 7: the summary.
+        summary = self._summary(
+            final, caught_up, batch_id, positions, manifest, manifest_uri, snapshot_batch, time.monotonic() - t0
+        )
+        if final:
+            r.fence.check("the drain summary")
+            if not r.paths.drained.create_exclusive_json(summary):  # never replaces a summary once written
+                summary = r.paths.drained.read_json()
+                log.warning("shard %s: a drain summary was already written; keeping it: %s", r.config.shard, summary)
+            faults.crash_point("summary")
+        else:
+            r.paths.drain_marker.unlink()
+        set_log_phase(str(summary["event"]))
+        log.info("shard %s %s at batch %d: %s", r.config.shard, summary["event"], batch_id, manifest_uri)
+        return summary
+
+    def _summary(
+        self,
+        final: bool,
+        caught_up: bool,
+        batch_id: int,
+        positions: dict[str, Any],
+        manifest: dict[str, Any],
+        manifest_uri: str,
+        snapshot_batch: int,
+        seconds: float,
+    ) -> dict[str, Any]:
+        r = self.runner
+        cfg = r.config
+        return DrainSummary(
+            event=SummaryEvent.DRAINED if final else SummaryEvent.STOPPED,
+            task=cfg.task,
+            shard=cfg.shard,
+            key_groups=manifest["keyGroups"],
+            batch_id=batch_id,
+            manifest=manifest_uri,
+            positions=positions,
+            state_rows=manifest["snapshot"].get("rows", 0),
+            snapshot_files=manifest["snapshot"].get("files", 0),
+            dead_letters=r.dead_letter_total if caught_up else manifest.get("deadLetters", 0),
+            drain_seconds=round(seconds, 3),
+            time=utc_now() if caught_up else manifest.get("createdAt"),
+            handover=(HandoverMode.CATCH_UP if caught_up else HandoverMode.RESTORE) if final else None,
+            snapshot_batch_id=snapshot_batch,
+            writer_epoch=r.fence.epoch,
+        ).to_json()
+
+    def at_boundary(self) -> bool:
+        """No micro-batch runs: no active trigger, and every planned batch committed."""
+        r = self.runner
+        q = r.query
+        if q is None or not q.isActive:
+            return True
+        if q.status.get("isTriggerActive"):
+            return False
+        return last_planned_batch(r.paths.checkpoint) == last_committed_batch(r.paths.checkpoint)
+
+    def stop_at_boundary(self) -> None:
+        """Steps 2-3: wait for the micro-batch boundary (bounded), stop the query, account for its last
+        batches. A failed query does not stop a drain (its failing batch never committed)."""
+        r = self.runner
+        if r.query is None:
+            return
+        # A source that cannot hold back new data (Kafka) may run batches back to back under a backlog, so
+        # waiting long for a boundary only delays the split: stop soon and let the children redo the
+        # interrupted batch (the snapshot is of the last committed one).
+        timeout = self.timeout if r.source.supports_drain_marker else min(self.timeout, STOP_SOON_SECONDS)
+        if not wait_until(self.at_boundary, timeout):
+            log.warning(
+                "no batch boundary within %.0fs; stopping anyway (the snapshot uses the last "
+                "committed batch, so it stays exact)",
+                timeout,
+            )
+        if r.query.isActive:
+            r.query.stop()
+        exc = r.query.exception()
+        if exc is not None:
+            # A failed query (a poison record, a lost dependency) must not make the split impossible: its
+            # failing batch never committed, so the snapshot of the last committed batch is exact, and the
+            # children (new pods, with any template fix) redo the rest. Crash-looping here never ends.
+            log.warning(
+                "the streaming query failed before or during the drain (%s); exporting the last committed batch %d",
+                str(exc).splitlines()[0][:300],
+                last_committed_batch(r.paths.checkpoint),
+            )
+        r.poll_after_stop()
+        self.recount_unreported_batches()
+
+    def recount_unreported_batches(self) -> None:
+        """Spark posts a batch's progress, and with it the batch's observed source metrics, right after the
+        batch's commit; a stop that lands in between loses them (the children start after that batch, so nobody
+        would count its dead letters). Recount each such committed batch of this runner from the source, where
+        the source can (Kafka: a batch read of exactly the batch's offset range); otherwise log the gap."""
+        r = self.runner
+        progress = r.progress
+        recount = r.source.recount if isinstance(r.source, RecountsBatches) else None
+        if progress.batches_from is None or r.source_context is None:
+            return
+        committed = last_committed_batch(r.paths.checkpoint)
+        for bid in range(progress.batches_from + 1, committed + 1):
+            if progress.reported(bid):
+                continue
+            metrics = None
+            if recount is not None:
+                try:
+                    start, end = progress.positions_at(bid - 1), progress.positions_at(bid)
+                    metrics = recount(r.spark, r.source_context, start, end)
+                except Exception:  # the counts are reported, not load-bearing: the drain goes on
+                    log.exception("could not recount the source metrics of batch %s", bid)
+            if metrics is None:
+                log.warning("batch %s committed without a progress event; its source metrics are not counted", bid)
+                continue
+            progress.add_source_metrics(bid, metrics)
+            log.warning(
+                "batch %s committed without a progress event (the stop came in between); recounted from the "
+                "source: %s (dead letters total %d)",
+                bid,
+                metrics,
+                r.dead_letter_total,
+            )

@@ -1,0 +1,160 @@
+"""What a running shard has done: its batches' progress, its committed positions, ``progress.json``.
+
+Spark reports every micro-batch in the query's progress (``recentProgress``: rows, durations, the source's
+observed metrics); its checkpoint holds each committed batch's source end positions (the offset log). This
+module reads both for the runner and keeps the counts a shard reports:
+
+- :meth:`Progress.take_new_batches`: the progress events of batches not seen yet (idle triggers skipped), their
+  observed source metrics (Kafka: rows, bytes, dead letters) added up, the live metrics fed;
+- :meth:`Progress.positions_at`: the concrete source positions at the end of a committed batch (a split child
+  and a drain hand exactly these on);
+- :meth:`Progress.write`: ``progress.json`` (batch, positions, dead letters, source counts), which the operator
+  shows and a catching-up child follows (:mod:`spark_runtime.handover`);
+- :meth:`Progress.measure_journal_lag`: the journal's lag in bytes for the live metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from spark_runtime.checkpoint import read_offsets
+from spark_runtime.metrics import JOURNAL_LAG_INTERVAL_SECONDS, journal_lag
+from spark_runtime.snapshot import utc_now
+from spark_runtime.sources import NamesFixedPositions
+from spark_runtime.sources.seed import is_seed_offset
+
+__all__ = ["Progress"]
+
+log = logging.getLogger("taskshard.shard")
+
+
+class Progress:
+    """The progress bookkeeping of one shard runner. ``runner`` is the :class:`spark_runtime.shard.ShardRunner`;
+    used: ``config``, ``paths``, ``source``, ``fence``, ``metrics``, ``dead_letter_total``, ``start_positions``
+    and ``pin_start_positions()``."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.source_metrics = {"rowsRead": 0, "bytesRead": 0, "deadLetters": 0}
+        """Observed per-batch source metrics (Kafka), added up over this process's batches."""
+        self.rows_processed = 0
+        self.batches_from: int | None = None
+        """The last batch committed before this runner's first query start (its later batches are its own)."""
+        self._seen: set[int] = set()
+        self._lag_at = float("-inf")
+        self._lag_positions: tuple[int, dict[str, Any]] | None = None
+        """(batch id, its committed positions) behind the journal's lag, read again when the batch changes."""
+        self._lag_failed = False
+
+    def reported(self, batch_id: int) -> bool:
+        """Whether ``batch_id``'s progress (and so its source metrics) was counted by this runner."""
+        return batch_id in self._seen
+
+    def add_source_metrics(self, batch_id: int, metrics: dict[str, Any]) -> None:
+        """Count ``batch_id``'s source metrics once (from its progress event or a recount)."""
+        self._seen.add(batch_id)
+        for name in self.source_metrics:
+            self.source_metrics[name] += int(metrics.get(name) or 0)
+
+    def take_new_batches(self, query: Any) -> tuple[list[dict[str, Any]], int]:
+        """The progress of batches that ran since the last call (idle triggers report the *next* batch id and
+        are skipped), and how many dead letters their observed source metrics name."""
+        batches: list[dict[str, Any]] = []
+        dead = 0
+        for p in query.recentProgress:
+            data = json.loads(p.json if isinstance(p.json, str) else p.json())
+            bid = int(data.get("batchId", -1))
+            ran = bool(data.get("numInputRows")) or "addBatch" in (data.get("durationMs") or {})
+            if not ran or bid in self._seen:
+                continue
+            batches.append(data)
+            self.runner.metrics.on_batch(data)
+            observed = (data.get("observedMetrics") or {}).get("taskshard_source") or {}
+            self.add_source_metrics(bid, observed)
+            if observed.get("deadLetters"):
+                dead += int(observed["deadLetters"])
+                log.warning(
+                    "batch %s: %s invalid records this shard owns were skipped (total %d)",
+                    bid,
+                    observed["deadLetters"],
+                    self.runner.dead_letter_total,
+                    extra={"batch": bid},
+                )
+        return batches, dead
+
+    def log_batches(self, batches: list[dict[str, Any]]) -> None:
+        for data in batches:
+            rows = int(data.get("numInputRows") or 0)
+            self.rows_processed += rows
+            log.info(
+                "batch %s: rows=%d rate=%.0f/s duration=%dms deadLetters=%d",
+                data.get("batchId"),
+                rows,
+                float(data.get("processedRowsPerSecond") or 0.0),
+                int((data.get("durationMs") or {}).get("triggerExecution", 0)),
+                self.runner.dead_letter_total,
+                extra={"batch": data.get("batchId")},
+            )
+
+    def positions_at(self, batch_id: int) -> dict[str, Any]:
+        """The source's end positions of committed ``batch_id`` (the start positions when -1)."""
+        r = self.runner
+        if batch_id < 0:
+            r.pin_start_positions()  # no-op once pinned, and for a child (its parent's positions)
+            if r.start_positions is not None:
+                return dict(r.start_positions)
+            names = r.source.positions_names() if isinstance(r.source, NamesFixedPositions) else []
+            return {name: 0 for name in names}
+        for entry in read_offsets(r.paths.checkpoint, batch_id):
+            if entry is not None and not is_seed_offset(entry) and r.source.owns_offset(entry):
+                return dict(entry)
+        raise RuntimeError(f"{r.paths.checkpoint}/offsets/{batch_id} has no {r.source.kind} offsets")
+
+    def commit_time(self, batch_id: int) -> float | None:
+        """Unix time of committed ``batch_id``'s commit log entry (None: no batch, or unknown)."""
+        if batch_id < 0:
+            return None
+        entry = self.runner.paths.checkpoint / "commits" / str(batch_id)
+        try:
+            mtime = entry.fs.get_file_info(entry.path).mtime
+        except Exception:  # advisory (a display value)
+            return None
+        return mtime.timestamp() if mtime is not None else None
+
+    def write(self, batch_id: int) -> None:
+        """``progress.json`` for committed ``batch_id`` (-1: none yet)."""
+        r = self.runner
+        r.fence.check("progress.json")
+        r.paths.progress.write_json(
+            {
+                "task": r.config.task,
+                "shard": r.config.shard,
+                "batchId": batch_id,
+                "time": utc_now(),
+                "positions": self.positions_at(batch_id),
+                "deadLetters": r.dead_letter_total,
+                "source": dict(self.source_metrics),
+            },
+            fsync=False,
+        )
+
+    def measure_journal_lag(self, batch_id: int) -> None:
+        """At most every :data:`~spark_runtime.metrics.JOURNAL_LAG_INTERVAL_SECONDS`: the journal's lag in bytes,
+        each partition file's complete end minus committed ``batch_id``'s position. Advisory: a failure is
+        logged once and the metric stays as it was."""
+        r = self.runner
+        now = time.monotonic()
+        if r.source.kind != "journal" or now - self._lag_at < JOURNAL_LAG_INTERVAL_SECONDS:
+            return
+        self._lag_at = now
+        try:
+            if self._lag_positions is None or self._lag_positions[0] != batch_id:
+                self._lag_positions = (batch_id, self.positions_at(batch_id))
+            r.metrics.set_lag("bytes", journal_lag(r.source.path, self._lag_positions[1]))
+        except Exception:
+            if not self._lag_failed:
+                log.warning("could not measure the journal's lag (the metric stays as it was)", exc_info=True)
+            self._lag_failed = True

@@ -1,0 +1,161 @@
+"""Writing a key-group-indexed snapshot of a shard's state, and its manifest.
+
+A snapshot of committed batch ``N`` is ``snapshots/batch-N/`` in the shard's directory
+(:class:`spark_runtime.layout.ShardPaths`)::
+
+    state/key_group=<n>/*.parquet     the state rows of key group n (:mod:`spark_runtime.snapshot.layout`)
+    manifest.json                     written last, exclusively: its presence marks the snapshot complete
+
+Two callers: a drain (steps 5-6 of :mod:`spark_runtime.shard`) and a parent's pre-copy while its query runs
+(:mod:`spark_runtime.handover`). Both go through :meth:`SnapshotWriter.write`, which is idempotent: an existing
+manifest is returned as it is, and a partial export of a crashed run is removed before the export starts again.
+
+The state comes from Spark's State Data Source (``format("statestore")``) at the committed batch, so the
+export reads what Spark's own recovery would restore. A shard that never committed a batch (``N = -1``) holds
+the seed: a restored child copies its slice of the parent's snapshot files, a fresh shard writes none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spark_runtime import faults
+from spark_runtime.config import ShardConfig
+from spark_runtime.pipeline import Plan, key_group_column
+from spark_runtime.snapshot.layout import PARTITION_COLUMN, key_group_dir, parquet_files, slice_dirs
+from spark_runtime.snapshot.manifest import build_manifest, snapshot_stats
+from spark_runtime.storage import Loc, location
+
+__all__ = ["SnapshotWriter", "export_state"]
+
+
+class SnapshotWriter:
+    """Writes the snapshots of one shard. ``runner`` is the :class:`spark_runtime.shard.ShardRunner`; used:
+    ``config``, ``plan``, ``paths``, ``s3``, ``fence`` (checked before the manifest), ``source``
+    (``validate_positions``, ``describe``), ``positions_at(batch)``, ``dead_letter_total``,
+    ``restore_manifest`` (the seed of a child that never committed) and ``session()``."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    def write(self, batch_id: int, *, in_drain: bool = False) -> dict[str, Any]:
+        """Export the state of committed ``batch_id``, then write the manifest. Returns the manifest.
+        ``in_drain``: a drain's export (only that one has crash points, :mod:`spark_runtime.faults`)."""
+        r = self.runner
+        manifest_path = r.paths.manifest(batch_id)
+        if manifest_path.exists():
+            return manifest_path.read_json()
+        state_dir = r.paths.state_dir(batch_id)
+        self._export(batch_id, r.paths.snapshot_dir(batch_id), state_dir, in_drain=in_drain)
+        if in_drain:
+            faults.crash_point("exported")
+        positions = r.positions_at(batch_id)
+        r.source.validate_positions(positions)
+        cfg = r.config
+        manifest = build_manifest(
+            cfg,
+            r.plan,
+            batch_id=batch_id,
+            positions=positions,
+            source=r.source.describe(),
+            state_dir=state_dir,
+            stats=snapshot_stats(state_dir),
+            checkpoint=r.paths.checkpoint.uri(),
+            dead_letters=r.dead_letter_total,
+            writer_epoch=r.fence.epoch,
+        )
+        r.fence.check(f"the manifest of snapshot {batch_id}")
+        if not manifest_path.create_exclusive_json(manifest):  # another export of this batch finished first
+            return manifest_path.read_json()
+        return manifest
+
+    def _export(self, batch_id: int, snap_dir: Loc, state_dir: Loc, *, in_drain: bool) -> None:
+        """Write the state of committed ``batch_id`` into ``state_dir`` (in place: the manifest, written after,
+        marks it complete; a partial export of a crashed drain is removed first)."""
+        r = self.runner
+        mid_export = "mid-export" if in_drain else None
+        snap_dir.rmtree()
+        if batch_id >= 0:
+            spark = r.session()
+            if mid_export is None:
+                export_state(spark, r.config, r.plan, r.paths.checkpoint, batch_id, state_dir)
+                return
+            # Crash tests: die as soon as Spark has written part of the state (else right after the export).
+            with faults.crash_when(mid_export, lambda: faults.export_in_progress(state_dir), "part of it written"):
+                export_state(spark, r.config, r.plan, r.paths.checkpoint, batch_id, state_dir)
+            faults.crash_point(mid_export, "the export finished before a part of it was seen")
+            return
+        state_dir.mkdir()
+        if r.restore_manifest is not None:  # never ran a batch: the state is still the seed
+            parent_state = location(r.restore_manifest["snapshot"]["path"], r.s3)
+            kg_range = r.config.key_groups
+            for kg, directory in slice_dirs(parent_state, kg_range.start, kg_range.end).items():
+                for f in parquet_files(directory):
+                    f.copy_to(key_group_dir(state_dir, kg) / f.name)
+                    if mid_export is not None:
+                        faults.crash_point(mid_export, f"{f.name} of key group {kg} copied")
+
+
+def export_state(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Any, batch_id: int, out_dir: Any) -> None:
+    """Write the state at committed ``batch_id`` as Parquet partitioned by ``key_group`` into ``out_dir``
+    (which must not exist). Reads the checkpoint with Spark's State Data Source; key groups are computed
+    natively from the key. ``checkpoint`` and ``out_dir`` are local paths or :class:`~spark_runtime.storage.Loc`
+    (their string form is what Spark gets: a path or an ``s3a://`` URI)."""
+    from pyspark.sql import functions as F
+
+    st = spark.read.format("statestore").option("batchId", batch_id).load(str(checkpoint))
+    if plan.kind == "builtin":
+        value_field = st.schema["value"].dataType.fields[0].name
+        value = F.col(f"value.`{value_field}`").alias("value")
+        if config.key_grouping.nested:  # the state key carries the group (it depends on the record's partition)
+            rows = st.select(
+                F.col("key.key").alias("key"), value, F.col("key.key_group").cast("int").alias(PARTITION_COLUMN)
+            )
+        else:
+            rows = st.select(F.col("key.key").alias("key"), value)
+            rows = rows.withColumn(PARTITION_COLUMN, key_group_column(config))
+    else:
+        blobs = st.select(F.col("key.key_group").alias(PARTITION_COLUMN), _blob_column(st).alias("blob"))
+        schema = f"{plan.state_schema}, {PARTITION_COLUMN} int"
+        rows = blobs.mapInArrow(_explode_blobs_function(plan), schema)
+    rows.repartition(F.col(PARTITION_COLUMN)).write.partitionBy(PARTITION_COLUMN).mode("error").parquet(str(out_dir))
+
+
+def _blob_column(st: Any) -> Any:
+    """The binary state column of the applyInPandasWithState state row (its layout varies by state format)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, StructType
+
+    def find(dtype: Any, path: str) -> str | None:
+        if isinstance(dtype, BinaryType):
+            return path
+        if isinstance(dtype, StructType):
+            for f in dtype.fields:
+                hit = find(f.dataType, f"{path}.`{f.name}`")
+                if hit:
+                    return hit
+        return None
+
+    path = find(st.schema["value"].dataType, "value")
+    if path is None:
+        raise RuntimeError(f"no binary state column in the state store value {st.schema['value'].dataType}")
+    return F.col(path)
+
+
+def _explode_blobs_function(plan: Plan) -> Any:
+    def explode(batches: Any) -> Any:
+        import pyarrow as pa
+
+        from spark_runtime import processor as P
+
+        for batch in batches:
+            kgs = batch.column(PARTITION_COLUMN).to_pylist()
+            blobs = batch.column("blob").to_pylist()
+            for kg, blob in zip(kgs, blobs, strict=True):
+                if blob is None:
+                    continue
+                table = P.decode_state_table(blob)
+                table = table.append_column(PARTITION_COLUMN, pa.array([kg] * table.num_rows, pa.int32()))
+                yield from table.to_batches()
+
+    return explode
