@@ -20,6 +20,8 @@ The benchmarks (issue 8), each a script that prints its table and writes JSON + 
 9. ``split-1m``: ``bench/split_latency.py --keys 1000000`` (the same split with 1,000,000 keys of state);
 10. ``skew``: ``bench/split_skew.py`` (a ``by: load`` split of one shard on Zipf-distributed keys next to a
     midpoint split: the children's input rows).
+11. ``executors``: ``bench/executors.py`` (one shard with 2 executor pods against local mode on the local control
+    plane: exact results, events/s and CPU per event; on 2 cores this shows the executors' overhead).
 
 They run one after another (never two at once: they would measure each other), each in its own process, with
 the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
@@ -130,6 +132,14 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         "result": "split_skew",
         "full": ["--events", "200000", "--keys", "20000"],
         "quick": ["--events", "100000", "--keys", "20000"],
+    },
+    "executors": {
+        "number": 11,
+        "title": "Executors on Kubernetes against local mode",
+        "script": "bench/executors.py",
+        "result": "executors",
+        "full": ["--events", "300000", "--keys", "20000", "--repeat", "3"],
+        "quick": ["--events", "100000", "--keys", "20000", "--repeat", "1"],
     },
 }
 
@@ -368,6 +378,82 @@ def _split_findings(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def _executors_findings(data: dict[str, Any]) -> list[str]:
+    """Section 11 (``bench/executors.py``: one shard with executor pods against the same shard in local mode)."""
+    raw = data["raw"]
+    summary, results = raw["summary"], raw["results"]
+    params = data.get("parameters") or {}
+    n = params.get("executors", 2)
+    cores = (data.get("machine") or {}).get("cores") or os.cpu_count() or 1
+    modes = summary["modes"]
+    local, execs = modes.get("local"), modes.get("executors")
+    ratios = summary["ratios"]
+    out = []
+    if local and execs and ratios.get("eventsPerSecond") is not None and ratios.get("cpuPerEvent") is not None:
+        eps, cpu = ratios["eventsPerSecond"], ratios["cpuPerEvent"]
+        out.append(
+            f"With {n} executor pods the shard processed {params.get('events', 0):,} events at "
+            f"{execs['eventsPerSecond']:,.0f} events/s against {local['eventsPerSecond']:,.0f} in local mode "
+            f"({eps:.2f}x), at {execs['cpuMicrosPerEvent']:.1f} CPU µs per event against "
+            f"{local['cpuMicrosPerEvent']:.1f} ({cpu:.2f}x; medians over {execs['runs']} and {local['runs']} runs, all "
+            "processes of the shard's pods)."
+        )
+        share = execs.get("executorShare")
+        if share is not None:
+            out.append(
+                f"The executor pods did {share:.0%} of the shard's CPU work in the timed window, the driver pod the "
+                "rest: it still plans and commits every micro-batch (the journal source's offsets and pieces are "
+                "computed in a Python process next to it); the reading, the aggregation and the state store updates "
+                "run in the executors' tasks."
+            )
+        paired = ratios.get("paired") or []
+        if paired:
+            out.append(
+                "Each repeat's pair (executors / local): "
+                + ", ".join(
+                    f"repeat {p['repeat']}: events/s {p['eventsPerSecond']:.2f}x, CPU per event {p['cpuPerEvent']:.2f}x"
+                    for p in paired
+                    if p.get("eventsPerSecond") is not None and p.get("cpuPerEvent") is not None
+                )
+                + "."
+            )
+        kinds = [k for k in ("JIT compilers", "GC", "other JVM", "Python") if k in (execs.get("cpuKinds") or {})]
+        if kinds:
+            out.append(
+                "CPU seconds in the window by kind (medians), local mode / executors: "
+                + ", ".join(
+                    f"{k} {local['cpuKinds'].get(k) or 0:.1f} / {execs['cpuKinds'].get(k) or 0:.1f}" for k in kinds
+                )
+                + ". Each executor is a fresh JVM whose JIT compilers compile the same code again: that part of the "
+                "difference is a start-up cost that shrinks as the JVMs run longer."
+            )
+        verdict = (
+            f"here they were {1 - eps:.0%} slower and cost {cpu - 1:.0%} more CPU per event"
+            if eps < 1 and cpu > 1
+            else f"here the ratios were {eps:.2f}x (events/s) and {cpu:.2f}x (CPU per event)"
+        )
+        out.append(
+            f"On this {cores}-core machine the executors compete with the driver for the same {cores} cores, so this "
+            f"shows the overhead of executors, not a speed-up ({verdict}): each executor is one more JVM with its own "
+            "Python workers, and the tasks, their results and the shuffle blocks travel between processes. Executors "
+            "add task slots only where they get cores of their own (other nodes), for a range a split cannot divide "
+            "(docs/executors.md)."
+        )
+    bad = [r for r in results if not r.get("exact")]
+    if bad:
+        out.append(
+            "Results NOT exact in "
+            + ", ".join(f"{r['mode']} repeat {r['repeat']}" for r in bad)
+            + " (per-key counts against the plain-Python count): a correctness bug, see the run's JSON."
+        )
+    else:
+        out.append(
+            f"Results exact in all {len(results)} runs: the per-key counts equal the plain-Python count of the input."
+        )
+    out.append(f"CPU steal during the timed windows: {_steal(results)} of this VM's CPU time (/proc/stat).")
+    return out
+
+
 def _findings(key: str, data: dict[str, Any]) -> list[str]:
     raw = data.get("raw") or {}
     out = []
@@ -438,6 +524,8 @@ def _findings(key: str, data: dict[str, Any]) -> list[str]:
             )
     elif key == "scaling":
         out += _scaling_findings(raw)
+    elif key == "executors":
+        out += _executors_findings(data)
     elif key == "kafka":
         out += _kafka_findings(raw, (data.get("parameters") or {}).get("partitions") or 4)
     elif key == "operator":
@@ -813,8 +901,8 @@ The `--quick` parameters:
 {quick}
 ```
 
-The split latency and operator benchmarks start their own local control plane (`hack/localkube`, binaries from
-`make binaries`); the others need only the venv (`make venv`) and Java 17.
+The split latency, operator and executors benchmarks start their own local control plane (`hack/localkube`,
+binaries from `make binaries`); the others need only the venv (`make venv`) and Java 17.
 
 ## Machine
 

@@ -12,6 +12,9 @@ Subcommands::
     produce ...                  append events to a journal (same as taskshard-produce)
     results --sink DIR --storage DIR --task NAME
                                  print the final per-key results across the shard lineage as JSON lines
+    executor                     the command of an executor pod Spark created (the executor pod template's
+                                 command is ``python -m spark_runtime``, Spark appends ``executor``): exec
+                                 Spark's executor backend with the variables Spark set (spark_runtime.kubernetes)
 
 Nothing here imports pyspark before a subcommand needs it, so ``--help`` is instant.
 """
@@ -115,6 +118,21 @@ def _cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_executor(args: argparse.Namespace) -> int:
+    import os
+
+    from spark_runtime.kubernetes import ExecutorEnvError, executor_command
+
+    try:
+        command = executor_command(os.environ)
+    except ExecutorEnvError as exc:
+        print(f"taskshard-shard executor: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.flush()
+    os.execvp(command[0], command)  # the JVM takes this process's pid: the kubelet's signals reach it
+    return 0  # not reached
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="taskshard-shard",
@@ -156,6 +174,13 @@ def _parser() -> argparse.ArgumentParser:
     results.add_argument("--storage", required=True, help="storage root (storage.path)")
     results.add_argument("--task", required=True, help="task name")
     results.set_defaults(func=_cmd_results)
+    executor = sub.add_parser(
+        "executor",
+        help="run a Spark executor (the command of the executor pod template)",
+        description="Exec Spark's Kubernetes executor backend with the variables Spark sets on an executor pod "
+        "(SPARK_DRIVER_URL, SPARK_EXECUTOR_ID, ...); exit 2 naming a missing one.",
+    )
+    executor.set_defaults(func=_cmd_executor)
     return p
 
 

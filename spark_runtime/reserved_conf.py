@@ -54,6 +54,9 @@ _S3_CREDENTIALS = (
 _EXECUTORS = "the operator sets it from spec.spark.executors to run executors as pods of the shard"
 _EXECUTOR_RESOURCES = "the operator sets it from spec.spark.executors.resources"
 _DRIVER = "the operator sets it so that executors reach the driver pod through its headless Service"
+_DRIVER_RBAC = "the operator sets it so that a driver's service account needs to manage pods only"
+_POD = "the runtime binds the driver to its pod's IP (TASKSHARD_POD_IP) when executors run on Kubernetes"
+_POD_CREDENTIALS = "the runtime sets it to the pod's service-account token and CA when executors run on Kubernetes"
 
 RESERVED_SPARK_CONF: dict[str, Reserved] = {
     # the runtime (spark_runtime.session, spark_runtime.storage)
@@ -72,6 +75,11 @@ RESERVED_SPARK_CONF: dict[str, Reserved] = {
     "spark.hadoop.fs.s3a.access.key": Reserved(Owner.RUNTIME, _S3_CREDENTIALS, secret=True),
     "spark.hadoop.fs.s3a.secret.key": Reserved(Owner.RUNTIME, _S3_CREDENTIALS, secret=True),
     "spark.hadoop.fs.s3a.aws.credentials.provider": Reserved(Owner.RUNTIME, _S3_CREDENTIALS),
+    # the runtime, for executors on Kubernetes (spark_runtime.kubernetes.driver_conf)
+    "spark.driver.bindAddress": Reserved(Owner.RUNTIME, _POD),
+    "spark.blockManager.bindAddress": Reserved(Owner.RUNTIME, _POD),
+    "spark.kubernetes.authenticate.oauthTokenFile": Reserved(Owner.RUNTIME, _POD_CREDENTIALS),
+    "spark.kubernetes.authenticate.caCertFile": Reserved(Owner.RUNTIME, _POD_CREDENTIALS),
     # the operator (taskshard_operator.builders.build_executor_conf)
     "spark.submit.deployMode": Reserved(Owner.OPERATOR, "the driver runs in client mode inside its shard pod"),
     "spark.executor.instances": Reserved(Owner.OPERATOR, "the operator sets it from spec.spark.executors.instances"),
@@ -96,8 +104,10 @@ RESERVED_SPARK_CONF: dict[str, Reserved] = {
     "spark.kubernetes.executor.label.taskshard.io/component": Reserved(Owner.OPERATOR, _EXECUTORS),
     "spark.driver.host": Reserved(Owner.OPERATOR, _DRIVER),
     "spark.driver.port": Reserved(Owner.OPERATOR, _DRIVER),
-    "spark.driver.bindAddress": Reserved(Owner.OPERATOR, _DRIVER),
     "spark.blockManager.port": Reserved(Owner.OPERATOR, _DRIVER),
+    "spark.kubernetes.executor.disableConfigMap": Reserved(Owner.OPERATOR, _DRIVER_RBAC),
+    "spark.kubernetes.driver.ownPersistentVolumeClaim": Reserved(Owner.OPERATOR, _DRIVER_RBAC),
+    "spark.kubernetes.driver.reusePersistentVolumeClaim": Reserved(Owner.OPERATOR, _DRIVER_RBAC),
 }
 """Every reserved key, with who sets it and why. The one list: the CRD's CEL rules are generated from it."""
 

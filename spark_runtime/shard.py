@@ -461,9 +461,12 @@ class ShardRunner:
     def session(self) -> Any:
         """The shard's SparkSession, started on first use (``spark.master`` and :meth:`spark_conf`)."""
         if self.spark is None:
+            from spark_runtime.kubernetes import driver_conf
             from spark_runtime.session import spark_session
 
-            self.spark = spark_session(self.config.spark.master, self.spark_conf())
+            # executors on Kubernetes: the in-cluster API server, the pod's credentials and address
+            master, pod_conf = driver_conf(self.config.spark.master, os.environ)
+            self.spark = spark_session(master, {**pod_conf, **self.spark_conf()})
         return self.spark
 
     def spark_conf(self) -> dict[str, str]:

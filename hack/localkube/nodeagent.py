@@ -19,6 +19,8 @@ is recorded, never pulled; ``command`` must be set). What it does:
   binding ``0.0.0.0`` is reachable on its pod IP (and on every other, and holds that port on all of them).
 - Acts as a local-path provisioner: each Pending PersistentVolumeClaim gets a hostPath PersistentVolume at
   ``<root>/pvc/<namespace>/<claim>``, bound to it by the controller-manager as usual.
+- Stands in for cluster DNS: Service names resolve through each pod's ``/etc/hosts`` to the Service's endpoint
+  addresses (:mod:`localkube.clusterdns`).
 - On SIGTERM it stops every pod's processes (SIGTERM, then SIGKILL after 5 s) and exits.
 
 Run: ``python -m localkube.nodeagent --kubeconfig K --node-name N --root DIR --api-host H --api-port P``
@@ -38,6 +40,7 @@ from pathlib import Path
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from .clusterdns import ClusterHosts
 from .podips import HOST_IP, PodIPAllocator, pool_for_api_port
 from .podworker import PodWorker
 from .volumes import pvc_dir
@@ -65,6 +68,7 @@ class NodeAgent:
         self.workers: dict[str, PodWorker] = {}
         self.ips = PodIPAllocator(args.pod_cidr or pool_for_api_port(args.api_port))
         self.stopping = threading.Event()
+        self.hosts = ClusterHosts(self.api, self.root / "hosts")
 
     # ----------------------------------------------------------------- node
     def node_status(self) -> dict:
@@ -207,6 +211,7 @@ class NodeAgent:
             backoff_max=self.args.backoff_max,
             ips=self.ips,
             keep_visible=self.args.keep_visible,
+            hosts_file=self.hosts.path,
         )
         if start:
             self.workers[pod["metadata"]["uid"]] = worker
@@ -308,6 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     agent.register()
     for target in (agent.heartbeat_loop, agent.provision_loop, agent.watch_loop):
         threading.Thread(target=target, daemon=True, name=target.__name__).start()
+    threading.Thread(target=agent.hosts.loop, args=(agent.stopping,), daemon=True, name="cluster_dns").start()
     done.wait()
     log("stopping: terminating pods")
     agent.shutdown()

@@ -14,8 +14,10 @@ A :class:`PodWorker` owns one pod (by UID) for its whole life on the node:
    (``CreateContainerConfigError``) and the worker retries every two seconds.
 2. Init containers run one at a time, each to success, before the app containers start.
 3. App containers start together, each through :mod:`localkube.podshim` in a private mount namespace with its
-   volume mounts bound at their ``mountPath`` and its termination-message file bound at
-   ``terminationMessagePath``. stdout and stderr are appended to ``<root>/logs/<ns>_<pod>_<container>.log``.
+   volume mounts bound at their ``mountPath``, its termination-message file bound at
+   ``terminationMessagePath`` and (unless ``hostNetwork``) the node's hosts file with the Service names at
+   ``/etc/hosts`` (:mod:`localkube.clusterdns`). stdout and stderr are appended to
+   ``<root>/logs/<ns>_<pod>_<container>.log``.
 4. When a container exits, its terminated state (exit code, reason, message read from the termination-message
    file, start and finish times) is reported, and ``restartPolicy`` decides: Always restarts, OnFailure restarts
    on a non-zero code, Never leaves it. Restarts wait an exponential back-off (``CrashLoopBackOff``), which is
@@ -111,6 +113,7 @@ class PodWorker(threading.Thread):
         backoff_max: float,
         ips: PodIPAllocator,
         keep_visible: list[str] = (),
+        hosts_file: Path | None = None,
     ) -> None:
         meta = pod["metadata"]
         super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
@@ -122,6 +125,7 @@ class PodWorker(threading.Thread):
         self.ips = ips
         self.pod_ip: str | None = None  # assigned first thing in run()
         self.keep_visible = [*keep_visible, str(root)]
+        self.hosts_file = hosts_file
         self.sandbox = root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
         self.log_dir = root / "logs"
         self.volumes = VolumeMaterializer(core, root, self.sandbox, self._downward_pod())
@@ -357,6 +361,8 @@ class PodWorker(threading.Thread):
                 "readOnly": False,
             }
         )
+        if self.hosts_file is not None and not self.pod["spec"].get("hostNetwork"):  # the DNS stand-in
+            mounts.append({"source": str(self.hosts_file), "target": "/etc/hosts", "readOnly": True})
         kubeconfig = self._sa_kubeconfig(mounts)
         try:
             with self._lock:

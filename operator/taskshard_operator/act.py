@@ -4,7 +4,8 @@ A decision (:class:`Decision`) is data: the actions in order, the status patch, 
 :func:`carry_out` is the only code that mutates the cluster for a pass:
 
 1. every action, in order (a Task's independent shard creates run a few at a time); a create that finds the
-   object (409) counts as done (the step ran before) and posts no event; a write's result goes into the cache
+   object (409) counts as done (the step ran before) and posts no event, a new object or a patch made posts its
+   ``announce`` event at once; a write's result goes into the cache
    (write-through), and a patch of the object itself carries its new ``resourceVersion`` to the status write (a
    conditional patch that finds a newer version ends the pass: it runs again on fresher state);
 2. the status patch, once, conditional on the ``resourceVersion`` the decision was made from: when the object
@@ -67,11 +68,14 @@ class ApplyConfigMap:
 @dataclass(frozen=True)
 class Patch:
     """A merge patch of a TaskShard's metadata or spec (``plural``: taskshards; the operator patches no pod and
-    no Task itself; Kopf patches Tasks for its finalizer)."""
+    no Task itself; Kopf patches Tasks for its finalizer). ``announce`` is posted once the patch is made, before
+    the status write (so a status write refused by a newer version does not lose it: the next pass, which sees
+    the patch, has nothing to announce)."""
 
     plural: str
     name: str
     patch: dict[str, Any]
+    announce: Event | None = None
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,7 @@ def carry_out(kube: Kube, observed: Observed, decision: Decision, *, emit: Emit,
     version = body["metadata"].get("resourceVersion")
     try:
         for action, result in _results(kube, observed, decision, backoff):
-            if isinstance(action, Create) and result is not None and action.announce is not None:
+            if isinstance(action, Create | Patch) and result is not None and action.announce is not None:
                 _post(emit, decision, action.announce)
             if isinstance(action, Patch) and action.plural == decision.plural and action.name == name and result:
                 body, version = result, result["metadata"].get("resourceVersion")

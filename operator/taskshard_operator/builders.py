@@ -25,10 +25,13 @@ from typing import Any
 
 from spark_runtime import live, protocol
 from spark_runtime.keygroups import KeyGroupRange
+from spark_runtime.kubernetes import POD_IP_ENV
 from taskshard_operator import naming
 from taskshard_operator.models.task import TaskSpec
 
 SHARD_COMMAND = ["python", "-m", "spark_runtime", "run", "--config", naming.CONFIG_PATH]
+EXECUTOR_COMMAND = ["python", "-m", "spark_runtime"]
+"""The executor pod template's command; Spark appends the argument ``executor`` (``spark_runtime.kubernetes``)."""
 DRAIN_GRACE_SECONDS = 120
 """Termination grace period of a driver pod: a SIGTERM stops at a batch boundary and writes a savepoint."""
 DEFAULT_MOUNT_PATH = "/data"
@@ -295,6 +298,7 @@ def _driver_container(
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             # The runtime's metrics endpoint binds the pod's own address (spark_runtime.live).
             {"name": live.METRICS_HOST_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *([{"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}] if executors else []),
             *([{"name": "TASKSHARD_LOG_FORMAT", "value": "json"}] if log_format == "json" else []),
             *user_env(spec),
             *s3_credentials_env(spec),
@@ -395,10 +399,16 @@ def build_executor_conf(*, task: str, namespace: str, shard: str, spec: TaskSpec
         "spark.kubernetes.executor.label." + naming.LABEL_TASK: task,
         "spark.kubernetes.executor.label." + naming.LABEL_SHARD: shard,
         "spark.kubernetes.executor.label." + naming.LABEL_COMPONENT: naming.COMPONENT_EXECUTOR,
+        # executors connect back through the headless Service; the runtime binds the pod's own IP
+        # (spark_runtime.kubernetes.driver_conf), which the Service resolves to
         "spark.driver.host": f"{naming.driver_service_name(shard)}.{namespace}.svc",
         "spark.driver.port": str(DRIVER_PORT),
-        "spark.driver.bindAddress": "0.0.0.0",
         "spark.blockManager.port": str(BLOCK_MANAGER_PORT),
+        # what the driver's service account needs is pods only (docs/examples/spark-driver-rbac.yaml):
+        # no executor ConfigMap (the conf comes from the driver anyway), no PersistentVolumeClaims
+        "spark.kubernetes.executor.disableConfigMap": "true",
+        "spark.kubernetes.driver.ownPersistentVolumeClaim": "false",
+        "spark.kubernetes.driver.reusePersistentVolumeClaim": "false",
     }
     if spec.spark.image_pull_policy:
         conf["spark.kubernetes.container.image.pullPolicy"] = spec.spark.image_pull_policy
@@ -432,13 +442,18 @@ def build_executor_pod_template(*, task: str, shard: str, key_groups: KeyGroupRa
     and the driver's securityContexts and ``/tmp`` (Spark builds the executor container on the template's, so both
     reach the executor pods; Spark's own local-dir volumes are emptyDirs)."""
     storage = _storage_volume(spec)
-    container: dict[str, Any] = {"name": "executor", "volumeMounts": [dict(TMP_MOUNT)]}
+    container: dict[str, Any] = {
+        "name": "executor",
+        "command": list(EXECUTOR_COMMAND),
+        "volumeMounts": [dict(TMP_MOUNT)],
+    }
     env = [*user_env(spec), *s3_credentials_env(spec)]
     if env:
         container["env"] = env
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "serviceAccountName": service_account_of(spec),
+        "automountServiceAccountToken": False,  # executors never call the API server; the driver does
         "volumes": [dict(TMP_VOLUME)],
     }
     if storage is not None:
@@ -463,6 +478,8 @@ def build_executor_service(*, task: str, shard: str, key_groups: KeyGroupRange) 
         },
         "spec": {
             "clusterIP": "None",
+            # the driver is Ready only once it emits, which needs its executors: resolve it before that
+            "publishNotReadyAddresses": True,
             "selector": {naming.LABEL_SHARD: shard, naming.LABEL_COMPONENT: naming.COMPONENT_SHARD},
             "ports": [
                 {"name": "driver", "port": DRIVER_PORT, "targetPort": DRIVER_PORT},

@@ -1,6 +1,6 @@
 """What the reconcile passes observe: a watch-fed cache, never a GET of an object the operator watches.
 
-The operator watches Tasks, TaskShards, shard pods and shard ConfigMaps through Kopf indexes
+The operator watches Tasks, TaskShards, shard pods, shard ConfigMaps and executor pods through Kopf indexes
 (``handlers/indexes.py``); each index stores a small record per object (the index functions below are pure).
 A pass reads them through :class:`Observed`; :class:`KopfCache` is the production implementation, the unit
 tests' in-memory world is another.
@@ -9,7 +9,9 @@ Records:
 
 - TaskShard and Task: the object without ``metadata.managedFields`` (``metadata``, ``spec``, ``status``);
 - shard pod: a :class:`~taskshard_operator.status.PodView` (what the planners need, a few hundred bytes);
-- shard ConfigMap: :func:`data_digest` of its ``data`` (a ConfigMap is applied only when the digest differs).
+- shard ConfigMap: :func:`data_digest` of its ``data`` (a ConfigMap is applied only when the digest differs);
+- executor pod (created by a shard's driver, ``taskshard.io/component=executor``): an
+  :class:`~taskshard_operator.executors.ExecutorView`, several per shard (never written, so no overlay).
 
 Write-through: a write returns the object as the API stored it. :meth:`KopfCache.wrote` keeps it as an overlay
 until the watch delivers that ``resourceVersion`` or a newer one, so the next pass never decides on a status
@@ -36,6 +38,7 @@ from pydantic import ValidationError
 
 from taskshard_operator import builders, naming
 from taskshard_operator import status as st
+from taskshard_operator.executors import ExecutorView
 from taskshard_operator.live import LiveStore, Scraped, ScrapeTarget
 from taskshard_operator.models.task import TaskSpec
 
@@ -123,6 +126,10 @@ class Observed(Protocol):
 
     def configmap_digest(self, namespace: str, shard: str) -> str | None: ...
 
+    def executors(self, namespace: str, shard: str) -> list[ExecutorView]:
+        """The shard's executor pods (its driver created them), by name; empty when there are none."""
+        ...
+
     def live(self, namespace: str, shard: str) -> Scraped | None:
         """The last scrape of the shard's metrics endpoint (``taskshard_operator.live``), None when none."""
         ...
@@ -169,13 +176,17 @@ class KopfCache:
     CPython) before using it. :meth:`bind` is called once with the handler kwargs that carry the indexes.
     """
 
-    SHARDS, SHARDS_BY_TASK, TASKS, PODS, CONFIGMAPS = (
+    SHARDS, SHARDS_BY_TASK, TASKS, PODS, CONFIGMAPS, EXECUTORS = (
         "taskshard_by_name",
         "taskshards_by_task",
         "task_by_name",
         "shard_pod",
         "shard_configmap",
+        "executor_pods",
     )
+    INDEXES = (SHARDS, SHARDS_BY_TASK, TASKS, PODS, CONFIGMAPS, EXECUTORS)
+    """Every index id: each is a Kopf index function's id (``handlers/indexes.py``) and the kwarg Kopf passes it
+    under to every handler, so :meth:`bind` finds it in the startup handler's kwargs."""
 
     def __init__(self) -> None:
         self._indexes: dict[str, Mapping[Any, Any]] = {}
@@ -185,7 +196,7 @@ class KopfCache:
         self.live_store = LiveStore()
 
     def bind(self, kwargs: Mapping[str, Any]) -> None:
-        for name in (self.SHARDS, self.SHARDS_BY_TASK, self.TASKS, self.PODS, self.CONFIGMAPS):
+        for name in self.INDEXES:
             self._indexes[name] = kwargs[name]
 
     @property
@@ -251,6 +262,9 @@ class KopfCache:
 
     def configmap_digest(self, namespace: str, shard: str) -> str | None:
         return self._one(self.CONFIGMAPS, (namespace, shard))
+
+    def executors(self, namespace: str, shard: str) -> list[ExecutorView]:
+        return sorted(self._values(self.EXECUTORS, (namespace, shard)), key=lambda v: v.name)
 
     def live(self, namespace: str, shard: str) -> Scraped | None:
         return self.live_store.get(namespace, shard)

@@ -1,7 +1,7 @@
 """One pass of a TaskShard: observe -> decide -> act -> write, with ``status`` as the write-ahead log.
 
-:func:`reconcile_shard` is level-based and idempotent. It **observes** the shard, its Task, its driver pod and
-ConfigMap (and, when the step needs them, its parent, children and siblings) from the watch-fed cache
+:func:`reconcile_shard` is level-based and idempotent. It **observes** the shard, its Task, its driver pod,
+ConfigMap and executor pods (and, when the step needs them, its parent, children and siblings) from the watch-fed cache
 (:mod:`taskshard_operator.cache`, no GET); :func:`decide_shard` **decides** in pure code one protocol step, as a
 :class:`~taskshard_operator.act.Decision` (actions, one status patch, events, when to look again); and
 :func:`~taskshard_operator.act.carry_out` **acts**, then **writes** status once, conditional on the version the
@@ -26,7 +26,7 @@ import kopf
 from pydantic import ValidationError
 
 from spark_runtime.config import parse_config
-from taskshard_operator import builders, cache, naming, planner
+from taskshard_operator import builders, cache, executors, naming, planner
 from taskshard_operator import status as st
 from taskshard_operator.act import (
     CRASH_AFTER_PHASE_ENV,
@@ -144,6 +144,7 @@ def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=
     sync_split_finalizer(ctx, want=task_alive and ctx.phase.splitting)
     if not task_alive:
         _stop(ctx)
+        _mirror_executors(ctx)
         return ctx.decision
     parsed = observed.task_spec(task)
     if parsed.error is not None:
@@ -153,6 +154,7 @@ def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=
     ctx.spec, ctx.task_hash = parsed.spec, parsed.template_hash
     STEPS[ctx.phase](ctx)
     _mirror_live(ctx)
+    _mirror_executors(ctx)
     return ctx.decision
 
 
@@ -167,6 +169,54 @@ def _mirror_live(ctx: ShardContext) -> None:
     live = shard_live_patch(ctx.status.get("live"), scraped)
     if live is not None:
         ctx.write({"live": live})
+
+
+NO_EXECUTOR_PHASES = frozenset({P.DRAINED, P.CHILDREN_CREATED, P.SPLIT, P.STOPPED, P.SUSPENDED, P.ABORTING_SPLIT})
+"""Phases in which the shard keeps no driver that runs executors (ended, handed over, suspended, or a pod that only
+undoes a split): no ``status.executors`` and no ExecutorsReady condition."""
+
+
+def _mirror_executors(ctx: ShardContext) -> None:
+    """``status.executors`` and the ExecutorsReady condition from the executor pods the watch shows
+    (:func:`taskshard_operator.executors.summarize`), in this pass's one status write; only what changed is written.
+
+    Only for a Task with executors (``spec.spark.executors.instances > 0``) and a shard that keeps a driver; else
+    both are removed (executors turned off, or the shard stopped, split or was suspended). A Warning event
+    ExecutorsPending is posted when the condition's message changes to a new problem, never on every pass."""
+    requested = builders.executor_instances(ctx.spec) if ctx.spec is not None else 0
+    if requested <= 0 or ctx.phase in NO_EXECUTOR_PHASES:
+        _drop_executors(ctx)
+        return
+    pod = ctx.pod
+    driver_running = pod.running and not pod.deleting and not pod.aborts_split
+    summary = executors.summarize(
+        requested, ctx.observed.executors(ctx.namespace, ctx.name), driver_running=driver_running
+    )
+    ctx.write(
+        {
+            "executors": summary.status,
+            "conditions": [ctx.cond(st.EXECUTORS_READY, summary.ready, summary.reason, summary.message)],
+        }
+    )
+    if summary.reason == executors.EXECUTORS_PENDING:
+        shown = st.get_condition((ctx.shard.get("status") or {}).get("conditions"), st.EXECUTORS_READY)
+        if shown is None or (shown.get("reason"), shown.get("message")) != (summary.reason, summary.message):
+            ctx.event("Warning", executors.EXECUTORS_PENDING, summary.message)
+
+
+def _drop_executors(ctx: ShardContext) -> None:
+    """Remove ``status.executors`` and the ExecutorsReady condition when the observed status has them."""
+    observed = ctx.shard.get("status") or {}
+    if observed.get("executors") is not None:
+        ctx.write({"executors": None})
+    conditions = ctx.status.get("conditions") or []
+    if st.get_condition(conditions, st.EXECUTORS_READY) is None:
+        return
+    kept = [c for c in conditions if c.get("type") != st.EXECUTORS_READY]
+    if st.conditions_equal(kept, observed.get("conditions")):
+        ctx.decision.status.pop("conditions", None)
+    else:
+        ctx.decision.status["conditions"] = kept  # a merge patch replaces the whole list
 
 
 def _sync_active_label(ctx: ShardContext) -> None:

@@ -11,8 +11,13 @@
 3. roll the template: when the Task's template hash changed, tell the next Running shard (key-group order) to
    run it by annotating it ``taskshard.io/template-hash``; one shard at a time, the next only after the previous
    one's new pod runs (the shard's reconciler does the last-state restart);
-4. summarise the shards into status (phase, shard count, active shards, conditions Ready/Progressing/Degraded/
-   Tiled, observedGeneration, templateHash).
+4. scale to ``spec.shards`` (:mod:`taskshard_operator.scaling` decides): below the active shards is refused
+   (Scaled=False, reason MergeUnavailable, one Warning event per change of spec.shards); above, one shard at a
+   time is asked to split (``spec.split: {requested: true, by: load|midpoint}``, a Normal event ScalingUp),
+   only while nothing else is going on; the decision goes into ``status.scaling``;
+5. summarise the shards into status (phase, shard count, active shards, conditions Ready/Progressing/Degraded/
+   Tiled/Splitting/Scaled, observedGeneration, templateHash, ``selector``: the shard pods' label selector, which
+   the scale subresource reports).
 
 :func:`delete_task` (on deletion, before the finalizer goes): stop every shard pod, wait until they are gone,
 then, for ``checkpointRetention: Delete``, run a one-shot cleanup pod that removes ``<storage.path>/<task>`` (or the
@@ -30,14 +35,15 @@ from typing import Any
 import kopf
 
 from spark_runtime.keygroups import KeyGroupRange
-from taskshard_operator import builders, naming, planner
+from spark_runtime.live import key_group_metrics_enabled
+from taskshard_operator import builders, naming, planner, scaling
 from taskshard_operator import status as st
 from taskshard_operator.act import Create, Decision, Emit, Event, Patch, carry_out
 from taskshard_operator.cache import Observed, parse_task
 from taskshard_operator.kube import Kube
 from taskshard_operator.live import task_live_patch
 from taskshard_operator.models.shard import ShardPhase
-from taskshard_operator.models.task import CheckpointRetention, TaskPhase, TaskSpec
+from taskshard_operator.models.task import CheckpointRetention, ScalingDecision, TaskPhase, TaskSpec
 from taskshard_operator.reconcile_shard import first_error
 from taskshard_operator.views import shard_views
 
@@ -102,7 +108,9 @@ def decide_task(observed: Observed, namespace: str, name: str) -> Decision | Non
         decision.actions.append(Patch(naming.SHARD_PLURAL, nxt, {"metadata": {"annotations": annotation}}))
         message = f"rolling TaskShard {nxt} to template {target} (last-state restart)"
         decision.events.append(Event("Normal", "RollingShard", message))
-    _summarise(decision, views, plan, spec, target, cond, generation)
+    scaled = _scale(decision, observed, status, spec, views, plan, target)
+    _summarise(decision, views, plan, spec, target, cond, generation, cond(st.SCALED, *scaled))
+    _set_status(decision, {"selector": naming.shard_selector(name)})
     _sum_live(decision, observed, namespace, {v.name for v in planner.owners(views)})
     shown = st.get_condition(status.get("conditions"), st.PROGRESSING) or {}
     if len(plan.create) > CREATE_PER_PASS and shown.get("reason") == "Creating":
@@ -120,6 +128,129 @@ def _create_shards(decision: Decision, task: dict[str, Any], ranges: tuple, targ
     decision.concurrent_creates = CREATE_CONCURRENCY
     if len(ranges) > CREATE_PER_PASS:
         decision.again_in(0.0)
+
+
+def _scale(
+    decision: Decision,
+    observed: Observed,
+    status: dict[str, Any],
+    spec: TaskSpec,
+    views: list[planner.ShardView],
+    plan: planner.TaskPlan,
+    target: str,
+) -> tuple[bool, str, str]:
+    """Step 4: decide about ``spec.shards`` (:func:`taskshard_operator.scaling.decide_scaling`) and add what it
+    takes: the split request and its event, the scale-down refusal's event, ``status.scaling``. Returns the Scaled
+    condition's status, reason and message."""
+    bodies = {s["metadata"]["name"]: s for s in observed.shards_of_task(decision.namespace, decision.name)}
+    asks = {n: scaling.split_ask(body) for n, body in bodies.items()}
+    ready, loads, awaiting, grace = _observe_shards(observed, decision.namespace, spec, views, bodies)
+    d = scaling.decide_scaling(
+        spec.shards,
+        views,
+        ready=ready,
+        loads=loads,
+        asks=asks,
+        blocked=_scaling_blocked(spec, views, plan, target),
+        awaiting_load=awaiting,
+    )
+    if d.decision == ScalingDecision.WAIT and grace is not None:
+        decision.again_in(grace)  # choose without the load map once the grace is over, if no scrape came
+    if d.decision == ScalingDecision.SPLIT and d.shard is not None and d.by is not None:
+        request = scaling.split_request(d.by, asks[d.shard].split if d.shard in asks else None)
+        # Announced with the patch, not after the status write: a Task changed meanwhile (Kopf annotates it after
+        # a spec edit such as kubectl scale) refuses the status write, and the next pass only waits for the split.
+        announce = Event("Normal", "ScalingUp", d.message)
+        decision.actions.append(Patch(naming.SHARD_PLURAL, d.shard, {"spec": {"split": request}}, announce=announce))
+    shown = status.get("scaling") or {}
+    if d.decision == ScalingDecision.REFUSE_SCALE_DOWN and (
+        shown.get("decision") != d.decision.value or shown.get("desiredShards") != d.desired
+    ):
+        decision.events.append(Event("Warning", "ScaleDownUnavailable", d.message))
+    _set_status(decision, {"scaling": _scaling_status(shown, d)})
+    return d.scaled, d.reason, d.message
+
+
+def _scaling_blocked(spec: TaskSpec, views: list[planner.ShardView], plan: planner.TaskPlan, target: str) -> str | None:
+    """Why no split may start for ``spec.shards`` now, as far as the Task's own work goes (None: nothing)."""
+    rolling = [v.name for v in planner.owners(views) if not (v.wanted_hash == target and v.pod_hash == target)]
+    if plan.tiling_error:
+        return f"the active shards do not tile [0, {spec.max_key_groups}): {plan.tiling_error}"
+    if plan.create:
+        return f"{len(plan.create)} initial shards are still to be created"
+    if spec.suspend:
+        return "the Task is suspended (spec.suspend: true)"
+    if rolling:
+        return f"the shards roll to template {target}: {_names(rolling)}"
+    return None
+
+
+def _observe_shards(
+    observed: Observed,
+    namespace: str,
+    spec: TaskSpec,
+    views: list[planner.ShardView],
+    bodies: dict[str, dict[str, Any]],
+) -> tuple[set[str], dict[str, scaling.ShardLoad], set[str], float | None]:
+    """What the scaler needs of the active shards: those Ready (emitting), their loads over the window (from the
+    last scrape of their current pod), and, when the Task counts load maps, the splittable ones without a load
+    map yet that started emitting less than ``LOAD_GRACE_SECONDS`` ago (their first scrape is due), with the
+    seconds until the first of those graces ends."""
+    metrics_on = key_group_metrics_enabled(spec.spark.conf or {})
+    now = dt.datetime.now(dt.UTC)
+    ready: set[str] = set()
+    loads: dict[str, scaling.ShardLoad] = {}
+    awaiting: set[str] = set()
+    grace: float | None = None
+    for v in planner.owners(views):
+        body = bodies.get(v.name) or {}
+        shown = st.get_condition((body.get("status") or {}).get("conditions"), st.READY) or {}
+        if shown.get("status") == "True":
+            ready.add(v.name)
+        pod = observed.pod(namespace, v.name)
+        load = scaling.shard_load(v.key_groups, observed.live(namespace, v.name), pod.pod_ip)
+        if load is not None:
+            loads[v.name] = load
+        elif metrics_on and v.key_groups.size >= 2:
+            since = shown.get("lastTransitionTime") if shown.get("status") == "True" else pod.running_since
+            left = scaling.LOAD_GRACE_SECONDS - _seconds_since(since, now)
+            if left > 0:
+                awaiting.add(v.name)
+                grace = left if grace is None else min(grace, left)
+    return ready, loads, awaiting, grace
+
+
+def _seconds_since(stamp: str | None, now: dt.datetime) -> float:
+    """Seconds since an RFC 3339 time (infinite when absent or unreadable)."""
+    try:
+        then = dt.datetime.fromisoformat((stamp or "").replace("Z", "+00:00"))
+    except ValueError:
+        return float("inf")
+    return (now - then).total_seconds()
+
+
+def _scaling_status(shown: dict[str, Any], d: scaling.Scaling) -> dict[str, Any] | None:
+    """``status.scaling`` for decision ``d`` (None: spec.shards unset, nothing to show). ``lastTransitionTime``
+    changes when the decision, its reason, spec.shards or the shard does; a key the new value lacks is set to None
+    (a merge patch removes it)."""
+    if d.desired is None:
+        return None
+    new: dict[str, Any] = {
+        "desiredShards": d.desired,
+        "activeShards": d.active,
+        "decision": d.decision.value,
+        "reason": d.reason,
+        "message": d.message,
+    }
+    if d.shard is not None:
+        new["shard"] = d.shard
+    if d.by is not None:
+        new["by"] = d.by.value
+    same = all(shown.get(k) == new.get(k) for k in ("decision", "reason", "desiredShards", "shard"))
+    kept = shown.get("lastTransitionTime") if same else None
+    new["lastTransitionTime"] = kept or st.now()
+    new.update({k: None for k in shown if k not in new})
+    return new
 
 
 def _announce_tiling(
@@ -154,7 +285,7 @@ class _Groups:
         return len(self.active) + len(self.creating)
 
 
-def _summarise(decision, views, plan, spec, target, cond, generation) -> None:
+def _summarise(decision, views, plan, spec, target, cond, generation, scaled) -> None:
     """Step 4: the Task's status from its shards (the initial shards still to create count as Pending)."""
     active = planner.owners(views)
     creating = [naming.shard_name(decision.name, r) for r in plan.create]
@@ -186,7 +317,7 @@ def _summarise(decision, views, plan, spec, target, cond, generation) -> None:
                 key=lambda e: KeyGroupRange.from_label(e["keyGroups"]),
             ),
             "templateHash": target,
-            "conditions": _conditions(cond, spec, plan.tiling_error, groups, target),
+            "conditions": [*_conditions(cond, spec, plan.tiling_error, groups, target), scaled],
         },
     )
     if old_phase != phase.value:

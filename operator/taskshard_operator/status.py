@@ -12,6 +12,10 @@ status flips):
 - ``Splitting``: shard: True from SplitRequested to ChildrenCreated (reason = the step); task: True while any of
   its shards splits. ``kubectl wait --for=condition=Splitting=false`` waits for a split to finish.
 - ``Tiled`` (task): the active shards tile ``[0, maxKeyGroups)``.
+- ``Scaled`` (task): the active shards are as many as ``spec.shards`` (True when it is unset); the reason says
+  what the operator does about a difference (``taskshard_operator.scaling``).
+- ``ExecutorsReady`` (shard, only for a Task with executors): as many executor pods run as the Task asks for;
+  False names each executor pod that does not run and why (``taskshard_operator.executors``).
 
 The types each kind gets are ``SHARD_CONDITION_TYPES`` / ``TASK_CONDITION_TYPES``; the CRDs' descriptions are
 generated from them, and a test checks that the reconcilers write exactly those.
@@ -35,6 +39,8 @@ DEGRADED = ConditionType.DEGRADED.value
 SPLIT_REJECTED = ConditionType.SPLIT_REJECTED.value
 TILED = ConditionType.TILED.value
 SPLITTING = ConditionType.SPLITTING.value
+SCALED = ConditionType.SCALED.value
+EXECUTORS_READY = ConditionType.EXECUTORS_READY.value
 
 
 def now() -> str:

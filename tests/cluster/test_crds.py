@@ -107,7 +107,7 @@ def test_examples_apply_and_come_back_as_valid_models(k):
         task = Task.from_k8s({**obj, "metadata": obj["metadata"]})
         assert task.spec.max_key_groups >= 1
     table = k("get", "tsk").stdout
-    assert table.split("\n")[0].split() == ["NAME", "SHARDS", "PHASE", "READY", "RATE", "LAG", "AGE"]
+    assert table.split("\n")[0].split() == ["NAME", "SHARDS", "DESIRED", "PHASE", "READY", "RATE", "LAG", "AGE"]
 
 
 def test_server_defaults_match_the_models(k):
@@ -149,7 +149,8 @@ def test_task_immutable_fields_cannot_change(k):
         result = _patch(k, "task", name, patch)
         assert result.returncode != 0 and field in result.stderr and "immutable" in result.stderr, result.stderr
     # The refusal says how to scale instead.
-    assert "spec.split.requested: true" in _patch(k, "task", name, {"spec": {"initialShards": 3}}).stderr
+    refusal = _patch(k, "task", name, {"spec": {"initialShards": 3}}).stderr
+    assert "spec.split.requested: true" in refusal and "kubectl scale task" in refusal, refusal
     ok = _patch(k, "task", name, {"spec": {"spark": {"image": "taskshard/shard:0.2.0"}}})
     assert ok.returncode == 0, ok.stderr  # template edits are allowed (they roll the shards)
 

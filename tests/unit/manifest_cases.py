@@ -113,6 +113,7 @@ GOOD_CASES: list[GoodCase] = [
     GoodCase("journal-3-partitions-not-by-key", journal_source(partitions=3)),
     GoodCase("journal-by-key-false-3-partitions", journal_source(partitions=3, partitionedByKey=False)),
     GoodCase("kafka-by-key-false-without-partitions", kafka_source(partitionedByKey=False)),
+    GoodCase("shards-up-to-maxKeyGroups", {"shards": 128}),
 ]
 
 
@@ -122,6 +123,15 @@ BAD_CASES: list[BadCase] = [
     BadCase("maxKeyGroups-too-big", "Task", {"maxKeyGroups": 32769}, "spec.maxKeyGroups"),
     BadCase("initialShards-over-maxKeyGroups", "Task", {"initialShards": 129}, "spec.initialShards"),
     BadCase("initialShards-zero", "Task", {"initialShards": 0}, "spec.initialShards"),
+    BadCase(
+        "shards-over-maxKeyGroups",
+        "Task",
+        {"shards": 129},
+        "spec.shards",
+        "spec.shards: 129 must be at most spec.maxKeyGroups (128): each shard owns one key group or more, so a Task "
+        "has at most maxKeyGroups shards",
+    ),
+    BadCase("shards-zero", "Task", {"shards": 0}, "spec.shards"),
     # Task: processor
     BadCase("processor-builtin-and-python", "Task", {"processor": {"python": "a.b:C"}}, "spec.processor"),
     BadCase("processor-neither", "Task", {"processor": {"builtin": None}}, "spec.processor"),

@@ -154,10 +154,21 @@ def test_names_printer_columns_and_subresources():
     for spec in (task, shard):
         (version,) = spec["versions"]
         assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
-        assert version["subresources"] == {"status": {}}
         assert all(col.get("description") for col in version["additionalPrinterColumns"])
+    assert shard["versions"][0]["subresources"] == {"status": {}}
+    # kubectl scale task NAME --replicas N sets spec.shards; it reads back the active shards and the pods' selector
+    assert task["versions"][0]["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.shards",
+            "statusReplicasPath": ".status.shards",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     columns = lambda spec: [c["name"] for c in spec["versions"][0]["additionalPrinterColumns"] if not c.get("priority")]  # noqa: E731
-    assert columns(task) == ["Shards", "Phase", "Ready", "Rate", "Lag", "Age"]
+    assert columns(task) == ["Shards", "Desired", "Phase", "Ready", "Rate", "Lag", "Age"]
+    desired = next(c for c in task["versions"][0]["additionalPrinterColumns"] if c["name"] == "Desired")
+    assert desired["jsonPath"] == ".spec.shards"
     assert columns(shard) == ["Task", "Range", "Phase", "Ready", "Rate", "Lag", "Last Batch", "Age"]
     paths = {c["name"]: c["jsonPath"] for c in shard["versions"][0]["additionalPrinterColumns"]}
     assert paths["Last Batch"] == ".status.live.batchId" and paths["Rate"] == ".status.live.rate"

@@ -164,6 +164,8 @@ def test_task_phase_and_condition_types():
         "SplitRejected",
         "Progressing",
         "Degraded",
+        "Scaled",
+        "ExecutorsReady",
     ]
 
 

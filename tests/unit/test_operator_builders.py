@@ -232,8 +232,10 @@ def test_executor_manifests():
         "spark.kubernetes.executor.label.taskshard.io/component": "executor",
         "spark.driver.host": "orders-0-64-driver-svc.ns1.svc",
         "spark.driver.port": "7078",
-        "spark.driver.bindAddress": "0.0.0.0",
         "spark.blockManager.port": "7079",
+        "spark.kubernetes.executor.disableConfigMap": "true",
+        "spark.kubernetes.driver.ownPersistentVolumeClaim": "false",
+        "spark.kubernetes.driver.reusePersistentVolumeClaim": "false",
         "spark.kubernetes.executor.request.cores": "1",
         "spark.kubernetes.executor.limit.cores": "2",
         "spark.executor.memory": "1g",
@@ -260,10 +262,12 @@ def test_executor_manifests():
         },
         "spec": {
             "serviceAccountName": "default",
+            "automountServiceAccountToken": False,
             "securityContext": builders.POD_SECURITY_CONTEXT,
             "containers": [
                 {
                     "name": "executor",
+                    "command": ["python", "-m", "spark_runtime"],
                     "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "storage", "mountPath": "/data"}],
                     "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "1Gi"}},
                     "securityContext": builders.CONTAINER_SECURITY_CONTEXT,
@@ -281,12 +285,17 @@ def test_executor_manifests():
     svc = builders.build_executor_service(task="orders", shard="orders-0-64", key_groups=R(0, 64))
     assert svc["metadata"]["name"] == "orders-0-64-driver-svc"
     assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True, "executors reach a driver that is not Ready yet"
     assert svc["spec"]["selector"] == {"taskshard.io/shard": "orders-0-64", "taskshard.io/component": "shard"}
     assert [p["port"] for p in svc["spec"]["ports"]] == [7078, 7079]
 
     pod = builders.build_pod(task="orders", shard="orders-0-64", key_groups=R(0, 64), spec=s, template_hash="h")
     assert pod["spec"]["automountServiceAccountToken"] is True
     assert [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]] == [9108, 7078, 7079]
+    pod_ip = {"name": "TASKSHARD_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert pod_ip in pod["spec"]["containers"][0]["env"], "the runtime binds the driver to its pod IP"
+    local = builders.build_pod(task="orders", shard="orders-0-64", key_groups=R(0, 64), spec=spec(), template_hash="h")
+    assert pod_ip not in local["spec"]["containers"][0]["env"]
 
 
 def test_cleanup_pod():

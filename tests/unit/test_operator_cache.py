@@ -40,7 +40,7 @@ def task(name: str, version: str, uid: str = "task-uid", spec: dict[str, Any] | 
 
 
 class Indexes:
-    """The five Kopf indexes as plain dicts of lists (what ``KopfCache.bind`` reads)."""
+    """The six Kopf indexes as plain dicts of lists (what ``KopfCache.bind`` reads)."""
 
     def __init__(self) -> None:
         self.shards: dict[tuple[str, str], list] = {}
@@ -48,6 +48,7 @@ class Indexes:
         self.tasks: dict[tuple[str, str], list] = {}
         self.pods: dict[tuple[str, str], list] = {}
         self.configmaps: dict[tuple[str, str], list] = {}
+        self.executors: dict[tuple[str, str], list] = {}
 
     def kwargs(self) -> dict[str, Any]:
         return {
@@ -56,6 +57,7 @@ class Indexes:
             KopfCache.TASKS: self.tasks,
             KopfCache.PODS: self.pods,
             KopfCache.CONFIGMAPS: self.configmaps,
+            KopfCache.EXECUTORS: self.executors,
             "logger": object(),  # other handler kwargs are ignored
         }
 

@@ -21,6 +21,7 @@ from taskshard_operator import builders, naming
 from taskshard_operator import status as st
 from taskshard_operator.act import ApplyConfigMap, Backoff, Create, Decision, Delete, Patch
 from taskshard_operator.cache import data_digest, parse_task
+from taskshard_operator.executors import ExecutorView, executor_view
 from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.reconcile_shard import decide_shard
 from taskshard_operator.reconcile_task import CREATE_PER_PASS, decide_task
@@ -41,15 +42,16 @@ DRAIN_SUMMARY = DrainSummary(SummaryEvent.DRAINED, "t", "t-0-128", 7, "/x/manife
 
 
 class World:
-    """:class:`~taskshard_operator.cache.Observed` over plain dicts: shards and tasks by name, pods (API dicts)
-    and ConfigMap digests by shard name. ``wrote``/``forget`` only record that they were called (deciding must
-    never call them)."""
+    """:class:`~taskshard_operator.cache.Observed` over plain dicts: shards and tasks by name, pods (API dicts),
+    ConfigMap digests and executor pods (lists of API dicts, none by default) by shard name. ``wrote``/``forget``
+    only record that they were called (deciding must never call them)."""
 
     def __init__(self, spec: dict[str, Any] | None = None) -> None:
         self.tasks: dict[str, dict[str, Any]] = {}
         self.shards: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}
         self.configmaps: dict[str, str] = {}
+        self.executor_pods: dict[str, list[dict[str, Any]]] = {}
         self.scrapes: dict[str, Any] = {}
         self.calls: list[tuple] = []
         self.tasks[TASK] = {
@@ -87,6 +89,9 @@ class World:
     def configmap_digest(self, namespace: str, shard: str) -> str | None:
         return self.configmaps.get(shard)
 
+    def executors(self, namespace: str, shard: str) -> list[ExecutorView]:
+        return sorted((executor_view(p) for p in self.executor_pods.get(shard, [])), key=lambda v: v.name)
+
     def live(self, namespace: str, shard: str):
         return self.scrapes.get(shard)
 
@@ -98,7 +103,9 @@ class World:
 
     # test helpers
     def snapshot(self) -> str:
-        return json.dumps([self.tasks, self.shards, self.pods, self.configmaps], sort_keys=True, default=str)
+        return json.dumps(
+            [self.tasks, self.shards, self.pods, self.configmaps, self.executor_pods], sort_keys=True, default=str
+        )
 
 
 def task_hash(world: World | None = None) -> str:

@@ -198,6 +198,9 @@ class FakeKube:
         cm = self.objects.get(("configmaps", naming.configmap_name(shard)))
         return data_digest(cm["data"]) if cm else None
 
+    def executors(self, namespace, shard):
+        return []  # the simulated world runs no Spark executors
+
     def live(self, namespace, shard):
         return None
 
@@ -352,6 +355,7 @@ def test_task_creates_shards_and_pods_run():
         "Degraded": "False",
         "Tiled": "True",
         "Splitting": "False",
+        "Scaled": "True",  # spec.shards is unset: the operator leaves the count to splits by hand
     }
 
 
@@ -404,10 +408,12 @@ def test_the_status_vocabulary_is_what_the_crds_advertise():
     """Every condition type written on a TaskShard or a Task over a split, refusals and a tiling problem is one
     the CRD names (its description is generated from the same tuples), and each advertised one is written; the
     Splitting condition follows the split steps; a split parent is labelled active=false; a Task being deleted
-    is Stopping."""
+    is Stopping. The Task asks for an executor (which the simulated world never starts), so ExecutorsReady is
+    written too."""
     from taskshard_operator.models.common import SHARD_CONDITION_TYPES, TASK_CONDITION_TYPES
 
-    kube = new_world({**SPEC, "checkpointRetention": "Retain"})
+    spark = {**SPEC["spark"], "executors": {"instances": 1}}
+    kube = new_world({**SPEC, "checkpointRetention": "Retain", "spark": spark})
     events: list = []
     converge(kube, events)
     splitting_seen: list[tuple[str, str]] = []

@@ -111,7 +111,17 @@ def test_the_runtimes_protocol_keys_are_reserved_for_the_runtime():
         "spark.hadoop.fs.s3a.connection.establish.timeout",
         "spark.hadoop.fs.s3a.connection.timeout",
     }
-    assert state_store | from_storage | {"spark.master"} == set(RUNTIME_KEYS)
+    import tempfile
+    from pathlib import Path
+
+    from spark_runtime.kubernetes import POD_IP_ENV, driver_conf
+
+    with tempfile.TemporaryDirectory() as sa:  # a pod with a mounted service-account token
+        for name in ("token", "ca.crt"):
+            (Path(sa) / name).write_text("x")
+        env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443", POD_IP_ENV: "10.1.0.2"}
+        in_pod = set(driver_conf("k8s://https://kubernetes.default.svc:443", env, sa_dir=sa)[1])
+    assert state_store | from_storage | in_pod | {"spark.master"} == set(RUNTIME_KEYS)
     assert "spark.sql.shuffle.partitions" not in RESERVED_SPARK_CONF
 
 

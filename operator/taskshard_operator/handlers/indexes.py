@@ -1,7 +1,10 @@
-"""The watch-fed cache: Kopf indexes of Tasks, TaskShards, shard pods and shard ConfigMaps (see ``cache.py``).
+"""The watch-fed cache: Kopf indexes of Tasks, TaskShards, shard pods, shard ConfigMaps and executor pods (see
+``cache.py``).
 
 Each index function is pure and returns ``{key: record}``; Kopf keeps the records up to date from its watches,
-and no resource handler runs before every index was filled from a first listing.
+and no resource handler runs before every index was filled from a first listing. Kopf passes each index to every
+handler as a kwarg named by its id; the startup handler hands them to ``KopfCache.bind`` (``settings.py``), which
+takes every id of ``KopfCache.INDEXES``.
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ import kopf
 from taskshard_operator import naming
 from taskshard_operator import status as st
 from taskshard_operator.cache import KopfCache, data_digest, object_record, shard_of, task_of
+from taskshard_operator.executors import executor_view
 
 SHARD_OBJECTS = {naming.LABEL_COMPONENT: naming.COMPONENT_SHARD}
+EXECUTOR_PODS = {naming.LABEL_COMPONENT: naming.COMPONENT_EXECUTOR}
+"""Executor pods a shard's driver created (``builders.build_executor_conf`` labels them)."""
 
 
 @kopf.index(naming.DOMAIN, naming.API_VERSION, naming.SHARD_PLURAL, id=KopfCache.SHARDS)
@@ -43,3 +49,9 @@ async def shard_pod(namespace: str, body: kopf.Body, **_: Any) -> dict:
 async def shard_configmap(namespace: str, body: kopf.Body, **_: Any) -> dict:
     shard = shard_of(body)
     return {(namespace, shard): data_digest(body.get("data"))} if shard else {}
+
+
+@kopf.index("", "v1", "pods", labels=EXECUTOR_PODS, id=KopfCache.EXECUTORS)
+async def executor_pods(namespace: str, body: kopf.Body, **_: Any) -> dict:
+    shard = shard_of(body)
+    return {(namespace, shard): executor_view(dict(body))} if shard else {}

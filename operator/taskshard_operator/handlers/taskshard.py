@@ -4,7 +4,9 @@
   so each protocol step is followed at once by the next pass); a split parent's hand-over also enqueues each
   child (standby -> Running);
 - ``pod_event`` / ``configmap_event``: any event of a shard's driver pod (started, crashed, drained, deleted) or
-  ConfigMap (edited or deleted by hand: re-applied).
+  ConfigMap (edited or deleted by hand: re-applied);
+- ``executor_event``: any event of an executor pod the shard's driver created (scheduled or not, running, gone):
+  ``status.executors`` and the ExecutorsReady condition follow.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import kopf
 
 from taskshard_operator import naming
-from taskshard_operator.handlers.indexes import SHARD_OBJECTS
+from taskshard_operator.handlers.indexes import EXECUTOR_PODS, SHARD_OBJECTS
 from taskshard_operator.handlers.runtime import RUNTIME
 from taskshard_operator.phases import parse_phase
 
@@ -37,6 +39,13 @@ async def pod_event(namespace: str, labels: dict, **_) -> None:
 
 @kopf.on.event("", "v1", "configmaps", labels=SHARD_OBJECTS)
 async def configmap_event(namespace: str, labels: dict, **_) -> None:
+    shard = labels.get(naming.LABEL_SHARD)
+    if shard:
+        RUNTIME.enqueue(("shard", namespace, shard))
+
+
+@kopf.on.event("", "v1", "pods", labels=EXECUTOR_PODS)
+async def executor_event(namespace: str, labels: dict, **_) -> None:
     shard = labels.get(naming.LABEL_SHARD)
     if shard:
         RUNTIME.enqueue(("shard", namespace, shard))

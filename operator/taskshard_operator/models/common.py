@@ -85,6 +85,12 @@ class ConditionType(StrEnum):
       under way); False once settled.
     - ``Degraded``: True when something needs attention (an invalid spec, a failing pod, a drain without a
       manifest); the message names the field or the pod and what to do.
+    - ``Scaled``: Task only: True while the active shards are as many as ``spec.shards`` (or it is unset); False
+      while the operator splits towards it (reasons SplittingShard, WaitingForSplit) or refuses to scale down
+      (MergeUnavailable).
+    - ``ExecutorsReady``: TaskShard only, for a Task with executors (``spec.spark.executors.instances > 0``): True
+      while at least that many of the shard's executor pods run; False names each executor pod that does not run
+      and why (reasons ExecutorsPending, ExecutorsStarting, DriverNotRunning).
     """
 
     READY = "Ready"
@@ -93,12 +99,14 @@ class ConditionType(StrEnum):
     SPLIT_REJECTED = "SplitRejected"
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
+    SCALED = "Scaled"
+    EXECUTORS_READY = "ExecutorsReady"
 
 
 C = ConditionType
-SHARD_CONDITION_TYPES = (C.READY, C.PROGRESSING, C.DEGRADED, C.SPLITTING, C.SPLIT_REJECTED)
+SHARD_CONDITION_TYPES = (C.READY, C.PROGRESSING, C.DEGRADED, C.SPLITTING, C.SPLIT_REJECTED, C.EXECUTORS_READY)
 """The condition types the operator writes on a TaskShard (and the CRD advertises: generated from this)."""
-TASK_CONDITION_TYPES = (C.READY, C.PROGRESSING, C.DEGRADED, C.TILED, C.SPLITTING)
+TASK_CONDITION_TYPES = (C.READY, C.PROGRESSING, C.DEGRADED, C.TILED, C.SPLITTING, C.SCALED)
 """The condition types the operator writes on a Task (and the CRD advertises: generated from this)."""
 
 

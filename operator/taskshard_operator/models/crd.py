@@ -2,8 +2,8 @@
 
 The models are the one source of truth: :func:`build_crds` turns their JSON schemas into Kubernetes structural
 schemas (``$ref`` inlined, ``Optional`` unwrapped, titles dropped, CEL rules kept) and adds names, printer
-columns and the status subresource. ``hack/gen_crds.py`` writes the result to ``crds/``; a unit test fails when
-the files drift from :func:`render_crds`.
+columns, the status subresource and the Task's scale subresource. ``hack/gen_crds.py`` writes the result to
+``crds/``; a unit test fails when the files drift from :func:`render_crds`.
 """
 
 from __future__ import annotations
@@ -92,7 +92,21 @@ def _root_schema(
     return schema
 
 
-def _crd(kind: str, plural: str, short: str, schema: dict, columns: list[dict]) -> dict[str, Any]:
+SCALE_SUBRESOURCE = {
+    "specReplicasPath": ".spec.shards",
+    "statusReplicasPath": ".status.shards",
+    "labelSelectorPath": ".status.selector",
+}
+"""The Task's scale subresource: ``kubectl scale task NAME --replicas N`` (and a HorizontalPodAutoscaler or KEDA)
+sets ``spec.shards``; the replicas it reads back are the active shards, the selector the shard pods'."""
+
+
+def _crd(
+    kind: str, plural: str, short: str, schema: dict, columns: list[dict], scale: dict | None = None
+) -> dict[str, Any]:
+    subresources: dict[str, Any] = {"status": {}}
+    if scale is not None:
+        subresources["scale"] = scale
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -114,7 +128,7 @@ def _crd(kind: str, plural: str, short: str, schema: dict, columns: list[dict]) 
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": schema},
-                    "subresources": {"status": {}},
+                    "subresources": subresources,
                     "additionalPrinterColumns": columns,
                 }
             ],
@@ -141,6 +155,12 @@ def build_crds() -> dict[str, dict[str, Any]]:
         _root_schema("Task", TaskSpec, TaskStatus, [], metadata=TASK_METADATA_SCHEMA),
         [
             _column("Shards", "integer", ".status.shards", "Number of active shards."),
+            _column(
+                "Desired",
+                "integer",
+                ".spec.shards",
+                "spec.shards, the desired active shards (kubectl scale); empty when the count is left to splits.",
+            ),
             _column("Phase", "string", ".status.phase", "Lifecycle phase of the task."),
             _column(
                 "Ready",
@@ -153,6 +173,7 @@ def build_crds() -> dict[str, dict[str, Any]]:
             _column("Key Groups", "integer", ".spec.maxKeyGroups", "maxKeyGroups of the task.", priority=1),
             _AGE,
         ],
+        scale=SCALE_SUBRESOURCE,
     )
     shard = _crd(
         "TaskShard",
@@ -178,6 +199,13 @@ def build_crds() -> dict[str, dict[str, Any]]:
             _column("Lag", "integer", ".status.live.lag", "Input not yet processed (Kafka: records; journal: bytes)."),
             _column("Last Batch", "integer", ".status.live.batchId", "Last committed micro-batch id."),
             _column("Restarts", "integer", ".status.restarts", "Driver pod restarts.", priority=1),
+            _column(
+                "Executors",
+                "integer",
+                ".status.executors.running",
+                "Executor pods running (of status.executors.requested; why not: the ExecutorsReady condition).",
+                priority=1,
+            ),
             _AGE,
         ],
     )

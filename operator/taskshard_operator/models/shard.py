@@ -21,6 +21,7 @@ from .common import SHARD_CONDITION_TYPES, Condition, KeyGroups, LiveCommon, Loc
 __all__ = [
     "ROOT_RULES",
     "CheckpointRef",
+    "ExecutorsStatus",
     "Lineage",
     "RestoreFrom",
     "ShardPhase",
@@ -353,6 +354,17 @@ class ShardLive(LiveCommon):
     emitting: bool = Field(default=False, description="Whether it writes to its sink (a split child: once live).")
 
 
+class ExecutorsStatus(K8sModel):
+    """The shard's Spark executor pods (created by its driver) as the operator last saw them; only for a Task with
+    executors. Why executors do not run is in the ExecutorsReady condition."""
+
+    requested: int = Field(ge=0, description="Executors the Task asks for (spec.spark.executors.instances).")
+    running: int = Field(ge=0, description="Executor pods in phase Running (pods being deleted do not count).")
+    pending: int = Field(
+        ge=0, description="Executor pods created and not running yet (phase Pending; pods being deleted do not count)."
+    )
+
+
 class TaskShardStatus(K8sModel):
     """Observed state of a shard, written by the operator only (status subresource)."""
 
@@ -383,6 +395,12 @@ class TaskShardStatus(K8sModel):
     pod: str | None = Field(default=None, max_length=253, description="Name of the current driver pod of this shard.")
     lineage: Lineage | None = Field(default=None, description="Parent and children of this shard.")
     live: ShardLive | None = Field(default=None, description="Rate, lag and last batch of the running shard.")
+    executors: ExecutorsStatus | None = Field(
+        default=None,
+        description="Executor pods of the shard's driver: requested, running, pending. Absent for a Task without "
+        "executors and in phases without a driver that runs them (Drained, ChildrenCreated, Split, AbortingSplit, "
+        "Suspended, Stopped).",
+    )
 
 
 ROOT_RULES = [

@@ -8,7 +8,8 @@ in messages (``FIELD_PATH``), sub-objects typed as these subclasses, and the CRD
 
 Single-object invariants are CEL rules in the CRD and mirrored by pydantic validators (those of the
 sub-objects are the runtime's, inherited; those of the whole spec are here): exactly one of each kind (processor,
-source, sink, storage, volume), ``sum`` needs ``field``, ``initialShards <= maxKeyGroups``, no ``spark.conf``
+source, sink, storage, volume), ``sum`` needs ``field``, ``initialShards <= maxKeyGroups`` and
+``shards <= maxKeyGroups``, no ``spark.conf``
 key the protocol owns (``spark_runtime.reserved_conf``), with ``partitionedByKey`` a ``maxKeyGroups`` that is a
 multiple of the source's partition count (and, for Kafka, that count declared); ``maxKeyGroups``, ``keyField``,
 ``storage``, ``partitionedByKey`` and, with it, the partition count are immutable (changing them would orphan or
@@ -17,6 +18,7 @@ re-key state).
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
@@ -39,6 +41,7 @@ from .base import (
     validations,
 )
 from .common import TASK_CONDITION_TYPES, Condition, LiveCommon, enumerate_values
+from .shard import SplitBy
 
 __all__ = [
     "BuiltinProcessor",
@@ -53,6 +56,7 @@ __all__ = [
     "PersistentVolumeClaimRef",
     "EnvVar",
     "S3Storage",
+    "ScalingDecision",
     "ShardSummary",
     "SinkSpec",
     "SourceSpec",
@@ -60,6 +64,7 @@ __all__ = [
     "StorageSpec",
     "Task",
     "TaskPhase",
+    "TaskScaling",
     "TaskSpec",
     "TaskStatus",
     "VolumeSpec",
@@ -478,6 +483,15 @@ class SparkSpec(K8sModel):
         return self
 
 
+SHARDS_LIMIT_REASON = "each shard owns one key group or more, so a Task has at most maxKeyGroups shards"
+
+
+def shards_over_limit_message(shards: int, max_key_groups: int) -> str:
+    """The error of a ``spec.shards`` above ``maxKeyGroups`` (the CRD's CEL messageExpression builds the same text),
+    e.g. ``spec.shards: 9999 must be at most spec.maxKeyGroups (16): each shard owns ...``."""
+    return f"spec.shards: {shards} must be at most spec.maxKeyGroups ({max_key_groups}): {SHARDS_LIMIT_REASON}"
+
+
 class CheckpointRetention(StrEnum):
     """What happens to checkpoints and snapshots when the Task is deleted."""
 
@@ -494,6 +508,15 @@ class TaskSpec(K8sModel):
                 "!has(self.initialShards) || self.initialShards <= self.maxKeyGroups",
                 "spec.initialShards must be at most spec.maxKeyGroups (each shard needs one key group or more)",
                 field_path=".initialShards",
+            ),
+            cel(
+                "!has(self.shards) || self.shards <= self.maxKeyGroups",
+                f"spec.shards must be at most spec.maxKeyGroups: {SHARDS_LIMIT_REASON}",
+                field_path=".shards",
+                message_expression=(
+                    f"'spec.shards: %d must be at most spec.maxKeyGroups (%d): {SHARDS_LIMIT_REASON}'"
+                    ".format([self.shards, self.maxKeyGroups])"
+                ),
             ),
             _multiple_rule("journal"),
             _multiple_rule("kafka"),
@@ -514,15 +537,27 @@ class TaskSpec(K8sModel):
         ge=1,
         le=MAX_KEY_GROUPS_LIMIT,
         description="Shards created with the task (1..maxKeyGroups, default 1). Immutable: to scale a running "
-        "task, split a shard (kubectl edit taskshard NAME: spec.split.requested: true).",
+        "task, set spec.shards (kubectl scale task NAME --replicas N) or split a shard (kubectl edit taskshard "
+        "NAME: spec.split.requested: true).",
         json_schema_extra=validations(
             cel(
                 "self == oldSelf",
                 "spec.initialShards is immutable: it only sets the shards a new task starts with, and changing it "
-                "would create shards over ranges that running shards own; to scale, split a shard (kubectl edit "
-                "taskshard NAME: spec.split.requested: true)",
+                "would create shards over ranges that running shards own; to scale, set spec.shards (kubectl scale "
+                "task NAME --replicas N) or split a shard (kubectl edit taskshard NAME: spec.split.requested: true)",
             )
         ),
+    )
+    shards: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_KEY_GROUPS_LIMIT,
+        description="The desired number of active shards (1..maxKeyGroups), the replicas of the scale subresource "
+        "(kubectl scale task NAME --replicas N, a HorizontalPodAutoscaler, KEDA). While it is above the active "
+        "shards, the operator splits one shard at a time: the one with the most input rows over the last five "
+        "minutes, by load when it has a load map, else at the midpoint. Below is refused (condition "
+        "Scaled=False, reason MergeUnavailable): shards cannot merge yet. Unset (default): the operator never "
+        "changes the shard count on its own. Not part of the shard template: changing it rolls no shard.",
     )
     key_field: str = Field(
         default="key",
@@ -560,6 +595,8 @@ class TaskSpec(K8sModel):
             raise ValueError(
                 f"spec.initialShards: {self.initial_shards} must be at most spec.maxKeyGroups ({self.max_key_groups})"
             )
+        if self.shards is not None and self.shards > self.max_key_groups:
+            raise ValueError(shards_over_limit_message(self.shards, self.max_key_groups))
         partitions = self.source.nested_partitions
         if partitions is not None and self.max_key_groups % partitions:
             raise ValueError(not_a_multiple_message(self.max_key_groups, self.source.kind, partitions))
@@ -603,6 +640,43 @@ class ShardSummary(K8sModel):
     phase: str | None = Field(default=None, max_length=32, description="Its phase.")
 
 
+class ScalingDecision(StrEnum):
+    """What the operator last decided about ``spec.shards`` (``status.scaling.decision``; see
+    ``taskshard_operator.scaling``)."""
+
+    NO_CHANGE = "NoChange"
+    """The active shards are as many as ``spec.shards``."""
+    WAIT = "Wait"
+    """More shards are wanted, but no split can start now (a split in progress, a shard not running and emitting,
+    a roll, a suspension): the next split starts once that is over."""
+    SPLIT = "Split"
+    """More shards are wanted: the operator set ``spec.split`` on ``status.scaling.shard``."""
+    REFUSE_SCALE_DOWN = "RefuseScaleDown"
+    """Fewer shards are wanted: refused, shards cannot merge yet; the Task keeps its shards."""
+
+
+class TaskScaling(K8sModel):
+    """The operator's last decision about ``spec.shards`` (absent while spec.shards is unset)."""
+
+    desired_shards: int = Field(ge=1, le=MAX_KEY_GROUPS_LIMIT, description="spec.shards the decision was made for.")
+    active_shards: int = Field(ge=0, le=MAX_KEY_GROUPS_LIMIT, description="Active shards when it was made.")
+    decision: ScalingDecision = Field(description=f"The decision: {enumerate_values(ScalingDecision)}.")
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="CamelCase reason, as in the Scaled condition.",
+    )
+    message: str = Field(default="", max_length=32768, description="What was decided and why.")
+    shard: str | None = Field(
+        default=None, max_length=253, description="Decision Split: the TaskShard whose spec.split was set."
+    )
+    by: SplitBy | None = Field(default=None, description="Decision Split: how its split point is chosen.")
+    last_transition_time: datetime = Field(
+        description="When the decision, its reason, spec.shards or the shard last changed (RFC 3339 date-time)."
+    )
+
+
 class TaskLive(LiveCommon):
     """The sum over the Task's active shards' ``status.live`` (written at most once per scrape interval)."""
 
@@ -634,6 +708,15 @@ class TaskStatus(K8sModel):
         description="Hash of the shard template (spark, processor, source, sink) the shards run; a change rolls them.",
     )
     live: TaskLive | None = Field(default=None, description="Rate, lag and dead letters summed over its shards.")
+    selector: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Label selector of the Task's shard pods (and TaskShards): the scale subresource's "
+        "labelSelectorPath, which a HorizontalPodAutoscaler uses to find the pods it measures.",
+    )
+    scaling: TaskScaling | None = Field(
+        default=None, description="The last decision about spec.shards (absent while spec.shards is unset)."
+    )
 
 
 class Task(K8sModel):

@@ -1,0 +1,276 @@
+"""Scaling a Task to ``spec.shards``: what to do about it, decided by a pure function (the Task pass acts on it).
+
+``spec.shards`` is the desired number of active shards, the replicas of the Task's scale subresource:
+``kubectl scale task NAME --replicas N``, a HorizontalPodAutoscaler or KEDA set it. Shards can only split today,
+so the count can only grow. :func:`decide_scaling` applies these rules, in this order, on every Task pass:
+
+1. ``spec.shards`` unset: nothing to do (NoChange; condition ``Scaled=True`` reason NotRequested). The operator
+   never changes the shard count on its own; shards split only when someone sets a TaskShard's ``spec.split``.
+2. Fewer than the active shards: refused (RefuseScaleDown; ``Scaled=False`` reason MergeUnavailable, and one
+   Warning event ScaleDownUnavailable per change of ``spec.shards``). Nothing changes: scaling down needs
+   merging shards, which does not exist yet. A split already in progress goes on.
+3. As many as the active shards: nothing to do (NoChange; ``Scaled=True`` reason DesiredShards).
+4. More than the active shards: **one split at a time, on a quiet Task**. Wait (Wait; ``Scaled=False`` reason
+   WaitingForSplit, the message says for what) while
+
+   - the Task pass reports a reason not to act (``blocked``: the active shards do not tile, initial shards are
+     still being created, a template roll is under way, ``spec.suspend`` is true);
+   - any shard of the Task is in a split phase (SplitRequested, Draining, Drained, ChildrenCreated,
+     AbortingSplit), or an active one has a ``spec.split`` request its own pass has not decided yet (the
+     generation is not observed): never a second split while one is being handed over, whoever asked for it;
+   - any active shard is not Running, or runs but does not emit yet (its Ready condition is not True: a split
+     child finishing its hand-over, a shard starting its query);
+   - the Task counts load maps (``spark.taskshard.keyGroupMetrics: "true"``) and a shard that could be split has
+     none yet, for at most :data:`LOAD_GRACE_SECONDS` after it started emitting (``awaiting_load``): the
+     children of a split just done are then compared by their input rows, not by width alone.
+
+   Otherwise split one shard S (Split; ``Scaled=False`` reason SplittingShard, a Normal event ScalingUp): the
+   active shard of two or more key groups with the most input rows over the load window (its load map:
+   ``taskshard_operator.live``, :data:`~taskshard_operator.live.LOAD_WINDOW_SECONDS`); ties and shards without
+   load data: the widest range, then key-group order. The point: ``by: load`` (where S's rows divide in half)
+   when S's load map counted rows in its range, else ``by: midpoint`` (also when S's last split request was
+   refused, so a refused ``by: load`` is not asked again). The Task pass sets S's
+   ``spec.split: {requested: true, by: ...}``; the split protocol (``split_protocol``) does the rest.
+
+So 1 -> 3 shards is two consecutive splits: the second shard is chosen only once the first split is over
+(both children Running and emitting, the parent Split: no longer an owner). It is idempotent: a request that S's
+pass has not taken yet makes the next pass wait instead of patching again, and a request that would repeat a
+refused one exactly is not made. Lowering ``spec.shards`` does not withdraw a split already requested (withdraw
+it by hand, ``spec.split.requested: false``, before the hand-over); withdrawing a split while ``spec.shards``
+still asks for more shards makes the next pass ask again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spark_runtime.keygroups import KeyGroupRange
+from taskshard_operator import planner
+from taskshard_operator import status as st
+from taskshard_operator.live import Scraped
+from taskshard_operator.models.shard import ShardPhase, SplitBy
+from taskshard_operator.models.task import ScalingDecision
+
+__all__ = [
+    "DESIRED_SHARDS",
+    "LOAD_GRACE_SECONDS",
+    "MERGE_UNAVAILABLE",
+    "NOT_REQUESTED",
+    "SPLITTING_SHARD",
+    "WAITING_FOR_SPLIT",
+    "Scaling",
+    "ShardLoad",
+    "SplitAsk",
+    "decide_scaling",
+    "rows_in_range",
+    "scale_down_message",
+    "shard_load",
+    "split_ask",
+    "split_request",
+]
+
+NOT_REQUESTED = "NotRequested"
+DESIRED_SHARDS = "DesiredShards"
+SPLITTING_SHARD = "SplittingShard"
+WAITING_FOR_SPLIT = "WaitingForSplit"
+MERGE_UNAVAILABLE = "MergeUnavailable"
+
+LOAD_GRACE_SECONDS = 60.0
+"""How long after a shard started emitting (its Ready condition turned True) the scaler waits for its first load
+map (a scrape of its pod, every ``--live-status-seconds``) before it chooses without it, when the Task counts
+load maps."""
+
+NO_LOAD_DATA = (
+    'no load data (spark.taskshard.keyGroupMetrics is not "true" in the Task\'s spark.conf, or no scrape yet)'
+)
+NO_ROWS = "no input rows in the load window"
+
+
+@dataclass(frozen=True)
+class ShardLoad:
+    """A shard's input rows in its own range over the load window, from its current pod's load map."""
+
+    rows: float
+    seconds: float
+    """The time the rows cover; 0 when they hold everything since the pod's runtime started."""
+
+    def describe(self) -> str:
+        window = f"in the last {self.seconds:.0f} s" if self.seconds else "since its pod started"
+        return f"{int(self.rows):,} {window}"
+
+
+@dataclass(frozen=True)
+class SplitAsk:
+    """A shard's ``spec.split`` as the scaler sees it."""
+
+    split: Mapping[str, Any] | None
+    pending: bool = False
+    """Requested, and the shard's pass has not decided on it yet (its generation is not observed)."""
+    refused: bool = False
+    """Requested, decided, and refused (condition SplitRejected=True)."""
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """The decision: what to write in ``status.scaling`` and the Scaled condition, and for Split the shard."""
+
+    decision: ScalingDecision
+    reason: str
+    message: str
+    desired: int | None
+    active: int
+    shard: str | None = None
+    by: SplitBy | None = None
+
+    @property
+    def scaled(self) -> bool:
+        """The Scaled condition's status: True while nothing is to be done."""
+        return self.decision == ScalingDecision.NO_CHANGE
+
+
+def rows_in_range(key_groups: KeyGroupRange, load: Mapping[tuple[int, int], float]) -> float:
+    """The rows of ``load`` (rows per ``(start, end)`` bucket) that fall in ``key_groups`` (a bucket that reaches
+    past the range counts in proportion, its rows spread evenly over its key groups)."""
+    total = 0.0
+    for (a, b), n in load.items():
+        lo, hi = max(a, key_groups.start), min(b, key_groups.end)
+        if hi > lo and b > a and n > 0:
+            total += float(n) * (hi - lo) / (b - a)
+    return total
+
+
+def shard_load(key_groups: KeyGroupRange, scraped: Scraped | None, pod_ip: str | None) -> ShardLoad | None:
+    """The shard's load over the window from its last scrape, as the split protocol reads it for ``by: load``:
+    None without a load map, or when the scrape is of another pod than the one running now."""
+    if scraped is None or not scraped.stats.key_group_rows or scraped.pod_ip != pod_ip:
+        return None
+    return ShardLoad(rows_in_range(key_groups, scraped.load), scraped.load_seconds)
+
+
+def split_ask(shard: Mapping[str, Any]) -> SplitAsk:
+    """The :class:`SplitAsk` of a TaskShard object."""
+    split = (shard.get("spec") or {}).get("split")
+    if not planner.split_requested(split):
+        return SplitAsk(split)
+    status = shard.get("status") or {}
+    if (shard.get("metadata") or {}).get("generation") != status.get("observedGeneration"):
+        return SplitAsk(split, pending=True)
+    rejected = st.get_condition(status.get("conditions"), st.SPLIT_REJECTED) or {}
+    return SplitAsk(split, refused=rejected.get("status") == "True")
+
+
+def split_request(by: SplitBy, current: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``spec.split`` merge patch that asks for a split ``by`` (an ``at`` left from an earlier request is
+    removed: it would override ``by``)."""
+    request: dict[str, Any] = {"requested": True, "by": by.value}
+    if (current or {}).get("at") is not None:
+        request["at"] = None
+    return request
+
+
+def scale_down_message(desired: int, active: int) -> str:
+    return (
+        f"spec.shards is {desired} but the Task has {active} active shards: scaling down needs merging shards, "
+        f"which this version does not do yet; the Task keeps {active} shards"
+    )
+
+
+def _names(views: Iterable[planner.ShardView], limit: int = 5) -> str:
+    items = [f"{v.name} ({v.phase.value})" for v in views]
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
+
+
+def decide_scaling(
+    desired: int | None,
+    views: Sequence[planner.ShardView],
+    *,
+    ready: Collection[str],
+    loads: Mapping[str, ShardLoad],
+    asks: Mapping[str, SplitAsk],
+    blocked: str | None = None,
+    awaiting_load: Collection[str] = (),
+) -> Scaling:
+    """Decide about ``spec.shards`` (see the module docstring for the rules).
+
+    ``views`` are all the Task's shards (``views.shard_views``); ``ready`` the names of those whose Ready
+    condition is True; ``loads`` the active shards' load over the window (absent: no load data); ``asks`` their
+    ``spec.split`` (absent: none); ``blocked`` why the Task pass must not start a split now, or None;
+    ``awaiting_load`` the shards whose first load map is expected soon (see :data:`LOAD_GRACE_SECONDS`).
+    """
+    active = planner.owners(views)
+    count = len(active)
+    if desired is None:
+        message = "spec.shards is not set: the shard count changes only when a shard is split by hand (spec.split)"
+        return Scaling(ScalingDecision.NO_CHANGE, NOT_REQUESTED, message, None, count)
+    if desired < count:
+        return Scaling(
+            ScalingDecision.REFUSE_SCALE_DOWN, MERGE_UNAVAILABLE, scale_down_message(desired, count), desired, count
+        )
+    if desired == count:
+        message = f"{count} active shards, as spec.shards asks"
+        return Scaling(ScalingDecision.NO_CHANGE, DESIRED_SHARDS, message, desired, count)
+
+    want = f"spec.shards {desired} > {count} active shards"
+
+    def wait(why: str) -> Scaling:
+        return Scaling(ScalingDecision.WAIT, WAITING_FOR_SPLIT, f"{want}; waiting: {why}", desired, count)
+
+    if blocked:
+        return wait(blocked)
+    splitting = [v for v in views if v.phase.splitting]
+    if splitting:
+        return wait(f"the split of {_names(splitting)} is in progress (one split at a time)")
+    pending = [v for v in active if (ask := asks.get(v.name)) is not None and ask.pending]
+    if pending:
+        return wait(f"{_names(pending)} has a split request (spec.split) its pass has not taken yet")
+    not_running = [v for v in active if v.phase != ShardPhase.RUNNING]
+    if not_running:
+        return wait(f"{_names(not_running)} not Running yet (a split starts only when every active shard runs)")
+    silent = [v for v in active if v.name not in ready]
+    if silent:
+        return wait(f"{_names(silent)} running but not emitting yet (starting its query or finishing a hand-over)")
+    candidates = [v for v in active if v.key_groups.size >= 2]
+    if not candidates:
+        return wait("no active shard has two or more key groups")
+    unmeasured = [v for v in candidates if v.name in awaiting_load and v.name not in loads]
+    if unmeasured:
+        return wait(
+            f"the first load map of {_names(unmeasured)} (a scrape of its pod, at most {LOAD_GRACE_SECONDS:.0f} s "
+            "after it started emitting), to choose the shard to split by input rows"
+        )
+
+    def rows(v: planner.ShardView) -> float:
+        load = loads.get(v.name)
+        return load.rows if load is not None else 0.0
+
+    chosen = min(candidates, key=lambda v: (-rows(v), -v.key_groups.size, v.key_groups.start))
+    load = loads.get(chosen.name)
+    ask = asks.get(chosen.name) or SplitAsk(None)
+    by = SplitBy.LOAD if load is not None and load.rows > 0 and not ask.refused else SplitBy.MIDPOINT
+    if ask.refused and dict(ask.split or {}) == {"requested": True, "by": by.value}:
+        return wait(
+            f"TaskShard {chosen.name} already asks for this split and its pass refused it: see its SplitRejected "
+            "condition"
+        )
+    if load is not None and load.rows > 0:
+        why = f"TaskShard {chosen.name} has the most input rows ({load.describe()})"
+    else:
+        none = NO_ROWS if any(loads.get(v.name) is not None for v in candidates) else NO_LOAD_DATA
+        why = f"{none}: TaskShard {chosen.name} {chosen.key_groups} is the widest"
+    how = "by load (where its input rows divide in half)" if by == SplitBy.LOAD else "at the midpoint"
+    if ask.refused:
+        how += " (its last split request was refused)"
+    more = desired - count - 1
+    after = f"; {more} more split{'s' if more > 1 else ''} after this one, one at a time" if more else ""
+    return Scaling(
+        ScalingDecision.SPLIT,
+        SPLITTING_SHARD,
+        f"{want}; {why}; splitting it {how}{after}",
+        desired,
+        count,
+        shard=chosen.name,
+        by=by,
+    )
