@@ -214,33 +214,66 @@ def decide_scaling(
         return Scaling(ScalingDecision.NO_CHANGE, DESIRED_SHARDS, message, desired, count)
 
     want = f"spec.shards {desired} > {count} active shards"
+    why_wait = _reason_to_wait(
+        views, active, ready=ready, loads=loads, asks=asks, blocked=blocked, awaiting_load=awaiting_load
+    )
+    if why_wait is not None:
+        return Scaling(ScalingDecision.WAIT, WAITING_FOR_SPLIT, f"{want}; waiting: {why_wait}", desired, count)
+    return _split_busiest(want, desired, count, active, loads=loads, asks=asks)
 
-    def wait(why: str) -> Scaling:
-        return Scaling(ScalingDecision.WAIT, WAITING_FOR_SPLIT, f"{want}; waiting: {why}", desired, count)
 
+def _reason_to_wait(
+    views: Sequence[planner.ShardView],
+    active: Sequence[planner.ShardView],
+    *,
+    ready: Collection[str],
+    loads: Mapping[str, ShardLoad],
+    asks: Mapping[str, SplitAsk],
+    blocked: str | None,
+    awaiting_load: Collection[str],
+) -> str | None:
+    """Rule 4's reasons to start no split now (the first that applies), or None: the Task is quiet."""
     if blocked:
-        return wait(blocked)
+        return blocked
     splitting = [v for v in views if v.phase.splitting]
     if splitting:
-        return wait(f"the split of {_names(splitting)} is in progress (one split at a time)")
+        return f"the split of {_names(splitting)} is in progress (one split at a time)"
     pending = [v for v in active if (ask := asks.get(v.name)) is not None and ask.pending]
     if pending:
-        return wait(f"{_names(pending)} has a split request (spec.split) its pass has not taken yet")
+        return f"{_names(pending)} has a split request (spec.split) its pass has not taken yet"
     not_running = [v for v in active if v.phase != ShardPhase.RUNNING]
     if not_running:
-        return wait(f"{_names(not_running)} not Running yet (a split starts only when every active shard runs)")
+        return f"{_names(not_running)} not Running yet (a split starts only when every active shard runs)"
     silent = [v for v in active if v.name not in ready]
     if silent:
-        return wait(f"{_names(silent)} running but not emitting yet (starting its query or finishing a hand-over)")
+        return f"{_names(silent)} running but not emitting yet (starting its query or finishing a hand-over)"
     candidates = [v for v in active if v.key_groups.size >= 2]
     if not candidates:
-        return wait("no active shard has two or more key groups")
+        return "no active shard has two or more key groups"
     unmeasured = [v for v in candidates if v.name in awaiting_load and v.name not in loads]
     if unmeasured:
-        return wait(
+        return (
             f"the first load map of {_names(unmeasured)} (a scrape of its pod, at most {LOAD_GRACE_SECONDS:.0f} s "
             "after it started emitting), to choose the shard to split by input rows"
         )
+    return None
+
+
+def _split_busiest(
+    want: str,
+    desired: int,
+    count: int,
+    active: Sequence[planner.ShardView],
+    *,
+    loads: Mapping[str, ShardLoad],
+    asks: Mapping[str, SplitAsk],
+) -> Scaling:
+    """Rule 4 on a quiet Task: split the shard with the most input rows (widest without load data), by load when
+    it counted rows; wait instead of repeating a request its pass refused."""
+    candidates = [v for v in active if v.key_groups.size >= 2]
+
+    def wait(why: str) -> Scaling:
+        return Scaling(ScalingDecision.WAIT, WAITING_FOR_SPLIT, f"{want}; waiting: {why}", desired, count)
 
     def rows(v: planner.ShardView) -> float:
         load = loads.get(v.name)
