@@ -361,7 +361,8 @@ class SparkSettings(_Model):
     bytes admitted per micro-batch, over all partitions; default unlimited) and
     ``spark.taskshard.partitionBytes`` (the largest byte range one Spark task reads; default 32 MiB) and
     ``spark.taskshard.keyGroupMetrics`` (``true``: count input rows per key group, the load map; see
-    :mod:`spark_runtime.live`).
+    :mod:`spark_runtime.live`) and ``spark.taskshard.stateMapSeconds`` (with the load map: how often to count state
+    rows per key group, the state map; default 60, 0: never; :mod:`spark_runtime.state_map`).
     """
 
     master: str = Field(default="local[2]", min_length=1, max_length=1024)
@@ -448,6 +449,7 @@ class ShardConfig(_Model):
             raise ValueError(
                 f"spark.conf.{live.KEY_GROUP_METRICS_CONF}: {enabled!r} is invalid: expected true or false"
             )
+        live.state_map_seconds(self.spark.conf)  # raises ValueError naming the key for a bad value
         return self
 
     @property

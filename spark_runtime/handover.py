@@ -147,6 +147,11 @@ class ParentHandover:
             return f"children ready: {names}"
         return None
 
+    @property
+    def handing_over(self) -> bool:
+        """Whether a catch-up child asked this shard for its state (a pre-copy started): a split is under way."""
+        return self._exporting is not None or self._precopy is not None
+
     def catch_up_only(self) -> bool:
         """Whether every key group's ready child caught up (the final drain then exports nothing)."""
         _, ready = self.notes()

@@ -31,6 +31,10 @@ series carries the labels ``task`` and ``shard``. Names (:class:`Metric`):
 ``taskshard_shard_key_group_rows_total``          counter   input rows per bucket of key groups (label ``key_groups``
                                                             = ``<start>-<end>``; at most :data:`KEY_GROUP_BUCKETS`
                                                             buckets; only with :data:`KEY_GROUP_METRICS_CONF`)
+``taskshard_shard_key_group_state_rows``          gauge     state rows per bucket of key groups (label ``key_groups``,
+                                                            the buckets of the load map) at the batch below: the
+                                                            state map (only with :data:`KEY_GROUP_METRICS_CONF`)
+``taskshard_shard_state_map_batch``               gauge     the committed batch the state map counts (absent: none)
 ``taskshard_shard_writer_epoch``                  gauge     this runtime's writer epoch (0: none claimed yet)
 ================================================  ========  ==========================================================
 """
@@ -50,9 +54,11 @@ __all__ = [
     "METRICS_PORT",
     "PORT_NAME",
     "RATE_WINDOW_SECONDS",
+    "STATE_MAP_SECONDS_CONF",
     "LiveStats",
     "Metric",
     "live_stats",
+    "state_map_seconds",
 ]
 
 METRICS_PORT = 9108
@@ -74,9 +80,34 @@ KEY_GROUP_METRICS_CONF = "spark.taskshard.keyGroupMetrics"
 cost about a tenth of the native path's throughput (docs/benchmarks.md)."""
 
 
+STATE_MAP_SECONDS_CONF = "spark.taskshard.stateMapSeconds"
+"""Spark conf key: how often (seconds, at most) the runtime counts its state rows per key group, the state map a
+``by: state`` split point is chosen from (:mod:`spark_runtime.state_map`). Only with :data:`KEY_GROUP_METRICS_CONF`;
+``0`` turns the state map alone off."""
+DEFAULT_STATE_MAP_SECONDS = 60.0
+
+
 def key_group_metrics_enabled(conf: Mapping[str, str]) -> bool:
     """Whether a shard's Spark conf asks for the load map (:data:`KEY_GROUP_METRICS_CONF`)."""
     return str(conf.get(KEY_GROUP_METRICS_CONF, "false")).lower() == "true"
+
+
+def state_map_seconds(conf: Mapping[str, str]) -> float:
+    """Seconds between two counts of the state map (0: no state map: the load map is off, or
+    :data:`STATE_MAP_SECONDS_CONF` is 0). Raises ValueError naming the key for a value that is not a number >= 0."""
+    raw = conf.get(STATE_MAP_SECONDS_CONF)
+    seconds = DEFAULT_STATE_MAP_SECONDS
+    if raw is not None:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds < float("inf"):
+            raise ValueError(
+                f"spark.conf.{STATE_MAP_SECONDS_CONF}: {raw!r} is invalid: expected a number of seconds >= 0 (0: no "
+                f"state map), e.g. {DEFAULT_STATE_MAP_SECONDS:g}"
+            )
+    return seconds if key_group_metrics_enabled(conf) else 0.0
 
 
 def key_group_buckets(start: int, end: int, buckets: int = KEY_GROUP_BUCKETS) -> list[tuple[int, int]]:
@@ -129,6 +160,8 @@ class Metric(StrEnum):
     EMITTING = "taskshard_shard_emitting"
     WRITER_EPOCH = "taskshard_shard_writer_epoch"
     KEY_GROUP_ROWS = "taskshard_shard_key_group_rows"  # counter, label key_groups="<start>-<end>"
+    KEY_GROUP_STATE_ROWS = "taskshard_shard_key_group_state_rows"  # gauge, label key_groups="<start>-<end>"
+    STATE_MAP_BATCH = "taskshard_shard_state_map_batch"
 
 
 @dataclass(frozen=True)
@@ -146,6 +179,10 @@ class LiveStats:
     emitting: bool
     key_group_rows: Mapping[str, float] = field(default_factory=dict)
     """The load map: input rows per bucket label ``"<a>-<b>"`` since the runtime started (empty when it is off)."""
+    key_group_state_rows: Mapping[str, float] = field(default_factory=dict)
+    """The state map: state rows per bucket label ``"<a>-<b>"`` at :attr:`state_map_batch` (empty: none yet)."""
+    state_map_batch: int | None = None
+    """The committed batch the state map counts (None: no state map)."""
 
     def to_status(self, *, observed_at: str) -> dict[str, Any]:
         """The ``status.live`` object; ``rate`` rounded to 0.1 rows/s so that noise does not cause writes."""
@@ -165,6 +202,8 @@ class LiveStats:
             out["lagUnit"] = self.lag_unit
         if self.state_rows is not None:
             out["stateRows"] = self.state_rows
+        if self.state_map_batch is not None:
+            out["stateMapBatch"] = self.state_map_batch
         return out
 
 
@@ -173,13 +212,21 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
     caller's: ``prometheus_client.parser``); None when the scrape holds no shard metrics (not a shard runtime)."""
     values: dict[str, float] = {}
     key_group_rows: dict[str, float] = {}
+    key_group_state_rows: dict[str, float] = {}
     lag_unit: str | None = None
     for name, labels, value in samples:
         if name == Metric.LAG:
             lag_unit = labels.get("unit")
         if name == f"{Metric.KEY_GROUP_ROWS}_total" and labels.get("key_groups"):
             key_group_rows[labels["key_groups"]] = float(value)
-        labelled = (Metric.BATCH_DURATION, Metric.PARTITION_LAG, f"{Metric.KEY_GROUP_ROWS}_total")
+        if name == Metric.KEY_GROUP_STATE_ROWS and labels.get("key_groups"):
+            key_group_state_rows[labels["key_groups"]] = float(value)
+        labelled = (
+            Metric.BATCH_DURATION,
+            Metric.PARTITION_LAG,
+            f"{Metric.KEY_GROUP_ROWS}_total",
+            Metric.KEY_GROUP_STATE_ROWS,
+        )
         if name in labelled or name.endswith("_created"):
             continue
         values[name] = value
@@ -188,6 +235,7 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
     timestamp = values.get(Metric.LAST_BATCH_TIMESTAMP)
     lag = values.get(Metric.LAG)
     state_rows = values.get(Metric.STATE_ROWS)
+    state_map_batch = values.get(Metric.STATE_MAP_BATCH)
     return LiveStats(
         batch_id=int(values[Metric.LAST_BATCH]),
         batch_time=timestamp if timestamp else None,
@@ -198,4 +246,6 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
         dead_letters=int(values.get(f"{Metric.DEAD_LETTERS}_total", 0.0)),
         emitting=bool(values.get(Metric.EMITTING, 0.0)),
         key_group_rows=key_group_rows,
+        key_group_state_rows=key_group_state_rows if state_map_batch is not None else {},
+        state_map_batch=int(state_map_batch) if state_map_batch is not None else None,
     )

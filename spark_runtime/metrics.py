@@ -21,6 +21,9 @@ loop, every ``poll_interval``, so values are at most one poll old):
   :func:`spark_runtime.pipeline.build_output_frame`): input rows per bucket of key groups
   (``taskshard_shard_key_group_rows_total{key_groups="<start>-<end>"}``, at most
   :data:`spark_runtime.live.KEY_GROUP_BUCKETS` buckets): the load map a split point can be chosen from;
+- at most every ``spark.taskshard.stateMapSeconds`` (:mod:`spark_runtime.state_map`, with the load map only): state
+  rows per bucket of key groups at a committed batch (``taskshard_shard_key_group_state_rows``, the same buckets)
+  and that batch (``taskshard_shard_state_map_batch``): the state map a ``by: state`` split point is chosen from;
 - once per runtime start: the writer epoch; per in-process query restart: restarts;
 - at scrape time: the rate, ``taskshard_shard_rows_per_second`` = input rows of the batches committed within the
   last :data:`~spark_runtime.live.RATE_WINDOW_SECONDS`, divided by that window, or, while this process has been
@@ -49,7 +52,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from spark_runtime.live import KEY_GROUP_METRICS, METRICS_PATH, RATE_WINDOW_SECONDS, Metric, bucket_rows
+from spark_runtime.live import (
+    KEY_GROUP_METRICS,
+    METRICS_PATH,
+    RATE_WINDOW_SECONDS,
+    Metric,
+    bucket_of,
+    bucket_rows,
+    key_group_buckets,
+)
 from spark_runtime.problems import EnvironmentProblem
 
 __all__ = [
@@ -151,8 +162,30 @@ class ShardMetrics:
             [*_LABELS, "key_groups"],
             registry=self.registry,
         )
+        self._key_group_state_rows = gauge(
+            Metric.KEY_GROUP_STATE_ROWS,
+            "State rows per bucket of key groups (label key_groups = start-end) at the state map's batch.",
+            "key_groups",
+        )
+        self._state_map_batch = gauge(Metric.STATE_MAP_BATCH, "The committed batch the state map counts.")
 
     # ---------------------------------------------------------------- updates
+
+    def set_state_map(self, batch_id: int, rows_per_key_group: Mapping[int, int]) -> None:
+        """The state map of committed ``batch_id``: state rows per key group, exported per bucket of the shard's
+        range (every bucket, 0 for those without state), replacing the previous map."""
+        if self.key_groups is None:
+            return
+        start, end = self.key_groups
+        buckets = key_group_buckets(start, end)
+        rows = [0] * len(buckets)
+        for kg, n in rows_per_key_group.items():
+            if start <= kg < end:
+                rows[bucket_of(kg, start, end)] += int(n)
+        with self._lock:
+            for (a, b), n in zip(buckets, rows, strict=True):
+                self._key_group_state_rows.labels(self.task, self.shard, f"{a}-{b}").set(n)
+            self._state_map_batch.labels(self.task, self.shard).set(batch_id)
 
     def on_batch(self, progress: Mapping[str, Any]) -> None:
         """A new committed batch of this process, given its Spark progress (``StreamingQueryProgress.json``

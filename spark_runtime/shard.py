@@ -48,7 +48,7 @@ from spark_runtime.fencing import WriterFence
 from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped
 from spark_runtime.identity import claim_task_storage
 from spark_runtime.layout import ShardPaths, SinkPaths
-from spark_runtime.live import METRICS_HOST_ENV
+from spark_runtime.live import METRICS_HOST_ENV, state_map_seconds
 from spark_runtime.logs import set_phase as set_log_phase
 from spark_runtime.metrics import ShardMetrics
 from spark_runtime.pipeline import Plan, build_output_frame, make_plan
@@ -66,6 +66,7 @@ from spark_runtime.sources import (
     SourceContext,
     make_source,
 )
+from spark_runtime.state_map import StateMapper
 from spark_runtime.storage import Loc, check_storage, s3_settings_from, storage_root
 
 __all__ = ["ShardFailed", "ShardRunner", "StandbyStopped", "summary_message"]
@@ -191,6 +192,8 @@ class ShardRunner:
         kg = config.key_groups
         self.metrics = ShardMetrics(config.task, config.shard, key_groups=(kg.start, kg.end))
         """The live metrics (:mod:`spark_runtime.metrics`): updated by ``poll()``, served by ``run()``."""
+        self.state_map = StateMapper.for_runner(self, state_map_seconds(config.spark.conf))
+        """Counts the state rows per key group now and then (:mod:`spark_runtime.state_map`), for ``by: state``."""
 
     # ---------------------------------------------------------------- requests
 
@@ -588,6 +591,7 @@ class ShardRunner:
             self.follow_split()
             if self.drain_requested():
                 break
+            self.count_state_map()
             if self.available_now and not self.query.isActive:
                 self.poll()
                 self.request_drain("caught up (availableNow)")
@@ -604,6 +608,12 @@ class ShardRunner:
         reason = self.as_parent.tick()
         if reason is not None:
             self.request_drain(reason, final=True)
+
+    def count_state_map(self) -> None:
+        """Start a count of the state map when one is due (:mod:`spark_runtime.state_map`): not while catching up
+        as a split child, handing over as a parent, or draining."""
+        busy = (self.as_child is not None and self.as_child.catching_up) or self.as_parent.handing_over
+        self.state_map.tick(self.last_committed, allowed=not busy and not self.drain_requested())
 
     def _mark_emitting(self) -> None:
         """Create ``readyFile`` (the pod's readiness) once the query runs and writes to the sink."""

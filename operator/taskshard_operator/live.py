@@ -90,6 +90,18 @@ class Scraped:
     load_seconds: float = 0.0
     """The time ``load`` covers; 0 when it holds everything since the runtime started (one scrape so far)."""
 
+    @property
+    def state(self) -> dict[tuple[int, int], float] | None:
+        """The state map: state rows per key-group bucket ``(start, end)`` at :attr:`state_batch` (None: the
+        runtime has not counted one)."""
+        if self.stats.state_map_batch is None:
+            return None
+        return {parse_bucket(k): v for k, v in self.stats.key_group_state_rows.items()}
+
+    @property
+    def state_batch(self) -> int | None:
+        return self.stats.state_map_batch
+
 
 @dataclass
 class LoadHistory:

@@ -32,7 +32,12 @@ class SplitAccepted:
     at: int
     children: tuple[KeyGroupRange, KeyGroupRange]
     load: LoadSplitPoint | None = None
-    """``by: load``: the point's expected shares and the rows it was chosen from."""
+    """``by: load`` or ``by: state`` (see :attr:`by`): the point's expected shares and the rows it was chosen
+    from."""
+    by: SplitBy | None = None
+    """How the point was chosen (None: given as ``spec.split.at``)."""
+    state_batch: int | None = None
+    """``by: state``: the committed batch the state rows were counted at."""
 
 
 @dataclass(frozen=True)
@@ -95,13 +100,16 @@ def plan_split(
     split: Mapping[str, Any] | None,
     load: Mapping[tuple[int, int], float] | None = None,
     load_seconds: float = 0.0,
+    state: Mapping[tuple[int, int], float] | None = None,
+    state_batch: int | None = None,
 ) -> SplitDecision:
     """Decide on ``spec.split`` of a shard that has not accepted a split yet.
 
     Returns None when no split is requested, :class:`SplitAccepted` for a valid request of a Running shard,
     else :class:`SplitRefused` (nothing may change then). The point is ``at``, else chosen as ``by`` says: the
     midpoint, or (``by: load``) where ``load`` (rows per key-group bucket over ``load_seconds``, from the
-    shard's load map; None: no scrape with a load map) divides in half.
+    shard's load map; None: no scrape with a load map) divides in half, or (``by: state``) where ``state`` (state
+    rows per key-group bucket at committed batch ``state_batch``; None: no state map) divides in half.
     """
     if not split_requested(split):
         return None
@@ -128,26 +136,48 @@ def plan_split(
             f"{key_groups.midpoint()}",
         )
     point = None
-    if split_by(split) == SplitBy.LOAD and at is None:
-        point = load_split_point(key_groups, load or {})
+    by = split_by(split) if at is None and split_by(split) != SplitBy.MIDPOINT else None
+    if by is not None:
+        rows = load if by == SplitBy.LOAD else state
+        point = load_split_point(key_groups, rows or {})
         if point is None:
-            window = f"the last {load_seconds:.0f} s" if load_seconds else "its pod's lifetime"
-            why = (
-                'no load map: set spec.spark.conf spark.taskshard.keyGroupMetrics: "true" on the Task (the '
-                "shard then counts its input rows per key group) and wait for its next metrics scrape"
-                if load is None
-                else f"its load map counted no input rows in {window}"
-            )
             return SplitRefused(
                 "spec.split.by",
-                f"spec.split.by: load: shard {shard} has {why}; or split by midpoint, or give spec.split.at",
+                f"spec.split.by: {by.value}: shard {shard} has {_no_point(by, rows, load_seconds)}; or split by "
+                "midpoint, or give spec.split.at",
             )
         at = point.at
     try:
         low, high = key_groups.split(at)
     except KeyGroupError as e:  # defensive: the checks above cover every case KeyGroupRange.split refuses
         return SplitRefused("spec.split.at", f"spec.split.at: {e}")
-    return SplitAccepted(at=low.end, children=(low, high), load=point)
+    return SplitAccepted(
+        at=low.end,
+        children=(low, high),
+        load=point,
+        by=by,
+        state_batch=state_batch if by == SplitBy.STATE else None,
+    )
+
+
+def _no_point(by: SplitBy, rows: Mapping[tuple[int, int], float] | None, load_seconds: float) -> str:
+    """Why ``by`` found no split point, for the refusal (``rows``: the load or state map; None: none)."""
+    enable = 'set spec.spark.conf spark.taskshard.keyGroupMetrics: "true" on the Task'
+    if by == SplitBy.LOAD:
+        if rows is None:
+            return (
+                f"no load map: {enable} (the shard then counts its input rows per key group) and wait for its "
+                "next metrics scrape"
+            )
+        window = f"the last {load_seconds:.0f} s" if load_seconds else "its pod's lifetime"
+        return f"its load map counted no input rows in {window}"
+    if rows is None:
+        return (
+            f"no state map yet: {enable} (the shard then counts its state rows per key group every "
+            "spark.taskshard.stateMapSeconds, 60 by default, once it committed a batch) and wait for its next "
+            "metrics scrape (status.live.stateMapBatch)"
+        )
+    return "no state rows in its state map (nothing to divide)"
 
 
 def child_names(task: str, children: Iterable[KeyGroupRange]) -> list[str]:

@@ -11,9 +11,10 @@ which the next pass continues, and every action is idempotent::
     (terminal; no pod, no ConfigMap)   (the children own the halves from here)
 
 - Step 1, Running: a valid ``spec.split`` is accepted by writing ``phase: SplitRequested`` and ``status.split``
-  (the point: ``at``, the midpoint, or with ``by: load`` where the load map of the last five minutes divides in
-  half, with the expected shares; :mod:`taskshard_operator.split_points`) in one patch (nothing else is touched
-  yet). Crash after: the next pass finds SplitRequested.
+  (the point: ``at``, the midpoint, with ``by: load`` where the load map of the last five minutes divides in
+  half, or with ``by: state`` where the last state map (state rows per key group at a committed batch) does, with
+  the expected shares; :mod:`taskshard_operator.split_points`) in one patch (nothing else is touched yet).
+  Crash after: the next pass finds SplitRequested.
 - Step 2, SplitRequested: create both children (deterministic names ``<task>-<start>-<at>`` and
   ``<task>-<at>-<end>``, owned by the Task, ``spec.restoreFrom.manifest`` = the parent's drain summary
   ``drained.json``; 409 = created before; a missing parent pod is recreated), then write ``Draining`` with
@@ -71,7 +72,7 @@ import kopf
 from taskshard_operator import builders, naming, planner
 from taskshard_operator import status as st
 from taskshard_operator.act import Create, Delete, Event, Patch
-from taskshard_operator.models.shard import ShardPhase
+from taskshard_operator.models.shard import ShardPhase, SplitBy
 from taskshard_operator.shard_context import ShardContext, create_pod, ended_live, remove_own_pod
 
 P = ShardPhase
@@ -101,6 +102,7 @@ def observe_split_request(ctx: ShardContext) -> bool:
     split = ctx.shard["spec"].get("split")
     starting = ctx.phase == P.PENDING and planner.split_requested(split)
     load, load_seconds = _load_map(ctx)
+    state, state_batch = _state_map(ctx)
     decision = planner.plan_split(
         shard=ctx.name,
         key_groups=ctx.key_groups,
@@ -108,6 +110,8 @@ def observe_split_request(ctx: ShardContext) -> bool:
         split={**split, "by": "midpoint"} if starting else split,  # a starting shard's point is chosen once it runs
         load=load,
         load_seconds=load_seconds,
+        state=state,
+        state_batch=state_batch,
     )
     if starting and isinstance(decision, planner.SplitAccepted):
         split_waits(ctx, "the shard is not running yet; the split starts once it runs")
@@ -116,7 +120,16 @@ def observe_split_request(ctx: ShardContext) -> bool:
         low, high = planner.child_names(ctx.task_name, decision.children)
         message = f"split accepted at key group {decision.at}: {ctx.name} -> {low} + {high}"
         accepted: dict[str, Any] = {"at": decision.at, "acceptedTime": st.now()}
-        if decision.load is not None:
+        if decision.load is not None and decision.by == SplitBy.STATE:
+            shares = [round(s, 4) for s in decision.load.shares]
+            accepted.update(
+                by="state", expectedShares=shares, stateRows=int(decision.load.rows), stateBatch=decision.state_batch
+            )
+            message += (
+                f" (by state: {shares[0]:.0%} / {shares[1]:.0%} of {int(decision.load.rows)} state rows at batch "
+                f"{decision.state_batch})"
+            )
+        elif decision.load is not None:
             shares = [round(s, 4) for s in decision.load.shares]
             accepted.update(
                 by="load",
@@ -161,6 +174,15 @@ def _load_map(ctx: ShardContext) -> tuple[dict[tuple[int, int], float] | None, f
     if scraped is None or not scraped.stats.key_group_rows or scraped.pod_ip != ctx.pod.pod_ip:
         return None, 0.0
     return dict(scraped.load), scraped.load_seconds
+
+
+def _state_map(ctx: ShardContext) -> tuple[dict[tuple[int, int], float] | None, int | None]:
+    """The shard's state rows per key-group bucket and the committed batch they were counted at, from the last
+    scrape of its running pod (``taskshard_operator.live``); (None, None) when it exports no state map."""
+    scraped = ctx.observed.live(ctx.namespace, ctx.name)
+    if scraped is None or scraped.state is None or scraped.pod_ip != ctx.pod.pod_ip:
+        return None, None
+    return scraped.state, scraped.state_batch
 
 
 def split_waits(ctx: ShardContext, why: str) -> None:

@@ -26,7 +26,7 @@ from spark_runtime.snapshot.layout import PARTITION_COLUMN, key_group_dir, parqu
 from spark_runtime.snapshot.manifest import build_manifest, snapshot_stats
 from spark_runtime.storage import Loc, location
 
-__all__ = ["SnapshotWriter", "export_state"]
+__all__ = ["SnapshotWriter", "count_state_rows", "export_state", "state_rows"]
 
 
 class SnapshotWriter:
@@ -103,22 +103,35 @@ def export_state(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Any, b
     (their string form is what Spark gets: a path or an ``s3a://`` URI)."""
     from pyspark.sql import functions as F
 
+    rows = state_rows(spark, config, plan, checkpoint, batch_id)
+    rows.repartition(F.col(PARTITION_COLUMN)).write.partitionBy(PARTITION_COLUMN).mode("error").parquet(str(out_dir))
+
+
+def count_state_rows(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Any, batch_id: int) -> dict[int, int]:
+    """State rows per key group at committed ``batch_id`` (key groups without state are absent): the rows
+    :func:`export_state` would write, counted instead of written."""
+    counts = state_rows(spark, config, plan, checkpoint, batch_id).groupBy(PARTITION_COLUMN).count().collect()
+    return {int(row[PARTITION_COLUMN]): int(row["count"]) for row in counts}
+
+
+def state_rows(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Any, batch_id: int) -> Any:
+    """The state at committed ``batch_id`` as a DataFrame of snapshot rows (``key``, the plan's state columns and
+    the ``key_group`` partition column), read with Spark's State Data Source."""
+    from pyspark.sql import functions as F
+
     st = spark.read.format("statestore").option("batchId", batch_id).load(str(checkpoint))
     if plan.kind == "builtin":
         value_field = st.schema["value"].dataType.fields[0].name
         value = F.col(f"value.`{value_field}`").alias("value")
         if config.key_grouping.nested:  # the state key carries the group (it depends on the record's partition)
-            rows = st.select(
+            return st.select(
                 F.col("key.key").alias("key"), value, F.col("key.key_group").cast("int").alias(PARTITION_COLUMN)
             )
-        else:
-            rows = st.select(F.col("key.key").alias("key"), value)
-            rows = rows.withColumn(PARTITION_COLUMN, key_group_column(config))
-    else:
-        blobs = st.select(F.col("key.key_group").alias(PARTITION_COLUMN), _blob_column(st).alias("blob"))
-        schema = f"{plan.state_schema}, {PARTITION_COLUMN} int"
-        rows = blobs.mapInArrow(_explode_blobs_function(plan), schema)
-    rows.repartition(F.col(PARTITION_COLUMN)).write.partitionBy(PARTITION_COLUMN).mode("error").parquet(str(out_dir))
+        rows = st.select(F.col("key.key").alias("key"), value)
+        return rows.withColumn(PARTITION_COLUMN, key_group_column(config))
+    blobs = st.select(F.col("key.key_group").alias(PARTITION_COLUMN), _blob_column(st).alias("blob"))
+    schema = f"{plan.state_schema}, {PARTITION_COLUMN} int"
+    return blobs.mapInArrow(_explode_blobs_function(plan), schema)
 
 
 def _blob_column(st: Any) -> Any:

@@ -187,11 +187,14 @@ def assert_live_status(kubectl, op, shard: str, rows: int) -> None:
     assert scraped["taskshard_shard_lag"] == 0 and scraped["taskshard_shard_emitting"] == 1, scraped
     batch = int(scraped["taskshard_shard_last_batch"])
     assert batch >= 0
-    wait_for(
-        lambda: (status(kubectl, "taskshard", shard).get("live") or {}).get("batchId", -1) >= batch,
-        60,
-        f"status.live of {shard} at batch {batch}",
-    )
+
+    # The journal's lag is measured between batches, so the operator may have mirrored this batch while its lag was
+    # still the pre-batch value: wait for the mirror of the scrape above (this batch or later, and lag 0).
+    def mirrored() -> bool:
+        live = status(kubectl, "taskshard", shard).get("live") or {}
+        return live.get("batchId", -1) >= batch and live.get("lag") == 0
+
+    wait_for(mirrored, 60, f"status.live of {shard} at batch {batch} with lag 0")
     live = status(kubectl, "taskshard", shard)["live"]
     assert live["lag"] == 0 and live["lagUnit"] == "bytes" and live["emitting"] is True, live
     table = kubectl("get", "taskshard", shard).stdout.splitlines()

@@ -1,15 +1,17 @@
 """Aborting a split and deleting a shard mid-split, end to end (real control plane, node agent, Spark pods).
 
-``test_a_withdrawn_split_is_undone_and_a_parent_deleted_mid_split_finishes_it``: a Task with one shard is split;
-while the children are on standby (their driver processes are frozen with SIGSTOP so that they cannot become
-ready: the withdrawal must beat the hand-over, deterministically) the request is withdrawn with ``kubectl patch``.
-The operator moves the parent to AbortingSplit, deletes both children, stops the parent's pod, runs it once with
-``--abort-split`` and brings the shard back to Running; results stay exact, the children's storage holds only
-their fencing epochs. Then, on skewed input (most rows in key groups 0 and 1), the shard is split again with
-``by: load`` (the Task counts rows per key group): the point follows the rows, not the midpoint, and status.split
-shows it with the expected shares before the hand-over; the shard is deleted with ``kubectl delete`` while its
-children catch up: the split finalizer keeps it until the split is done, the children take over, and the parent
-goes. At no instant do two running pods own a key group outside a hand-over.
+``test_a_withdrawn_split_is_undone_and_a_parent_deleted_mid_split_finishes_it``: a Task with one shard is split
+``by: state`` (the shard counts its state rows per key group every 2 s): the point is where its keys divide in half
+(key group 9 for these 50 keys, not the midpoint 8), shown in status.split with the state rows and the batch they
+were counted at. While the children are on standby (their driver processes are frozen with SIGSTOP so that they
+cannot become ready: the withdrawal must beat the hand-over, deterministically) the request is withdrawn with
+``kubectl patch``. The operator moves the parent to AbortingSplit, deletes both children, stops the parent's pod,
+runs it once with ``--abort-split`` and brings the shard back to Running; results stay exact, the children's
+storage holds only their fencing epochs. Then, on skewed input (most rows in key groups 0 and 1), the shard is
+split again with ``by: load`` (the Task counts rows per key group): the point follows the rows, not the midpoint,
+and status.split shows it with the expected shares before the hand-over; the shard is deleted with ``kubectl
+delete`` while its children catch up: the split finalizer keeps it until the split is done, the children take over,
+and the parent goes. At no instant do two running pods own a key group outside a hand-over.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import json
 import os
 import signal
 import time
+from collections import Counter
 
 import pytest
 
-from spark_runtime.keygroups import key_group
+from spark_runtime.keygroups import KeyGroupRange, key_group
 from spark_runtime.produce import append_events
+from taskshard_operator.split_points import load_split_point
 from tests.cluster.operator_fixtures import (  # noqa: F401 - fixtures
     apply,
     operator_crds,
@@ -33,12 +37,17 @@ from tests.cluster.operator_fixtures import (  # noqa: F401 - fixtures
     wait_results,
     write_events,
 )
-from tests.cluster.test_operator_e2e import START, OverlapWatcher, assert_single_hand_over, split, status
+from tests.cluster.test_operator_e2e import START, OverlapWatcher, assert_single_hand_over, status
 from tests.waiting import get_json, wait_for
 
 pytestmark = pytest.mark.cluster
 
-PARENT, LOW, HIGH = "ab-0-16", "ab-0-8", "ab-8-16"
+PARENT = "ab-0-16"
+KEYS = [f"k{i}" for i in range(50)]  # write_events' keys
+STATE_POINT = load_split_point(
+    KeyGroupRange(0, 16), {(g, g + 1): float(n) for g, n in Counter(key_group(k, 16) for k in KEYS).items()}
+)
+LOW, HIGH = f"ab-0-{STATE_POINT.at}", f"ab-{STATE_POINT.at}-16"
 HOT = [f"k{i}" for i in range(400) if key_group(f"k{i}", 16) in (0, 1)][:10]
 COLD = [f"k{i}" for i in range(400) if key_group(f"k{i}", 16) >= 2][:40]
 
@@ -77,13 +86,29 @@ def test_a_withdrawn_split_is_undone_and_a_parent_deleted_mid_split_finishes_it(
     try:
         write_events(data, "ab", start=0, count=300)
         task = task_manifest("ab", data, max_key_groups=16)
-        task["spec"]["spark"]["conf"]["spark.taskshard.keyGroupMetrics"] = "true"  # the load map, for by: load
+        conf = task["spec"]["spark"]["conf"]
+        conf["spark.taskshard.keyGroupMetrics"] = "true"  # the load map, for by: load
+        conf["spark.taskshard.stateMapSeconds"] = "2"  # the state map, for by: state
         apply(kubectl, task)
         wait_phases(kubectl, {PARENT: "Running"}, START, op)
         wait_results(data, "ab", START)
 
-        # Split, and freeze each child's driver as soon as it runs: they stay on standby, never ready.
-        split(kubectl, PARENT)
+        # Split by state once the operator saw a state map of the batch that completed the results.
+        def state_map_of_last_batch() -> bool:
+            live = status(kubectl, "taskshard", PARENT).get("live") or {}
+            return live.get("stateMapBatch") is not None and live.get("stateMapBatch") == live.get("batchId")
+
+        wait_for(state_map_of_last_batch, 120, "status.live.stateMapBatch at the last batch")
+        batch = status(kubectl, "taskshard", PARENT)["live"]["stateMapBatch"]
+        body = {"spec": {"split": {"requested": True, "by": "state"}}}
+        kubectl("patch", "taskshard", PARENT, "--type=merge", "-p", json.dumps(body))
+        wait_for(lambda: status(kubectl, "taskshard", PARENT).get("split"), 60, "status.split")
+        chosen = status(kubectl, "taskshard", PARENT)["split"]
+        assert STATE_POINT.at != 8 and chosen["at"] == STATE_POINT.at and chosen["by"] == "state", chosen
+        assert chosen["stateRows"] == len(KEYS) and chosen["stateBatch"] == batch, chosen
+        assert chosen["expectedShares"] == [round(s, 4) for s in STATE_POINT.shares], chosen
+
+        # Freeze each child's driver as soon as it runs: they stay on standby, never ready.
         for child in (LOW, HIGH):
             frozen.append(wait_for(lambda c=child: driver_pid(kubectl, c), START, f"{child}'s driver running"))
             os.killpg(frozen[-1], signal.SIGSTOP)

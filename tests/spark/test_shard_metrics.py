@@ -67,7 +67,9 @@ def wait_scrape(port: int, ready: Callable[[Samples, LiveStats], bool], timeout:
 def test_a_running_journal_shard_serves_its_live_metrics(make_task, shard_spark, monkeypatch):
     monkeypatch.setattr(progress_module, "JOURNAL_LAG_INTERVAL_SECONDS", 0.0)  # measured at every poll
     monkeypatch.setenv(METRICS_HOST_ENV, "127.0.0.1")
-    env = make_task(trigger="200 milliseconds", conf={"spark.taskshard.keyGroupMetrics": "true"})  # the load map
+    # The load map, and the state map counted at most every second.
+    conf = {"spark.taskshard.keyGroupMetrics": "true", "spark.taskshard.stateMapSeconds": "1"}
+    env = make_task(trigger="200 milliseconds", conf=conf)
     events = list(generate_events(300, 30, seed=23))
     env.produce(events)
     port = free_port()
@@ -93,6 +95,7 @@ def test_a_running_journal_shard_serves_its_live_metrics(make_task, shard_spark,
                 and value(samples, f"{Metric.ROWS}_total") == len(events)
                 and stats.batch_id == runner.last_committed
                 and stats.lag == 0
+                and stats.state_map_batch == runner.last_committed
             )
 
         samples, stats = wait_scrape(port, caught_up)
@@ -128,6 +131,14 @@ def test_a_running_journal_shard_serves_its_live_metrics(make_task, shard_spark,
         g = key_group(e["key"], 16)
         reference[f"{g}-{g + 1}"] = reference.get(f"{g}-{g + 1}", 0) + 1
     assert per_group == reference
+    # The state map: state rows (here one per distinct key) per key group at the last committed batch.
+    keys: dict[str, set[str]] = {}
+    for e in events:
+        g = key_group(e["key"], 16)
+        keys.setdefault(f"{g}-{g + 1}", set()).add(str(e["key"]))
+    state_map = {label: rows for label, rows in stats.key_group_state_rows.items() if rows}
+    assert state_map == {label: float(len(k)) for label, k in keys.items()}
+    assert len(stats.key_group_state_rows) == 16, "every bucket, 0 for those without state"
     ours = [lab for n, lab, _ in samples if n.startswith("taskshard_shard_")]
     assert ours and all(lab.get("task") == "orders" and lab.get("shard") == shard for lab in ours)
 

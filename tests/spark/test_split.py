@@ -88,6 +88,12 @@ def test_split_twice_equals_reference(kind, make_task, shard_spark):
     root_summary = root.drain()
     root_manifest = json.loads(Path(root_summary["manifest"]).read_text())
     assert env.results() == reference_at(ref, root_manifest, env), "the parent's output at its drain positions"
+    # The state map (spec.split.by: state) counts, per key group, exactly the rows the drain's export wrote.
+    from spark_runtime.snapshot.export import count_state_rows
+
+    counted = count_state_rows(shard_spark, root.config, root.plan, root.paths.checkpoint, root_summary["batchId"])
+    exported = {int(kg): f["rows"] for kg, f in root_manifest["snapshot"]["keyGroupFiles"].items() if f["rows"]}
+    assert counted == exported and sum(counted.values()) == root_manifest["snapshot"]["rows"] > 0
 
     # Phase 2: two children over the halves, restored from the root's manifest.
     restore = {"parent": "orders-0-16", "manifest": root_summary["manifest"]}

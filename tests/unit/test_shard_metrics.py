@@ -387,12 +387,13 @@ def test_a_batch_s_rows_per_key_group_bucket_become_counters():
 
 
 @pytest.mark.parametrize(
-    ("key", "value", "complaint"),
+    ("key", "value", "complaint", "good"),
     [
-        ("spark.taskshard.keyGroupMetrics", "maybe", "'maybe' is invalid: expected true or false"),
+        ("spark.taskshard.keyGroupMetrics", "maybe", "'maybe' is invalid: expected true or false", "true"),
+        ("spark.taskshard.stateMapSeconds", "-5", "'-5' is invalid: expected a number of seconds >= 0", "30"),
     ],
 )
-def test_bad_load_map_settings_are_refused_naming_the_key(key, value, complaint):
+def test_bad_load_map_settings_are_refused_naming_the_key(key, value, complaint, good):
     data = {
         "task": "t",
         "shard": "t-0-16",
@@ -407,5 +408,5 @@ def test_bad_load_map_settings_are_refused_naming_the_key(key, value, complaint)
     with pytest.raises(ConfigError) as err:
         parse_config(data)
     assert f"spark.conf.{key}" in str(err.value) and complaint in str(err.value)
-    data["spark"]["conf"][key] = "true"
+    data["spark"]["conf"][key] = good
     parse_config(data)

@@ -1,6 +1,6 @@
-"""Load-aware split points: the pure chooser over a load map, the load window the operator keeps from its scrapes,
-and the split decision with ``spec.split.by: load`` (the point and the expected shares in status.split, or a
-refusal that says what is missing)."""
+"""Load- and state-aware split points: the pure chooser over a load (or state) map, the load window the operator
+keeps from its scrapes, and the split decision with ``spec.split.by: load`` or ``by: state`` (the point and the
+expected shares in status.split, or a refusal that says what is missing)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from spark_runtime.keygroups import KeyGroupRange, key_group
 from spark_runtime.live import LiveStats, key_group_buckets
 from taskshard_operator import status as st
 from taskshard_operator.live import LiveStore, LoadHistory, Scraped, parse_scrape
-from taskshard_operator.models.shard import ShardPhase, TaskShardSpec
+from taskshard_operator.models.shard import ShardPhase, SplitBy, TaskShardSpec
 from taskshard_operator.planner import SplitAccepted, SplitRefused, plan_split
 from taskshard_operator.split_points import imbalance, load_split_point
 
@@ -196,3 +196,90 @@ def test_a_load_map_of_another_pod_is_not_used():
     decision = decide(world, PARENT)
     assert "phase" not in decision.status
     assert condition(decision, st.SPLIT_REJECTED)["reason"] == "InvalidSplitRequest"
+
+
+# ---------------------------------------------------------------- by: state
+
+
+def plan_by_state(state, batch=7):
+    return plan_split(
+        shard=PARENT,
+        key_groups=R16,
+        phase=ShardPhase.RUNNING,
+        split={"requested": True, "by": "state"},
+        load=per_key_group([10.0] * 16),  # an even load map: by: state must not follow it
+        state=state,
+        state_batch=batch,
+    )
+
+
+def test_by_state_splits_where_the_state_rows_divide_in_half():
+    decision = plan_by_state(per_key_group([0.0] * 12 + [50.0] * 4), batch=9)
+    assert isinstance(decision, SplitAccepted) and decision.at == 14 and decision.by == SplitBy.STATE
+    assert decision.state_batch == 9 and decision.load is not None and decision.load.shares == (0.5, 0.5)
+
+
+def test_by_state_without_a_state_map_or_rows_is_refused_saying_what_to_do():
+    refused = plan_by_state(None, None)
+    assert isinstance(refused, SplitRefused) and refused.field == "spec.split.by"
+    assert refused.message.startswith(f"spec.split.by: state: shard {PARENT} has no state map yet")
+    assert 'spark.taskshard.keyGroupMetrics: "true"' in refused.message and "stateMapSeconds" in refused.message
+    empty = plan_by_state(per_key_group([0.0] * 16))
+    assert isinstance(empty, SplitRefused) and "no state rows in its state map" in empty.message
+
+
+def test_at_and_by_state_exclude_each_other():
+    with pytest.raises(ValidationError, match="spec.split.by: state and spec.split.at: 4 exclude each other"):
+        TaskShardSpec.model_validate(
+            {
+                "taskRef": {"name": "t"},
+                "keyGroups": {"start": 0, "end": 16},
+                "split": {"requested": True, "at": 4, "by": "state"},
+            }
+        )
+
+
+def test_a_scrape_with_a_state_map_parses_it_with_its_batch():
+    text = SCRAPE + (
+        "# TYPE taskshard_shard_key_group_state_rows gauge\n"
+        'taskshard_shard_key_group_state_rows{key_groups="0-8",shard="t-0-16",task="t"} 30.0\n'
+        'taskshard_shard_key_group_state_rows{key_groups="8-16",shard="t-0-16",task="t"} 10.0\n'
+        "# TYPE taskshard_shard_state_map_batch gauge\n"
+        'taskshard_shard_state_map_batch{shard="t-0-16",task="t"} 5.0\n'
+    )
+    stats = parse_scrape(text)
+    assert stats is not None and stats.key_group_state_rows == {"0-8": 30.0, "8-16": 10.0}
+    assert stats.state_map_batch == 5 and stats.to_status(observed_at="t")["stateMapBatch"] == 5
+    scraped = Scraped(stats, "t", "ip")
+    assert scraped.state == {(0, 8): 30.0, (8, 16): 10.0} and scraped.state_batch == 5
+    plain = parse_scrape(SCRAPE)
+    assert plain.state_map_batch is None and Scraped(plain, "t", "ip").state is None
+    assert "stateMapBatch" not in plain.to_status(observed_at="t")
+
+
+def test_a_running_shard_split_by_state_records_the_point_the_shares_and_the_batch():
+    world = World()
+    _running_shard(world)
+    world.shards[PARENT]["metadata"]["generation"] = 2
+    world.shards[PARENT]["spec"]["split"] = {"requested": True, "by": "state"}
+    state = {f"{kg}-{kg + 1}": (30.0 if kg < 4 else 0.0) for kg in range(16)}
+    stats = LiveStats(41, None, 20.0, 0, "bytes", 120, 0, True, key_group_state_rows=state, state_map_batch=40)
+    world.scrapes[PARENT] = Scraped(stats, "t", "127.42.0.2")
+    decision = decide(world, PARENT)
+    assert decision.status["phase"] == "SplitRequested"
+    split = decision.status["split"]
+    assert split["at"] == 2 and split["by"] == "state" and split["stateRows"] == 120 and split["stateBatch"] == 40
+    assert split["expectedShares"] == [0.5, 0.5] and "windowRows" not in split
+    assert "by state: 50% / 50% of 120 state rows at batch 40" in condition(decision, st.PROGRESSING)["message"]
+
+
+def test_a_state_map_of_another_pod_is_not_used():
+    world = World()
+    _running_shard(world)
+    world.shards[PARENT]["metadata"]["generation"] = 2
+    world.shards[PARENT]["spec"]["split"] = {"requested": True, "by": "state"}
+    stats = LiveStats(41, None, 20.0, 0, "bytes", 10, 0, True, key_group_state_rows={"0-1": 5.0}, state_map_batch=3)
+    world.scrapes[PARENT] = Scraped(stats, "t", "127.42.0.99")
+    decision = decide(world, PARENT)
+    assert "phase" not in decision.status
+    assert "no state map yet" in condition(decision, st.SPLIT_REJECTED)["message"]

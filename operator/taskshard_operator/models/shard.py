@@ -154,6 +154,9 @@ class SplitBy(StrEnum):
     LOAD = "load"
     """Where the shard's input rows of the last five minutes divide in half (its load map: the Task's
     ``spark.taskshard.keyGroupMetrics: "true"``); ``taskshard_operator.split_points``."""
+    STATE = "state"
+    """Where the shard's state rows divide in half (its state map, counted at a recent committed batch: the Task's
+    ``spark.taskshard.keyGroupMetrics: "true"``, every ``spark.taskshard.stateMapSeconds``)."""
 
 
 class SplitRequest(K8sModel):
@@ -173,10 +176,11 @@ class SplitRequest(K8sModel):
     )
     by: SplitBy | None = Field(
         default=None,
-        description="How to choose the point when spec.split.at is not given: midpoint (the default) or load "
-        "(where the shard's input rows of the last five minutes divide in half; needs the Task's Spark conf "
-        'spark.taskshard.keyGroupMetrics: "true"). The chosen point and the expected shares show in '
-        "status.split before the hand-over begins.",
+        description="How to choose the point when spec.split.at is not given: midpoint (the default), load "
+        "(where the shard's input rows of the last five minutes divide in half) or state (where its state rows "
+        "divide in half, as last counted); load and state need the Task's Spark conf "
+        'spark.taskshard.keyGroupMetrics: "true". The chosen point and the expected shares show in status.split '
+        "before the hand-over begins.",
     )
 
 
@@ -273,10 +277,10 @@ class TaskShardSpec(K8sModel):
             )
         if self.split.requested and r.size < 2:
             raise ValueError(f"spec.split.requested: spec.keyGroups {r} holds one key group and cannot be split")
-        if self.split.at is not None and self.split.by == SplitBy.LOAD:
+        if self.split.at is not None and self.split.by in (SplitBy.LOAD, SplitBy.STATE):
             raise ValueError(
-                f"spec.split.by: load and spec.split.at: {self.split.at} exclude each other: give the point, or let "
-                "the load choose it"
+                f"spec.split.by: {self.split.by.value} and spec.split.at: {self.split.at} exclude each other: give "
+                f"the point, or let the {self.split.by.value} choose it"
             )
         return self
 
@@ -315,8 +319,8 @@ class SplitStatus(K8sModel):
         default=None,
         min_length=2,
         max_length=2,
-        description="by: load: the expected fraction of the shard's input rows in [start, at) and [at, end), from "
-        "the rows of the window below.",
+        description="by: load or state: the expected fraction of the shard's input rows (load: in the window "
+        "below) or state rows (state) in [start, at) and [at, end).",
     )
     window_rows: int | None = Field(
         default=None, ge=0, description="by: load: the shard's input rows the point was chosen from."
@@ -325,6 +329,12 @@ class SplitStatus(K8sModel):
         default=None,
         ge=0,
         description="by: load: how many seconds of input those rows are (0: everything since its pod started).",
+    )
+    state_rows: int | None = Field(
+        default=None, ge=0, description="by: state: the shard's state rows the point was chosen from."
+    )
+    state_batch: int | None = Field(
+        default=None, ge=0, description="by: state: the committed batch those state rows were counted at."
     )
 
 
@@ -351,6 +361,12 @@ class ShardLive(LiveCommon):
     batch_id: int = Field(ge=-1, description="The last committed micro-batch id (-1: none yet).")
     batch_time: datetime | None = Field(default=None, description="When it committed (RFC 3339).")
     state_rows: int | None = Field(default=None, ge=0, description="Rows of state the shard holds.")
+    state_map_batch: int | None = Field(
+        default=None,
+        ge=0,
+        description="The committed batch of the shard's last state map (state rows per key group, for a split "
+        "by: state); absent: none counted.",
+    )
     emitting: bool = Field(default=False, description="Whether it writes to its sink (a split child: once live).")
 
 
