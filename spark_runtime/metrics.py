@@ -156,18 +156,29 @@ class ShardMetrics:
         self._emitting.set(0)
         self._epoch = gauge(Metric.WRITER_EPOCH, "This runtime's writer epoch (0: none claimed yet).").labels(*own)
         self._epoch.set(0)
+        self._register_key_group_maps()
+
+    def _register_key_group_maps(self) -> None:
+        """The series per bucket of key groups: the load map (a counter) and the state map (gauges)."""
+        labels = [*_LABELS, "key_groups"]
         self._key_group_rows = Counter(
             str(Metric.KEY_GROUP_ROWS),
             "Input rows per bucket of key groups (label key_groups = start-end).",
-            [*_LABELS, "key_groups"],
+            labels,
             registry=self.registry,
         )
-        self._key_group_state_rows = gauge(
-            Metric.KEY_GROUP_STATE_ROWS,
+        self._key_group_state_rows = Gauge(
+            str(Metric.KEY_GROUP_STATE_ROWS),
             "State rows per bucket of key groups (label key_groups = start-end) at the state map's batch.",
-            "key_groups",
+            labels,
+            registry=self.registry,
         )
-        self._state_map_batch = gauge(Metric.STATE_MAP_BATCH, "The committed batch the state map counts.")
+        self._state_map_batch = Gauge(
+            str(Metric.STATE_MAP_BATCH),
+            "The committed batch the state map counts.",
+            list(_LABELS),
+            registry=self.registry,
+        )
 
     # ---------------------------------------------------------------- updates
 
