@@ -204,9 +204,19 @@ def test_a_one_key_group_shard_counts_its_load_map(make_task, shard_spark):
     try:
         runner.start()
         wait_caught_up(env, [runner])
-        samples, _ = parse(generate_latest(runner.metrics.registry).decode())
+        mine = sum(1 for e in events if key_group(e["key"], 16) == 3)
+
+        # The progress event of the last batch follows its commit (which wait_caught_up saw): poll until the
+        # runner took it, then compare.
+        def load_map() -> dict[str, float]:
+            runner.poll()
+            samples, _ = parse(generate_latest(runner.metrics.registry).decode())
+            return {lab["key_groups"]: v for n, lab, v in samples if n == f"{Metric.KEY_GROUP_ROWS}_total"}
+
+        deadline = time.monotonic() + 60
+        while sum(load_map().values()) < mine and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         runner.stop()
-    mine = sum(1 for e in events if key_group(e["key"], 16) == 3)
     assert mine > 0
-    assert {lab["key_groups"]: v for n, lab, v in samples if n == f"{Metric.KEY_GROUP_ROWS}_total"} == {"3-4": mine}
+    assert load_map() == {"3-4": mine}
