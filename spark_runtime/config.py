@@ -14,6 +14,7 @@ Shape (camelCase on the wire; Python attributes are snake_case)::
       "sink": {"directory": {"path": "/data/output/orders", "format": "jsonl"}},
       "storage": {"path": "/data/state"},
       "restoreFrom": {"parent": "orders-0-128", "manifest": "/data/state/.../manifest.json"},   # or null
+      "mergeFrom": [{"parent": "orders-0-64", "manifest": ...}, {"parent": "orders-64-128", ...}],  # or null
       "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"},
                 "triggerInterval": "1 second"},
       "terminationMessagePath": "/dev/termination-log",
@@ -413,6 +414,10 @@ class ShardConfig(_Model):
     sink: SinkSpec
     storage: StorageSpec
     restore_from: RestoreFrom | None = None
+    merge_from: list[RestoreFrom] | None = Field(default=None, min_length=2, max_length=2)
+    """A merged child's two parents, left (lower key groups) first: adjacent shards whose ranges together are
+    exactly ``keyGroups`` (checked against their manifests before anything is processed;
+    :mod:`spark_runtime.merge`). Excludes ``restoreFrom``."""
     spark: SparkSettings = Field(default_factory=SparkSettings)
     termination_message_path: str = Field(default="/dev/termination-log", min_length=1, max_length=4096)
     expected_batch: int | None = Field(default=None, ge=-1)
@@ -450,7 +455,20 @@ class ShardConfig(_Model):
                 f"spark.conf.{live.KEY_GROUP_METRICS_CONF}: {enabled!r} is invalid: expected true or false"
             )
         live.state_map_seconds(self.spark.conf)  # raises ValueError naming the key for a bad value
+        if self.merge_from is not None:
+            if self.restore_from is not None:
+                raise ValueError("restoreFrom and mergeFrom exclude each other: a shard has one parent or two")
+            names = [p.parent for p in self.merge_from]
+            if len(set(names)) != len(names):
+                raise ValueError(f"mergeFrom: names the same parent twice ({names[0]!r}); a merge joins two shards")
         return self
+
+    @property
+    def parents(self) -> list[RestoreFrom]:
+        """The shard's parents: none, a split parent, or a merge's two (left first)."""
+        if self.merge_from is not None:
+            return list(self.merge_from)
+        return [self.restore_from] if self.restore_from is not None else []
 
     @property
     def range(self) -> KeyGroupRange:

@@ -85,7 +85,15 @@ from spark_runtime.protocol import (
 from spark_runtime.snapshot import RestoreError, utc_now
 from spark_runtime.storage import Loc, location
 
-__all__ = ["ChildHandover", "ParentHandover", "StandbyStopped", "abort_split"]
+__all__ = [
+    "ChildHandover",
+    "ParentHandover",
+    "StandbyStopped",
+    "abort_split",
+    "announce_and_wait",
+    "read_drain_summary",
+    "record_standby",
+]
 
 log = logging.getLogger("taskshard.handover")
 
@@ -261,73 +269,37 @@ class ChildHandover:
             )
         return location(summary.manifest or "", self.runner.s3)
 
+    def manifests(self) -> list[tuple[str, Loc]]:
+        """``[(parent, manifest)]``: what :func:`spark_runtime.snapshot.restore.plan_restore` restores."""
+        return [(self.parent, self.acquire())]
+
     def _note(self) -> HandoverNote:
         cfg = self.runner.config
         return HandoverNote(cfg.shard, cfg.key_groups.start, cfg.key_groups.end, self.mode, utc_now())
 
     def _standby(self) -> None:
-        runner, cfg = self.runner, self.runner.config
-        t0, began = time.monotonic(), time.time()
-        set_log_phase("standby")
-        log.info(
-            "shard %s on standby: parent %s still owns the range; warming up (%s)", cfg.shard, self.parent, self.mode
-        )
-        runner.warm_up(
-            rehearse=self.mode == HandoverMode.RESTORE,
-            should_stop=lambda: runner.stop_requested() or self.pointer.exists(),
-        )
-        warm = time.time()
-        self.parent_paths.handover_dir.mkdir()
-        runner.fence.check("its hand-over request")
-        self.parent_paths.handover_request(cfg.shard).write_json(self._note().to_json())
-        if self.mode == HandoverMode.RESTORE:
-            self.parent_paths.handover_ready(cfg.shard).write_json(self._note().to_json())
+        runner = self.runner
         precopy = self.parent_paths.precopy
         wait_for = [self.pointer] + ([precopy] if self.mode == HandoverMode.CATCH_UP else [])
-        logged = time.monotonic()
-        while not any(f.exists() for f in wait_for):
-            if runner.stop_requested():
-                raise StandbyStopped(f"stopped on standby ({runner.drain_reason}) before the parent answered")
-            if time.monotonic() - logged >= STANDBY_LOG_SECONDS:
-                logged = time.monotonic()
-                log.info("still on standby for %s (%.0fs)", self.parent, logged - t0)
-            time.sleep(POLL_SECONDS_S3 if self.pointer.is_s3 else POLL_SECONDS)
-        runner.standby_seconds = round(time.monotonic() - t0, 3)
+        began, warm = announce_and_wait(
+            runner,
+            [self.parent_paths],
+            self._note(),
+            describe=f"parent {self.parent}",
+            answered=lambda: any(f.exists() for f in wait_for),
+            rehearse=self.mode == HandoverMode.RESTORE,
+            ready_at_once=self.mode == HandoverMode.RESTORE,
+        )
         if self.mode == HandoverMode.CATCH_UP and not self.pointer.exists():
             answer = precopy.read_json()
             self.state = CatchUpState(
                 self.parent, str(answer["manifest"]), CatchUpPhase.SHADOW, limit=dict(answer["positions"])
             )
             self._save()
-        log.info("parent %s answered after %.1fs on standby", self.parent, runner.standby_seconds)
-        self.paths.shard_dir.mkdir()
-        self.paths.standby.write_json(
-            {
-                "parent": self.parent,
-                "mode": str(self.mode),
-                "began": round(began, 3),
-                "warm": round(warm, 3),
-                "parentAnswered": round(time.time(), 3),
-                "rehearsalSeconds": runner.rehearsal_seconds,
-                "standbySeconds": runner.standby_seconds,
-            },
-            fsync=False,
-        )
+        record_standby(runner, self.parent, began, warm)
 
     def _drain_summary(self) -> DrainSummary:
-        data = self.pointer.read_json()
-        event = data.get("event") if isinstance(data, dict) else None
-        if event != SummaryEvent.DRAINED or not data.get("manifest"):
-            raise RestoreError(
-                f"restoreFrom.manifest: {self.pointer.uri()!r} is not a drain summary naming a manifest (got event "
-                f"{event if isinstance(data, dict) else type(data).__name__!r})"
-            )
-        if data.get("shard") not in (None, self.parent):
-            raise RestoreError(
-                f"restoreFrom.manifest: {self.pointer.uri()!r} is the drain summary of shard {data.get('shard')!r}, "
-                f"not of restoreFrom.parent {self.parent!r}"
-            )
-        return DrainSummary.from_json(data)
+        return read_drain_summary(self.pointer, self.parent)
 
     # ---------------------------------------------------------------- while the query runs
 
@@ -407,6 +379,81 @@ class ChildHandover:
         if batch_id == 0 or state.final is None:
             return False
         return state.emits_from(self.runner.positions_at(batch_id - 1))
+
+
+def announce_and_wait(
+    runner: Any,
+    parents: list[Any],
+    note: HandoverNote,
+    *,
+    describe: str,
+    answered: Any,
+    rehearse: bool,
+    ready_at_once: bool,
+) -> tuple[float, float]:
+    """A child's standby: warm up (until ``answered()``), write its request (and with ``ready_at_once`` its ready
+    note) into each parent's ``handover/`` (``parents``: their :class:`~spark_runtime.layout.ShardPaths`), then
+    wait until ``answered()``; raises :class:`StandbyStopped` on a stop request. Returns when it began and when
+    it was warm (epoch seconds); sets ``runner.standby_seconds``."""
+    cfg = runner.config
+    t0, began = time.monotonic(), time.time()
+    set_log_phase("standby")
+    log.info("shard %s on standby: %s still owns the range; warming up (%s)", cfg.shard, describe, note.mode)
+    runner.warm_up(rehearse=rehearse, should_stop=lambda: runner.stop_requested() or answered())
+    warm = time.time()
+    for parent in parents:
+        parent.handover_dir.mkdir()
+        runner.fence.check("its hand-over request")
+        parent.handover_request(cfg.shard).write_json(note.to_json())
+        if ready_at_once:
+            parent.handover_ready(cfg.shard).write_json(note.to_json())
+    logged = time.monotonic()
+    poll = POLL_SECONDS_S3 if runner.storage.is_s3 else POLL_SECONDS
+    while not answered():
+        if runner.stop_requested():
+            raise StandbyStopped(f"stopped on standby ({runner.drain_reason}) before {describe} answered")
+        if time.monotonic() - logged >= STANDBY_LOG_SECONDS:
+            logged = time.monotonic()
+            log.info("still on standby for %s (%.0fs)", describe, logged - t0)
+        time.sleep(poll)
+    runner.standby_seconds = round(time.monotonic() - t0, 3)
+    log.info("%s answered after %.1fs on standby", describe, runner.standby_seconds)
+    return began, warm
+
+
+def record_standby(runner: Any, parent: str | list[str], began: float, warm: float) -> None:
+    """Write ``standby.json`` (when the standby began, was warm, and the parents answered)."""
+    runner.paths.shard_dir.mkdir()
+    runner.paths.standby.write_json(
+        {
+            "parent": parent,
+            "mode": str(runner.as_child.mode),
+            "began": round(began, 3),
+            "warm": round(warm, 3),
+            "parentAnswered": round(time.time(), 3),
+            "rehearsalSeconds": runner.rehearsal_seconds,
+            "standbySeconds": runner.standby_seconds,
+        },
+        fsync=False,
+    )
+
+
+def read_drain_summary(pointer: Loc, parent: str) -> DrainSummary:
+    """The drain summary at ``pointer`` (a parent's ``drained.json``); :class:`RestoreError` unless it is a
+    drained shard's summary naming a manifest, of ``parent``."""
+    data = pointer.read_json()
+    event = data.get("event") if isinstance(data, dict) else None
+    if event != SummaryEvent.DRAINED or not data.get("manifest"):
+        raise RestoreError(
+            f"restoreFrom.manifest: {pointer.uri()!r} is not a drain summary naming a manifest (got event "
+            f"{event if isinstance(data, dict) else type(data).__name__!r})"
+        )
+    if data.get("shard") not in (None, parent):
+        raise RestoreError(
+            f"restoreFrom.manifest: {pointer.uri()!r} is the drain summary of shard {data.get('shard')!r}, "
+            f"not of restoreFrom.parent {parent!r}"
+        )
+    return DrainSummary.from_json(data)
 
 
 def abort_split(runner: Any, children: list[str]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 from spark_runtime import live
 from spark_runtime.config import BuiltinProcessor, ShardConfig
 from spark_runtime.processor import load_processor, result_column_type, state_columns
+from spark_runtime.protocol import SkipRule
 from spark_runtime.records import RecordSpec
 
 __all__ = ["Plan", "build_output_frame", "key_group_column", "make_plan"]
@@ -102,10 +103,18 @@ def key_group_column(config: ShardConfig, column: str = "key") -> Any:
     return F.expr(config.key_grouping.sql(column, "partition")).cast("int")
 
 
-def build_output_frame(spark: Any, config: ShardConfig, plan: Plan, events: Any, seed: dict[str, Any] | None) -> Any:
+def build_output_frame(
+    spark: Any,
+    config: ShardConfig,
+    plan: Plan,
+    events: Any,
+    seed: dict[str, Any] | None,
+    skip: SkipRule | None = None,
+) -> Any:
     """The streaming DataFrame ``(key, key_group, result)`` (update mode) for ``events`` (the source's
     DataFrame). ``seed``, when restoring, holds the keyword arguments of
-    :func:`spark_runtime.sources.seed.seed_stream` except ``mode`` and ``schema_ddl``."""
+    :func:`spark_runtime.sources.seed.seed_stream` except ``mode`` and ``schema_ddl``; ``skip``, for a merged
+    child, drops the rows one of its parents already counted (before the load map and the state)."""
     from pyspark.sql import functions as F
 
     from spark_runtime.sources.seed import seed_stream
@@ -114,6 +123,8 @@ def build_output_frame(spark: Any, config: ShardConfig, plan: Plan, events: Any,
     kg = key_group_column(config)
     # Step 1: the native key-group filter, right after the source (no Python on this path).
     mine = events.withColumn("key_group", kg).where(F.col("key_group").between(r.start, r.end - 1))
+    if skip is not None:
+        mine = mine.where(F.expr(skip.sql("key_group", "partition", "offset")))
     if live.key_group_metrics_enabled(config.spark.conf):
         # Rows per bucket of key groups, per batch (in the progress' observedMetrics): the shard's load map. One
         # aggregate, histogram_numeric over the bucket index. Its merge of the partitions' partial histograms keeps

@@ -15,6 +15,12 @@ Files of a split (under ``<root>/<task>/shards/``; see ``docs/split-protocol.md`
     <child>/catch-up.json                    the child's catch-up state (CatchUpState): what it may read and
                                              from which positions on it emits
 
+A merge: a merged child (``mergeFrom``: two adjacent parents) writes its request and ready note (restore mode)
+into **each** parent's ``handover/``; each parent drains when the notes cover its range, as for a split, and the
+child restores both snapshots once both ``drained.json`` exist. Two parents that read the same partitions stop at
+different positions: the child starts each partition at the lower of the two and skips, per key group, the rows
+below its own parent's final position (:class:`SkipRule`).
+
 An abort (``run --abort-split``, a split withdrawn before ``drained.json`` exists) claims the next writer epoch of
 each child (fencing it), removes everything else in the children's directories and the parent's ``handover/``,
 and reports a SplitAbortSummary; the parent resumes from its recovery log.
@@ -48,9 +54,11 @@ __all__ = [
     "parse_epoch_name",
     "HandoverMode",
     "HandoverNote",
+    "SkipRule",
     "SplitAbortSummary",
     "SummaryEvent",
     "at_or_after",
+    "lowest_positions",
     "clamp",
     "drain_summary_uri",
     "ready_name",
@@ -294,6 +302,77 @@ def at_or_after(positions: Mapping[str, Any], bound: Mapping[str, Any]) -> bool:
     ``{file: offset}`` or Kafka ``{topic: {partition: offset}}``); a name ``bound`` lacks is not compared."""
     limits = dict(_leaves(bound))
     return all(value >= limits[name] for name, value in _leaves(positions) if name in limits)
+
+
+def lowest_positions(every: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per position (journal ``{file: offset}`` or Kafka ``{topic: {partition: offset}}``), the lowest over
+    ``every``: where a merged child starts reading (each name that any of them has, from the lowest offset)."""
+    out: dict[str, Any] = {}
+    for positions in every:
+        for name, value in positions.items():
+            if isinstance(value, Mapping):
+                out[name] = lowest_positions([out.get(name) or {}, value])
+            else:
+                out[name] = int(value) if name not in out else min(int(out[name]), int(value))
+    return out
+
+
+@dataclass(frozen=True)
+class SkipRule:
+    """What a merged child skips: per key-group range of one parent (``owners``: ``(end, {partition: offset})``,
+    by ascending ``end``; a parent's range ends at ``end``, exclusive, and starts at the previous one's end), the
+    first offset of each partition that this parent did **not** count. A row of key group ``g`` from ``partition``
+    at ``offset`` is processed iff ``offset >= first_offset(g, partition)``; a partition a parent does not name
+    (its final position is where the child starts) skips nothing.
+
+    Why exact: the child starts each partition at the lowest final position of its parents
+    (:func:`lowest_positions`); a row below its owner's final position was counted by that owner (it is in the
+    owner's snapshot), a row at or after it was not, and the other parent's rows are not the owner's to count."""
+
+    owners: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+
+    @classmethod
+    def of(cls, ranges: list[tuple[int, dict[int, int]]], start: dict[int, int]) -> SkipRule:
+        """The rule for parents ``(range end, {partition: final offset})`` when the child starts at ``start``
+        (``{partition: offset}``): only the partitions where a parent's final offset is past the start."""
+        owners = []
+        for end, finals in sorted(ranges, key=lambda r: r[0]):
+            ahead = tuple(sorted((p, o) for p, o in finals.items() if o > start.get(p, o)))
+            owners.append((end, ahead))
+        return cls(tuple(owners))
+
+    @property
+    def skips_nothing(self) -> bool:
+        return not any(ahead for _, ahead in self.owners)
+
+    def first_offset(self, key_group: int, partition: int) -> int:
+        for end, ahead in self.owners:
+            if key_group < end:
+                return dict(ahead).get(partition, -1)
+        return -1
+
+    def keeps(self, key_group: int, partition: int, offset: int) -> bool:
+        return offset >= self.first_offset(key_group, partition)
+
+    def sql(self, key_group: str = "key_group", partition: str = "partition", offset: str = "offset") -> str:
+        """A Spark SQL predicate equal to :meth:`keeps` over the three columns (CASE only: no map lookups, which
+        ANSI mode may fail on a missing key)."""
+        cases = []
+        for end, ahead in self.owners:
+            if not ahead:
+                first = "-1"
+            else:
+                inner = " ".join(f"WHEN {partition} = {p} THEN {o}" for p, o in ahead)
+                first = f"CASE {inner} ELSE -1 END"
+            cases.append(f"WHEN {key_group} < {end} THEN {first}")
+        return f"{offset} >= CASE {' '.join(cases)} ELSE -1 END"
+
+    def to_json(self) -> list[Any]:
+        return [[end, [[p, o] for p, o in ahead]] for end, ahead in self.owners]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> SkipRule:
+        return cls(tuple((int(end), tuple((int(p), int(o)) for p, o in ahead)) for end, ahead in data))
 
 
 def clamp(ends: Mapping[str, int], start: Mapping[str, int], limit: Mapping[str, Any]) -> dict[str, int]:

@@ -98,9 +98,7 @@ def rehearse(
         )
         events = source.stream(spark, ctx)
         seed = {
-            "state_dir": location(str(state)),
-            "start": config.key_groups.start,
-            "end": config.key_groups.end,
+            "slices": [(location(str(state)), config.key_groups.start, config.key_groups.end)],
             "report_dir": location(str(root / "restore")),
         }
         out = build_output_frame(spark, config, plan, events, seed)

@@ -33,8 +33,8 @@ __all__ = ["final_results", "final_results_from_records", "read_committed", "rea
 
 
 def read_lineage(storage: Loc | str | os.PathLike[str], task: str) -> dict[str, dict[str, Any]]:
-    """``{shard: {"parent": name|None, "drainedBatch": id|None, "keyGroups": {...}}}`` from the storage root
-    (a local path, or a :class:`~spark_runtime.storage.Loc` for S3)."""
+    """``{shard: {"parent": name|None, "parents": [names], "drainedBatch": id|None, "keyGroups": {...}}}`` from the
+    storage root (a local path, or a :class:`~spark_runtime.storage.Loc` for S3)."""
     root = storage if isinstance(storage, Loc) else location(storage)
     out: dict[str, dict[str, Any]] = {}
     for d in (root / task / "shards").child_dirs():
@@ -45,18 +45,29 @@ def read_lineage(storage: Loc | str | os.PathLike[str], task: str) -> dict[str, 
         drained = None
         if (d / "drained.json").is_file():
             drained = (d / "drained.json").read_json().get("batchId")
-        out[d.name] = {"parent": info.get("parent"), "drainedBatch": drained, "keyGroups": info.get("keyGroups")}
+        parents = info.get("parents")
+        if parents is None:  # lineage written before merges: one parent or none
+            parents = [info["parent"]] if info.get("parent") else []
+        out[d.name] = {
+            "parent": info.get("parent"),
+            "parents": list(parents),
+            "drainedBatch": drained,
+            "keyGroups": info.get("keyGroups"),
+        }
     return out
 
 
-def _depth(shard: str, lineage: dict[str, dict[str, Any]]) -> int:
-    depth, seen = 0, set()
-    cur = lineage.get(shard, {}).get("parent")
-    while cur is not None and cur not in seen:
-        seen.add(cur)
-        depth += 1
-        cur = lineage.get(cur, {}).get("parent")
-    return depth
+def _depth(shard: str, lineage: dict[str, dict[str, Any]], seen: frozenset[str] = frozenset()) -> int:
+    """How many generations ``shard`` is below its oldest ancestor: a split child is one deeper than its parent, a
+    merged child one deeper than the deeper of its two parents (its state supersedes both)."""
+    info = lineage.get(shard, {})
+    parents = info.get("parents")
+    if parents is None:
+        parents = [info["parent"]] if info.get("parent") else []
+    parents = [p for p in parents if p not in seen]
+    if not parents:
+        return 0
+    return 1 + max(_depth(p, lineage, seen | {shard}) for p in parents)
 
 
 def read_committed(storage: Loc | str | os.PathLike[str], task: str) -> dict[str, int]:

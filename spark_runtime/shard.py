@@ -50,6 +50,7 @@ from spark_runtime.identity import claim_task_storage
 from spark_runtime.layout import ShardPaths, SinkPaths
 from spark_runtime.live import METRICS_HOST_ENV, state_map_seconds
 from spark_runtime.logs import set_phase as set_log_phase
+from spark_runtime.merge import MergeHandover
 from spark_runtime.metrics import ShardMetrics
 from spark_runtime.pipeline import Plan, build_output_frame, make_plan
 from spark_runtime.problems import EnvironmentProblem
@@ -58,7 +59,7 @@ from spark_runtime.protocol import HandoverMode
 from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter, KafkaSinkWriter
 from spark_runtime.snapshot import utc_now
 from spark_runtime.snapshot.export import SnapshotWriter
-from spark_runtime.snapshot.restore import plan_restore
+from spark_runtime.snapshot.restore import RestorePlan, plan_restore
 from spark_runtime.sources import (
     ChecksEnvironment,
     GuardsBatches,
@@ -164,9 +165,8 @@ class ShardRunner:
         self._checked = False
         self._listed_at = 0.0
         self.start_positions: dict[str, Any] | None = None
-        self.seed_options: dict[str, Any] | None = None
-        self.restore_manifest: dict[str, Any] | None = None
-        self.restore_manifest_uri: str | None = None
+        self.restore: RestorePlan | None = None
+        """A split or merged child's verified restore (its parents' slices, start positions, seed, skip rule)."""
         self.rehearse = rehearse
         self.standby_seconds: float | None = None
         """Seconds spent on standby waiting for the parent's drain summary (None: no standby)."""
@@ -183,7 +183,11 @@ class ShardRunner:
         self.handover_mode = HandoverMode.CATCH_UP if catch_up else HandoverMode.RESTORE
         """How this shard takes over as a split child (``catch_up`` None: what its source supports)."""
         self.as_parent = ParentHandover(self)
-        self.as_child = ChildHandover(self, self.handover_mode) if config.restore_from is not None else None
+        self.as_child: ChildHandover | MergeHandover | None = None
+        if config.restore_from is not None:
+            self.as_child = ChildHandover(self, self.handover_mode)
+        elif config.merge_from is not None:
+            self.as_child = MergeHandover(self)  # a merge always restores (spark_runtime.merge)
         fail_batch = os.environ.get(FAIL_BATCH_ENV, "").strip()
         self._fail_batch = int(fail_batch) if fail_batch.isdigit() else None
         self._guarded_at = time.monotonic()
@@ -285,14 +289,12 @@ class ShardRunner:
         if marker.exists() and marker.read_text().startswith("stop"):
             log.info("shard %s: an earlier SIGTERM stop was interrupted; resuming", cfg.shard)
             marker.unlink()
-        self.seed_options = None
-        if cfg.restore_from is not None:  # a split child: the parent's manifest, its slice and positions
-            assert self.as_child is not None
-            restore = plan_restore(
-                cfg, self.plan, self.source, self.as_child.acquire().uri(), self.s3, self.paths.restore_report_dir
+        self.restore = None
+        if self.as_child is not None:  # a split or merged child: its parents' manifests, slices and positions
+            self.restore = plan_restore(
+                cfg, self.plan, self.source, self.as_child.manifests(), self.s3, self.paths.restore_report_dir
             )
-            self.restore_manifest_uri, self.restore_manifest = restore.manifest_uri, restore.manifest
-            self.start_positions, self.seed_options = restore.start_positions, restore.seed_options
+            self.start_positions = self.restore.start_positions
         self._write_lineage()
         return True
 
@@ -367,10 +369,13 @@ class ShardRunner:
             grouping=cfg.key_grouping,
             read_partitions=cfg.partitions_to_read,
             catch_up_state=self.paths.catch_up if self.as_child is not None and self.as_child.state else None,
+            skip=self.restore.skip if self.restore is not None else None,
         )
         self.source_context = ctx
         events = self.source.stream(self.spark, ctx)
-        out = build_output_frame(self.spark, cfg, self.plan, events, self.seed_options)
+        restore = self.restore
+        seed = restore.seed_options if restore is not None else None
+        out = build_output_frame(self.spark, cfg, self.plan, events, seed, restore.skip if restore else None)
         writer = (
             out.writeStream.outputMode("update")
             .queryName(f"taskshard-{cfg.shard}-{uuid.uuid4().hex[:6]}")
@@ -399,7 +404,7 @@ class ShardRunner:
             self.source.kind,
             f"resumed after batch {self.last_committed}"
             if resumed
-            else (f"restored from {self.restore_manifest_uri}" if cfg.restore_from else "fresh"),
+            else (f"restored from {self.restore.manifest_uri}" if self.restore is not None else "fresh"),
         )
 
     def _guard_while_idle(self) -> None:
@@ -489,8 +494,9 @@ class ShardRunner:
             "keyGroups": {"start": cfg.key_groups.start, "end": cfg.key_groups.end},
             "maxKeyGroups": cfg.max_key_groups,
             "parent": cfg.restore_from.parent if cfg.restore_from else None,
-            "restoreManifest": self.restore_manifest_uri,
-            "parentBatchId": self.restore_manifest["batchId"] if self.restore_manifest else None,
+            "parents": [p.parent for p in cfg.parents],
+            "restoreManifest": self.restore.manifest_uri if self.restore is not None else None,
+            "parentBatchId": self.restore.slices[0].manifest["batchId"] if self.restore is not None else None,
             "sink": str(self.sink_paths.root) if self.sink_paths is not None else self._sink_description(),
         }
         if self.paths.lineage.exists():

@@ -74,15 +74,21 @@ def executor_instances(spec: TaskSpec) -> int:
 
 
 def build_shard_spec(
-    task: str, key_groups: KeyGroupRange, restore_from: dict[str, str] | None = None
+    task: str,
+    key_groups: KeyGroupRange,
+    restore_from: dict[str, str] | None = None,
+    merge_from: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """``spec`` of a TaskShard: its task, its range and (for a split child) the parent snapshot to restore."""
+    """``spec`` of a TaskShard: its task, its range and (for a split child) the parent snapshot to restore, or
+    (for a merged shard) both parents' drain summaries."""
     spec: dict[str, Any] = {
         "taskRef": {"name": task},
         "keyGroups": {"start": key_groups.start, "end": key_groups.end},
     }
     if restore_from is not None:
         spec["restoreFrom"] = {"parent": restore_from["parent"], "manifest": restore_from["manifest"]}
+    if merge_from is not None:
+        spec["mergeFrom"] = [{"parent": p["parent"], "manifest": p["manifest"]} for p in merge_from]
     return spec
 
 
@@ -92,18 +98,24 @@ def build_shard(
     *,
     template_hash: str,
     restore_from: dict[str, str] | None = None,
+    merge_from: list[dict[str, str]] | None = None,
+    family: str | None = None,
 ) -> dict[str, Any]:
-    """A whole TaskShard object named ``<task>-<start>-<end>`` (owner reference added by the caller)."""
-    name = naming.shard_name(task, key_groups)
+    """A whole TaskShard object named ``<task>-<start>-<end>`` (``-<family>`` appended in a merge family, see
+    :func:`taskshard_operator.naming.merge_family`; owner reference added by the caller)."""
+    name = naming.shard_name(task, key_groups, family)
+    labels = {**naming.shard_labels(task, name, key_groups), naming.LABEL_ACTIVE: "true"}
+    if family is not None:
+        labels[naming.LABEL_FAMILY] = family
     return {
         "apiVersion": naming.GROUP_VERSION,
         "kind": "TaskShard",
         "metadata": {
             "name": name,
-            "labels": {**naming.shard_labels(task, name, key_groups), naming.LABEL_ACTIVE: "true"},
+            "labels": labels,
             "annotations": {naming.ANNOTATION_TEMPLATE_HASH: template_hash},
         },
-        "spec": build_shard_spec(task, key_groups, restore_from),
+        "spec": build_shard_spec(task, key_groups, restore_from, merge_from),
     }
 
 
@@ -118,6 +130,7 @@ def build_shard_config(
     key_groups: KeyGroupRange,
     spec: TaskSpec,
     restore_from: dict[str, str] | None = None,
+    merge_from: list[dict[str, str]] | None = None,
     task_created: str | None = None,
     task_uid: str | None = None,
     expected_batch: int | None = None,
@@ -158,6 +171,7 @@ def build_shard_config(
         "sink": data["sink"],
         "storage": storage,
         "restoreFrom": dict(restore_from) if restore_from else None,
+        **({"mergeFrom": [dict(p) for p in merge_from]} if merge_from else {}),
         "spark": {
             "master": KUBERNETES_MASTER if instances > 0 else LOCAL_MASTER,
             "conf": conf,

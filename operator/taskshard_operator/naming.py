@@ -26,6 +26,8 @@ LABEL_SHARD = f"{DOMAIN}/shard"
 LABEL_KEY_GROUPS = f"{DOMAIN}/key-groups"
 LABEL_COMPONENT = f"{DOMAIN}/component"
 LABEL_ACTIVE = f"{DOMAIN}/active"
+LABEL_FAMILY = f"{DOMAIN}/family"
+"""On a merged shard and the shards split from it: the family suffix of their names (:func:`merge_family`)."""
 """On TaskShards only: ``"true"`` unless the shard's phase is terminal (Split, Stopped), so that
 ``kubectl get/wait tss -l taskshard.io/task=X,taskshard.io/active=true`` sees the shards that own ranges."""
 COMPONENT_SHARD = "shard"
@@ -67,17 +69,29 @@ SHARD_NAME_LIMIT = 47
 """A shard's name is at most 47 characters: it is the prefix of its executor pods' names (Spark allows 47), a
 label value, and ``<shard>-driver-svc`` is a Service name (a DNS label of at most 63)."""
 SHARD_NAME_DIGEST = 8
+MERGE_FAMILY_DIGEST = 6
 
 
-def shard_name(task: str, key_groups: KeyGroupRange) -> str:
-    """``orders-0-64`` for task ``orders`` and ``[0, 64)``. When that would exceed :data:`SHARD_NAME_LIMIT`, the
-    task part is cut and a digest of the full name keeps it unique: ``<task prefix>-<8 hex>-<start>-<end>``."""
-    name = f"{task}-{key_groups.label()}"
+def shard_name(task: str, key_groups: KeyGroupRange, family: str | None = None) -> str:
+    """``orders-0-64`` for task ``orders`` and ``[0, 64)``; ``orders-0-64-m1a2b3c`` in ``family`` ``m1a2b3c`` (a
+    merged shard and the shards split from it, see :func:`merge_family`). When that would exceed
+    :data:`SHARD_NAME_LIMIT`, the task part is cut and a digest of the full name keeps it unique:
+    ``<task prefix>-<8 hex>-<start>-<end>[-<family>]``."""
+    label = key_groups.label() if family is None else f"{key_groups.label()}-{family}"
+    name = f"{task}-{label}"
     if len(name) <= SHARD_NAME_LIMIT:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:SHARD_NAME_DIGEST]
-    keep = SHARD_NAME_LIMIT - len(key_groups.label()) - SHARD_NAME_DIGEST - 2
-    return f"{task[:keep].rstrip('-')}-{digest}-{key_groups.label()}"
+    keep = SHARD_NAME_LIMIT - len(label) - SHARD_NAME_DIGEST - 2
+    return f"{task[:keep].rstrip('-')}-{digest}-{label}"
+
+
+def merge_family(left: str, right: str) -> str:
+    """The family of the shard merged from ``left`` and ``right``: ``m`` and 6 hex digits of both names. A merged
+    range's plain name may belong to an earlier shard (split, or merged, and kept as history), so a merged shard
+    and every shard split from it carry the family in their names (label :data:`LABEL_FAMILY`): within a family
+    splits only make smaller ranges, so its names never repeat."""
+    return "m" + hashlib.sha256(f"{left}+{right}".encode()).hexdigest()[:MERGE_FAMILY_DIGEST]
 
 
 def pod_name(shard: str) -> str:

@@ -10,6 +10,8 @@ module is the table the operator enforces; every status write goes through :func
                └─ Failed <──pod failed────┘                 Split <──children seen── ChildrenCreated <── Drained
                     └──pod running again──> Running         (terminal)                (both children exist)
 
+    Running ──valid spec.merge (left)──> MergeRequested ──merged shard created──> Merging ──pod drained──> Merged
+    Pending | Running | Failed ──a merged shard names it (right)──> Merging                          (terminal)
     Pending | Running | Failed ──Task deleted──> Stopped (terminal)
     Pending | Running | Failed ──Task suspended, pod gone──> Suspended ──resumed──> Pending
     SplitRequested | Draining ──spec.split withdrawn──> AbortingSplit ──parent's pod undid it──> Pending
@@ -21,7 +23,8 @@ Contracts:
   ``spec.split`` removed) before the parent's runtime wrote its drain summary, it is undone and the shard
   resumes; from Drained on it is completed, never rolled back (a failed drain is retried by the pod's restart
   policy, the phase stays Draining).
-- Split and Stopped are terminal.
+- A merge only goes forward: accepted, it cannot be withdrawn (its hand-over takes one drain of each parent).
+- Split, Merged and Stopped are terminal.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from taskshard_operator.models.shard import ShardPhase
 P = ShardPhase
 
 ALLOWED: dict[ShardPhase, frozenset[ShardPhase]] = {
-    P.PENDING: frozenset({P.RUNNING, P.FAILED, P.SPLIT_REQUESTED, P.STOPPED, P.SUSPENDED}),
-    P.RUNNING: frozenset({P.PENDING, P.FAILED, P.SPLIT_REQUESTED, P.STOPPED, P.SUSPENDED}),
-    P.FAILED: frozenset({P.PENDING, P.RUNNING, P.STOPPED, P.SUSPENDED}),
+    P.PENDING: frozenset({P.RUNNING, P.FAILED, P.SPLIT_REQUESTED, P.STOPPED, P.SUSPENDED, P.MERGING}),
+    P.RUNNING: frozenset(
+        {P.PENDING, P.FAILED, P.SPLIT_REQUESTED, P.STOPPED, P.SUSPENDED, P.MERGE_REQUESTED, P.MERGING}
+    ),
+    P.FAILED: frozenset({P.PENDING, P.RUNNING, P.STOPPED, P.SUSPENDED, P.MERGING}),
     P.SUSPENDED: frozenset({P.PENDING, P.STOPPED}),
     P.SPLIT_REQUESTED: frozenset({P.DRAINING, P.ABORTING_SPLIT}),
     P.DRAINING: frozenset({P.DRAINED, P.ABORTING_SPLIT}),
@@ -41,6 +46,9 @@ ALLOWED: dict[ShardPhase, frozenset[ShardPhase]] = {
     P.DRAINED: frozenset({P.CHILDREN_CREATED}),
     P.CHILDREN_CREATED: frozenset({P.SPLIT}),
     P.SPLIT: frozenset(),
+    P.MERGE_REQUESTED: frozenset({P.MERGING}),
+    P.MERGING: frozenset({P.MERGED}),
+    P.MERGED: frozenset(),
     P.STOPPED: frozenset(),
 }
 """Allowed ``old -> new`` transitions (besides ``old -> old``). ``Pending -> SplitRequested`` is not used by

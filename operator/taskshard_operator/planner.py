@@ -1,6 +1,7 @@
 """Pure planners: what to do, decided from observed state; the handlers only carry the decisions out.
 
 - :func:`plan_split`: accept, refuse or ignore a shard's ``spec.split`` request.
+- :func:`plan_merge`: accept or refuse a shard's ``spec.merge`` request.
 - :func:`plan_task_shards`: which initial shards a Task still needs, and whether its active shards tile
   ``[0, maxKeyGroups)`` (when they would not, it creates nothing).
 - :func:`range_conflicts`: the shards that own part of a shard's range (it starts no pod while any exists).
@@ -180,9 +181,71 @@ def _no_point(by: SplitBy, rows: Mapping[tuple[int, int], float] | None, load_se
     return "no state rows in its state map (nothing to divide)"
 
 
-def child_names(task: str, children: Iterable[KeyGroupRange]) -> list[str]:
-    """Deterministic child names, lower range first."""
-    return [naming.shard_name(task, r) for r in children]
+def child_names(task: str, children: Iterable[KeyGroupRange], family: str | None = None) -> list[str]:
+    """Deterministic child names, lower range first (in the parent's merge ``family``, if any)."""
+    return [naming.shard_name(task, r, family) for r in children]
+
+
+# ---------------------------------------------------------------- merge
+
+
+@dataclass(frozen=True)
+class MergeAccepted:
+    """A valid ``spec.merge``: this shard and ``right`` become ``into`` over ``key_groups``."""
+
+    right: str
+    into: str
+    key_groups: KeyGroupRange
+    family: str
+
+
+@dataclass(frozen=True)
+class MergeRefused:
+    """An invalid ``spec.merge``; the message goes into the MergeRejected condition and an event."""
+
+    message: str
+
+
+def plan_merge(
+    *,
+    task: str,
+    left: ShardView,
+    right: ShardView | None,
+    right_name: str,
+    right_wants: str | None = None,
+    named_by: str | None = None,
+) -> MergeAccepted | MergeRefused:
+    """Accept or refuse ``spec.merge: {with: right_name}`` of shard ``left`` (pure). ``right`` is that TaskShard
+    of the same Task (None: none); ``right_wants`` what the right shard asks for itself (a ``spec.merge`` or a
+    ``spec.split``, described), ``named_by`` a merge in progress that names ``left`` as its right shard.
+
+    Refused when the right shard does not exist, is this shard, is not the right neighbour
+    (``left.end != right.start``), when either is not Running (starting, failed, suspended, splitting or
+    merging already), or when either is about to hand its range over otherwise."""
+    where = f"spec.merge.with: {right_name!r}"
+    if right is None:
+        return MergeRefused(f"{where}: no TaskShard of that name belongs to Task {task}")
+    if right.name == left.name:
+        return MergeRefused(f"{where} is this shard itself; name its right neighbour")
+    if right.key_groups.start != left.key_groups.end:
+        return MergeRefused(
+            f"{where} owns {right.key_groups}, which does not start where {left.name} {left.key_groups} ends "
+            f"(key group {left.key_groups.end}); set spec.merge on the left one of two adjacent shards, naming its "
+            "right neighbour"
+        )
+    for shard in (left, right):
+        if shard.phase != ShardPhase.RUNNING:
+            return MergeRefused(
+                f"{where}: {shard.name} is {shard.phase.value}; both shards must be Running (not starting, failed, "
+                "suspended, splitting or merging) for a merge to start"
+            )
+    if named_by is not None:
+        return MergeRefused(f"{where}: {left.name} is merging into {named_by} already (as the right shard)")
+    if right_wants is not None:
+        return MergeRefused(f"{where}: {right.name} asks for {right_wants} itself; one hand-over at a time")
+    family = naming.merge_family(left.name, right.name)
+    merged = KeyGroupRange(left.key_groups.start, right.key_groups.end)
+    return MergeAccepted(right.name, naming.shard_name(task, merged, family), merged, family)
 
 
 # ---------------------------------------------------------------- task
@@ -205,23 +268,49 @@ class ShardView:
     """True when the driver pod's container is running."""
     parent: str | None = None
     """A split child's parent (``spec.restoreFrom.parent``)."""
+    merge_parents: tuple[str, ...] = ()
+    """A merged shard's two parents (``spec.mergeFrom``), left first."""
+    drained_for_merge: bool = False
+    """A merge parent whose pod drained for good (Merging with ``status.finalCheckpoint``, or Merged)."""
 
     @property
     def active(self) -> bool:
         """The shard's phase owns its range (see :func:`owners` for children on standby)."""
         return self.phase.owns_range
 
+    @property
+    def parents(self) -> tuple[str, ...]:
+        """Its split parent, or its merge parents, or none."""
+        return (self.parent,) if self.parent else self.merge_parents
+
 
 PARENT_OWNS_RANGE = frozenset(p for p in ShardPhase if p.holds_range_for_children)
-"""A split parent's phases in which it still owns its range although its children exist (they are on standby)."""
+"""A split or merge parent's phases in which it still owns its range although its children exist (they are on
+standby)."""
+
+
+def merges_taken_over(shards: Iterable[ShardView]) -> set[str]:
+    """The merged shards that own their range already: every parent drained for the merge (or is gone). Until then
+    both parents own theirs, so the ownership of the merged range moves at one observed moment, never leaving a
+    gap or an overlap in the tiling."""
+    shards = list(shards)
+    by_name = {s.name: s for s in shards}
+    return {
+        s.name
+        for s in shards
+        if s.merge_parents and all(p not in by_name or by_name[p].drained_for_merge for p in s.merge_parents)
+    }
 
 
 def owners(shards: Iterable[ShardView]) -> list[ShardView]:
-    """The shards that own their key groups: an owning phase, except children on standby (their parent, present
-    in ``shards``, is in :data:`PARENT_OWNS_RANGE`)."""
+    """The shards that own their key groups: an owning phase, except children on standby (a parent, present in
+    ``shards``, is in :data:`PARENT_OWNS_RANGE`) and merge parents whose merged shard took over
+    (:func:`merges_taken_over`)."""
     shards = list(shards)
-    holding = {s.name for s in shards if s.phase.holds_range_for_children}
-    return [s for s in shards if s.active and s.parent not in holding]
+    taken = merges_taken_over(shards)
+    handed = {p for s in shards if s.name in taken for p in s.merge_parents}
+    holding = {s.name for s in shards if s.phase.holds_range_for_children and s.name not in handed}
+    return [s for s in shards if s.active and s.name not in handed and not set(s.parents) & holding]
 
 
 @dataclass(frozen=True)
@@ -259,14 +348,18 @@ def plan_task_shards(*, task: str, max_key_groups: int, initial_shards: int, sha
 
 def range_conflicts(shard: ShardView, shards: Iterable[ShardView]) -> list[ShardView]:
     """The other shards that own key groups of ``shard``'s range (ascending): ``shard`` must not start a pod while
-    any exists, or those key groups would be processed twice. A split child overlaps only its own parent, which
-    it waits for on standby (processing nothing until the parent's drain summary exists): not a conflict."""
+    any exists, or those key groups would be processed twice. A split child overlaps only its own parent, and a
+    merged shard only its two parents, which it waits for on standby (processing nothing until their drain
+    summaries exist): not a conflict."""
     r = shard.key_groups
     return sorted(
         (
             s
             for s in owners(shards)
-            if s.name not in (shard.name, shard.parent) and s.key_groups.start < r.end and r.start < s.key_groups.end
+            if s.name != shard.name
+            and s.name not in shard.parents
+            and s.key_groups.start < r.end
+            and r.start < s.key_groups.end
         ),
         key=lambda s: s.key_groups,
     )
@@ -290,7 +383,7 @@ def plan_roll(target_hash: str, shards: Iterable[ShardView]) -> str | None:
 
 
 def task_phase(shards: Iterable[ShardView], *, tiling_error: str | None = None, suspended: bool = False) -> TaskPhase:
-    """Summarise the shards: Suspended (``spec.suspend``) > Splitting > Degraded > Pending > Running (see
+    """Summarise the shards: Suspended (``spec.suspend``) > Splitting > Merging > Degraded > Pending > Running (see
     ``TaskPhase``); broken tiling is Degraded."""
     shards = list(shards)
     active = owners(shards)
@@ -300,6 +393,8 @@ def task_phase(shards: Iterable[ShardView], *, tiling_error: str | None = None, 
         return TaskPhase.PENDING if tiling_error is None or not shards else TaskPhase.DEGRADED
     if any(s.phase.splitting for s in shards):
         return TaskPhase.SPLITTING
+    if any(s.phase.merging for s in shards):
+        return TaskPhase.MERGING
     if any(s.phase == ShardPhase.FAILED for s in active):
         return TaskPhase.DEGRADED
     if all(s.phase == ShardPhase.RUNNING for s in active):

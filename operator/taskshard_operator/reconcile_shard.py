@@ -41,6 +41,14 @@ from taskshard_operator.act import Backoff as BackoffAction
 from taskshard_operator.cache import Observed
 from taskshard_operator.kube import Kube
 from taskshard_operator.live import shard_live_patch
+from taskshard_operator.merge_protocol import (
+    keep_merged,
+    merged_parents_waiting,
+    observe_merge_partner,
+    observe_merge_request,
+    step_create_merged,
+    step_merging,
+)
 from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.phases import parse_phase
 from taskshard_operator.shard_context import ShardContext, create_pod, ended_live, remove_own_pod
@@ -141,7 +149,7 @@ def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=
     )
     _sync_active_label(ctx)
     task_alive = task is not None and not task["metadata"].get("deletionTimestamp")
-    sync_split_finalizer(ctx, want=task_alive and ctx.phase.splitting)
+    sync_split_finalizer(ctx, want=task_alive and ctx.phase.handing_over)
     if not task_alive:
         _stop(ctx)
         _mirror_executors(ctx)
@@ -171,7 +179,9 @@ def _mirror_live(ctx: ShardContext) -> None:
         ctx.write({"live": live})
 
 
-NO_EXECUTOR_PHASES = frozenset({P.DRAINED, P.CHILDREN_CREATED, P.SPLIT, P.STOPPED, P.SUSPENDED, P.ABORTING_SPLIT})
+NO_EXECUTOR_PHASES = frozenset(
+    {P.DRAINED, P.CHILDREN_CREATED, P.SPLIT, P.MERGED, P.STOPPED, P.SUSPENDED, P.ABORTING_SPLIT}
+)
 """Phases in which the shard keeps no driver that runs executors (ended, handed over, suspended, or a pod that only
 undoes a split): no ``status.executors`` and no ExecutorsReady condition."""
 
@@ -241,10 +251,12 @@ def _reconcile_active(ctx: ShardContext) -> None:
     """Pending, Running, Failed: the split request first, then the config, the pod, and the pod's state mirrored
     (while the Task is suspended: stop instead, except a split child whose parent is still handing over: the parent
     stops only once both children are ready, so they run until it has handed the range over)."""
+    if observe_merge_partner(ctx):  # a merge accepted by the left neighbour goes on, even while suspended
+        return
     if ctx.spec.suspend and not _standby_parent(ctx):
         _suspend(ctx)
         return
-    if observe_split_request(ctx):
+    if observe_merge_request(ctx) or observe_split_request(ctx):
         return
     if not _ensure_config(ctx):
         return
@@ -257,6 +269,8 @@ def _base_patch(ctx: ShardContext) -> dict[str, Any]:
     patch: dict[str, Any] = {"pod": naming.pod_name(ctx.name)}
     if ctx.restore_from and ctx.status.get("lineage") is None:
         patch["lineage"] = {"parent": ctx.restore_from["parent"]}
+    if ctx.merge_from and ctx.status.get("lineage") is None:
+        patch["lineage"] = {"parents": [p["parent"] for p in ctx.merge_from]}
     return patch
 
 
@@ -281,6 +295,7 @@ def _ensure_config(ctx: ShardContext) -> bool:
         key_groups=ctx.key_groups,
         spec=ctx.spec,
         restore_from=ctx.restore_from,
+        merge_from=ctx.merge_from,
         task_created=(ctx.task or {}).get("metadata", {}).get("creationTimestamp"),
         task_uid=(ctx.task or {}).get("metadata", {}).get("uid"),
         expected_batch=(ctx.shard.get("status") or {}).get("lastCheckpoint", {}).get("batchId"),
@@ -402,7 +417,8 @@ def _mirror_pod(ctx: ShardContext) -> None:
     if standby_parent:
         message = (
             f"standby: driver pod {pod.name} is started and warm; it restores its slice and starts processing "
-            f"once parent {standby_parent} has finished draining"
+            f"once {'parents' if ctx.merge_from else 'parent'} {standby_parent} "
+            f"{'have' if ctx.merge_from else 'has'} finished draining"
         )
         ctx.write(
             {
@@ -521,7 +537,11 @@ def _missing_secret(ctx: ShardContext) -> bool:
 def _standby_parent(ctx: ShardContext) -> str | None:
     """For a split child: its parent's name while the parent owns the range (the split is between
     SplitRequested and Drained), else None. A child cannot have run before its parent handed the range over
-    (a split only moves forward), so this holds in any phase, also after a failed restore rehearsal."""
+    (a split only moves forward), so this holds in any phase, also after a failed restore rehearsal. For a merged
+    shard: both parents' names until both drained."""
+    waiting = merged_parents_waiting(ctx)
+    if waiting:
+        return " and ".join(waiting)
     if not ctx.restore_from:
         return None
     parent = ctx.observed.shard(ctx.namespace, ctx.restore_from["parent"])
@@ -630,7 +650,7 @@ def _keep_suspended(ctx: ShardContext) -> None:
 
 def _stop(ctx: ShardContext) -> None:
     """The Task is gone or being deleted: stop the pod and mark the shard Stopped (terminal)."""
-    if ctx.phase == P.SPLIT:
+    if ctx.phase in (P.SPLIT, P.MERGED):
         remove_own_pod(ctx)
     if ctx.phase.terminal:
         return
@@ -655,6 +675,9 @@ def _nothing(ctx: ShardContext) -> None:
 #   Drained --step_create_children--> ChildrenCreated --step_finish_split--> Split (keep_split: terminal)
 #   SplitRequested | Draining (spec.split withdrawn) --> AbortingSplit --step_abort--> Pending | Drained
 #   Suspended --_keep_suspended--> Pending (resumed)          Stopped: terminal
+#   Running (spec.merge, left) --observe_merge_request--> MergeRequested --step_create_merged--> Merging
+#   Pending/Running/Failed (named by a merged shard, right) --observe_merge_partner--> Merging
+#   Merging --step_merging--> (drained) --step_merging--> Merged (keep_merged: terminal)
 STEPS = {
     P.PENDING: _reconcile_active,
     P.RUNNING: _reconcile_active,
@@ -665,6 +688,9 @@ STEPS = {
     P.CHILDREN_CREATED: step_finish_split,
     P.ABORTING_SPLIT: step_abort,
     P.SPLIT: keep_split,
+    P.MERGE_REQUESTED: step_create_merged,
+    P.MERGING: step_merging,
+    P.MERGED: keep_merged,
     P.STOPPED: _nothing,
     P.SUSPENDED: _keep_suspended,
 }

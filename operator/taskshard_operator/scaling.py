@@ -238,6 +238,9 @@ def _reason_to_wait(
     splitting = [v for v in views if v.phase.splitting]
     if splitting:
         return f"the split of {_names(splitting)} is in progress (one split at a time)"
+    merging = [v for v in views if v.phase.merging]
+    if merging:
+        return f"the merge of {_names(merging)} is in progress (one hand-over at a time)"
     pending = [v for v in active if (ask := asks.get(v.name)) is not None and ask.pending]
     if pending:
         return f"{_names(pending)} has a split request (spec.split) its pass has not taken yet"

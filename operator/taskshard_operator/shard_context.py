@@ -79,6 +79,17 @@ class ShardContext:
         return self.shard["spec"].get("restoreFrom")
 
     @property
+    def merge_from(self) -> list[dict[str, str]] | None:
+        """A merged shard's two parents (``spec.mergeFrom``), left first."""
+        return self.shard["spec"].get("mergeFrom")
+
+    @property
+    def family(self) -> str | None:
+        """The merge family in its name (label ``taskshard.io/family``; :func:`taskshard_operator.naming.merge_family`):
+        its split children carry it on."""
+        return (self.shard["metadata"].get("labels") or {}).get(naming.LABEL_FAMILY)
+
+    @property
     def template_hash(self) -> str:
         """The template this shard should run: its roll annotation, else the Task's current one."""
         annotations = self.shard["metadata"].get("annotations") or {}

@@ -78,6 +78,8 @@ from taskshard_operator.shard_context import ShardContext, create_pod, ended_liv
 P = ShardPhase
 
 __all__ = [
+    "await_drain",
+    "drained_status",
     "finalizers",
     "keep_split",
     "observe_split_request",
@@ -117,7 +119,7 @@ def observe_split_request(ctx: ShardContext) -> bool:
         split_waits(ctx, "the shard is not running yet; the split starts once it runs")
         return False  # a valid request of a starting shard waits (an invalid one is refused at once, below)
     if isinstance(decision, planner.SplitAccepted):
-        low, high = planner.child_names(ctx.task_name, decision.children)
+        low, high = planner.child_names(ctx.task_name, decision.children, ctx.family)
         message = f"split accepted at key group {decision.at}: {ctx.name} -> {low} + {high}"
         accepted: dict[str, Any] = {"at": decision.at, "acceptedTime": st.now()}
         if decision.load is not None and decision.by == SplitBy.STATE:
@@ -258,7 +260,7 @@ def _split_request_changed(ctx: ShardContext) -> bool:
 
 def _split_children(ctx: ShardContext) -> list[str]:
     """The children's names of the split in progress (from ``status.split.at``), lower first."""
-    return planner.child_names(ctx.task_name, ctx.key_groups.split(int(ctx.status["split"]["at"])))
+    return planner.child_names(ctx.task_name, ctx.key_groups.split(int(ctx.status["split"]["at"])), ctx.family)
 
 
 def step_request_drain(ctx: ShardContext) -> None:
@@ -293,6 +295,14 @@ def step_await_drain(ctx: ShardContext) -> None:
     created again: it resumes its catch-up from its storage)."""
     if _split_request_changed(ctx) or _ensure_children(ctx) is None:
         return
+    await_drain(ctx, lambda term: _record_drained(ctx, term))
+
+
+def await_drain(ctx: ShardContext, on_drained: Any) -> None:
+    """A parent's pod while it hands its range over (a split's Draining, a merge's Merging): a missing pod is
+    created (it resumes from its recovery log and drains once its children are ready), a failing one is reported
+    (``restartPolicy: OnFailure`` restarts it in place), one that exited 0 without a snapshot manifest is deleted
+    to drain again; once it exited drained, ``on_drained(termination)``."""
     pod = ctx.pod
     if not pod.exists:
         create_pod(ctx, restarts_base=int(ctx.status.get("restarts") or 0) + 1)
@@ -308,7 +318,7 @@ def step_await_drain(ctx: ShardContext) -> None:
             ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "DrainRetry", message)]})
         return
     if term.drained:
-        _record_drained(ctx, term)
+        on_drained(term)
         return
     if term.exit_code == 0 or pod.phase in ("Failed", "Succeeded"):
         # Ended without a snapshot manifest: nothing to restore from; run the drain again from the recovery log.
@@ -321,24 +331,29 @@ def step_await_drain(ctx: ShardContext) -> None:
         ctx.event("Warning", "DrainWithoutManifest", message)
 
 
-def _record_drained(ctx: ShardContext, term: st.Termination, *, note: str = "") -> None:
-    """Draining (or AbortingSplit, too late) -> Drained: the parent's runtime ended its final drain."""
+def drained_status(ctx: ShardContext, term: st.Termination, *, note: str = "") -> tuple[dict[str, Any], str]:
+    """The status patch (``finalCheckpoint``, ``lastCheckpoint``, the live fields, conditions) and the message of
+    a parent whose runtime ended its final drain (``term``, its pod's termination)."""
     final = term.checkpoint(with_manifest=True) or {"manifest": term.manifest}
     final.setdefault("batchId", 0)
     message = f"drained at batch {final['batchId']}; snapshot manifest {term.manifest}{note}"
-    ctx.write(
-        {
-            "finalCheckpoint": final,
-            "lastCheckpoint": final,
-            **ended_live(ctx, final),
-            "restarts": ctx.pod.restarts,
-            "conditions": [
-                ctx.cond(st.PROGRESSING, True, "Drained", message),
-                ctx.cond(st.DEGRADED, False, "Healthy", ""),
-            ],
-        },
-        phase=P.DRAINED,
-    )
+    patch = {
+        "finalCheckpoint": final,
+        "lastCheckpoint": final,
+        **ended_live(ctx, final),
+        "restarts": ctx.pod.restarts,
+        "conditions": [
+            ctx.cond(st.PROGRESSING, True, "Drained", message),
+            ctx.cond(st.DEGRADED, False, "Healthy", ""),
+        ],
+    }
+    return patch, message
+
+
+def _record_drained(ctx: ShardContext, term: st.Termination, *, note: str = "") -> None:
+    """Draining (or AbortingSplit, too late) -> Drained: the parent's runtime ended its final drain."""
+    patch, message = drained_status(ctx, term, note=note)
+    ctx.write(patch, phase=P.DRAINED)
     ctx.event("Normal" if not note else "Warning", "Drained" if not note else "SplitAbortTooLate", message)
 
 
@@ -350,7 +365,11 @@ def _ensure_children(ctx: ShardContext) -> list[str] | None:
     names = []
     for r in ctx.key_groups.split(at):
         body = builders.build_shard(
-            ctx.task_name, r, template_hash=ctx.task_hash, restore_from={"parent": ctx.name, "manifest": manifest}
+            ctx.task_name,
+            r,
+            template_hash=ctx.task_hash,
+            restore_from={"parent": ctx.name, "manifest": manifest},
+            family=ctx.family,
         )
         name = body["metadata"]["name"]
         existing = ctx.observed.shard(ctx.namespace, name)

@@ -37,6 +37,7 @@ READY = ConditionType.READY.value
 PROGRESSING = ConditionType.PROGRESSING.value
 DEGRADED = ConditionType.DEGRADED.value
 SPLIT_REJECTED = ConditionType.SPLIT_REJECTED.value
+MERGE_REJECTED = ConditionType.MERGE_REJECTED.value
 TILED = ConditionType.TILED.value
 SPLITTING = ConditionType.SPLITTING.value
 SCALED = ConditionType.SCALED.value

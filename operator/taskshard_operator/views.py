@@ -11,10 +11,11 @@ from typing import Any
 from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import naming, planner
 from taskshard_operator.cache import Observed
+from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.phases import parse_phase
 from taskshard_operator.status import PodView
 
-__all__ = ["shard_view", "shard_views"]
+__all__ = ["drained_for_merge", "shard_view", "shard_views"]
 
 
 def shard_view(shard: dict[str, Any], pod: PodView) -> planner.ShardView:
@@ -23,12 +24,21 @@ def shard_view(shard: dict[str, Any], pod: PodView) -> planner.ShardView:
         name=shard["metadata"]["name"],
         key_groups=KeyGroupRange(kg["start"], kg["end"]),
         phase=parse_phase((shard.get("status") or {}).get("phase")),
-        restored=bool(shard["spec"].get("restoreFrom")),
+        restored=bool(shard["spec"].get("restoreFrom") or shard["spec"].get("mergeFrom")),
         wanted_hash=(shard["metadata"].get("annotations") or {}).get(naming.ANNOTATION_TEMPLATE_HASH),
         pod_hash=pod.template_hash if pod.exists else None,
         pod_ready=pod.running and not pod.deleting,
         parent=(shard["spec"].get("restoreFrom") or {}).get("parent"),
+        merge_parents=tuple(p["parent"] for p in shard["spec"].get("mergeFrom") or ()),
+        drained_for_merge=drained_for_merge(shard),
     )
+
+
+def drained_for_merge(shard: dict[str, Any]) -> bool:
+    """A merge parent whose pod drained for good: Merged, or Merging with ``status.finalCheckpoint``."""
+    status = shard.get("status") or {}
+    phase = parse_phase(status.get("phase"))
+    return phase == ShardPhase.MERGED or (phase == ShardPhase.MERGING and bool(status.get("finalCheckpoint")))
 
 
 def shard_views(observed: Observed, namespace: str, task: str) -> list[planner.ShardView]:

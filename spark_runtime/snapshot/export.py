@@ -33,7 +33,8 @@ class SnapshotWriter:
     """Writes the snapshots of one shard. ``runner`` is the :class:`spark_runtime.shard.ShardRunner`; used:
     ``config``, ``plan``, ``paths``, ``s3``, ``fence`` (checked before the manifest), ``source``
     (``validate_positions``, ``describe``), ``positions_at(batch)``, ``dead_letter_total``,
-    ``restore_manifest`` (the seed of a child that never committed) and ``session()``."""
+    ``restore`` (the :class:`~spark_runtime.snapshot.restore.RestorePlan`: the seed of a child that never
+    committed, and the skip rule its manifests carry on) and ``session()``."""
 
     def __init__(self, runner: Any) -> None:
         self.runner = runner
@@ -63,6 +64,7 @@ class SnapshotWriter:
             checkpoint=r.paths.checkpoint.uri(),
             dead_letters=r.dead_letter_total,
             writer_epoch=r.fence.epoch,
+            skip=r.restore.skip.to_json() if r.restore is not None and r.restore.skip is not None else None,
         )
         r.fence.check(f"the manifest of snapshot {batch_id}")
         if not manifest_path.create_exclusive_json(manifest):  # another export of this batch finished first
@@ -86,10 +88,11 @@ class SnapshotWriter:
             faults.crash_point(mid_export, "the export finished before a part of it was seen")
             return
         state_dir.mkdir()
-        if r.restore_manifest is not None:  # never ran a batch: the state is still the seed
-            parent_state = location(r.restore_manifest["snapshot"]["path"], r.s3)
-            kg_range = r.config.key_groups
-            for kg, directory in slice_dirs(parent_state, kg_range.start, kg_range.end).items():
+        if r.restore is None:
+            return
+        for part in r.restore.slices:  # never ran a batch: the state is still the seed (its parents' slices)
+            parent_state = location(part.manifest["snapshot"]["path"], r.s3)
+            for kg, directory in slice_dirs(parent_state, part.start, part.end).items():
                 for f in parquet_files(directory):
                     f.copy_to(key_group_dir(state_dir, kg) / f.name)
                     if mid_export is not None:

@@ -18,6 +18,8 @@
                                      {"bytes": 1422, "rows": 41, "sha256": "9f2c..."}}}, ...}},
       "checkpoint": ".../checkpoint",
       "parent": {"shard": "...", "manifest": "..."} | null,
+      "parents": [{"shard": "...", "manifest": "..."}, ...],   # one (a split child) or two (a merge), or none
+      "skip": [[end, [[partition, offset], ...]], ...] | null,   # SkipRule: rows the shard's state already has
       "deadLetters": 2,
       "createdAt": "2026-11-22T02:41:00Z"
     }
@@ -98,10 +100,12 @@ def build_manifest(
     checkpoint: str,
     dead_letters: int,
     writer_epoch: int | None,
+    skip: list[Any] | None = None,
 ) -> dict[str, Any]:
     """The manifest of the snapshot of committed ``batch_id`` in ``state_dir`` (the format above) for a shard
     with ``config`` (:class:`spark_runtime.config.ShardConfig`) and ``plan`` (:class:`spark_runtime.pipeline.Plan`);
-    ``stats`` is :func:`snapshot_stats` of ``state_dir``. Pure."""
+    ``stats`` is :func:`snapshot_stats` of ``state_dir``; ``skip`` the shard's skip rule
+    (:class:`spark_runtime.protocol.SkipRule` as JSON), which its children inherit. Pure."""
     parent = config.restore_from
     return {
         "version": MANIFEST_VERSION,
@@ -118,6 +122,8 @@ def build_manifest(
         "snapshot": {"path": state_dir.uri(), "format": "parquet", "partitionColumn": PARTITION_COLUMN, **stats},
         "checkpoint": checkpoint,
         "parent": {"shard": parent.parent, "manifest": parent.manifest} if parent is not None else None,
+        "parents": [{"shard": p.parent, "manifest": p.manifest} for p in config.parents],
+        "skip": skip,
         "deadLetters": dead_letters,
         "createdAt": utc_now(),
         "writerEpoch": writer_epoch,

@@ -1,15 +1,20 @@
-"""A split child's restore: check the parent's manifest, verify the child's slice, and plan the seed.
+"""A child's restore: check its parents' manifests, verify its slices, and plan the seed.
 
-Before anything is processed, a child restoring from its parent's snapshot refuses (with
-:class:`~spark_runtime.snapshot.manifest.RestoreError`, exit 2, the reason on the TaskShard):
+A split child restores the slice of its range from its parent's snapshot; a merged child restores the whole
+range of each of its two parents from that parent's snapshot (key-group-indexed snapshots union naturally).
+Before anything is processed, a child refuses (with :class:`~spark_runtime.snapshot.manifest.RestoreError`,
+exit 2, the reason on the TaskShard):
 
 - a manifest of another task or shard, another ``maxKeyGroups``, a range outside the parent's, or another
   state format or schema (:func:`~spark_runtime.snapshot.manifest.check_restore`);
+- for a merge, parents whose ranges are not adjacent or do not make up exactly the child's range
+  (``MergeRangesMismatch``);
 - positions its source cannot start from (the source's ``validate_positions``);
 - a slice whose files differ from what the manifest lists (:func:`~spark_runtime.snapshot.manifest.verify_snapshot`).
 
-Then the child's query starts at the parent's positions (only the partitions it reads) and its first batch
-seeds its state store with the slice (:mod:`spark_runtime.sources.seed`).
+Then the child's query starts at its parent's positions (only the partitions it reads; for a merge, the lower
+of the two parents' positions with a :class:`~spark_runtime.protocol.SkipRule` for the rows one parent already
+counted) and its first batch seeds its state store with the slices (:mod:`spark_runtime.sources.seed`).
 """
 
 from __future__ import annotations
@@ -18,51 +23,145 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from spark_runtime.snapshot.manifest import check_restore, load_manifest, verify_snapshot
+from spark_runtime.protocol import SkipRule, lowest_positions
+from spark_runtime.snapshot.manifest import RestoreError, check_restore, load_manifest, verify_snapshot
 from spark_runtime.storage import Loc, S3Settings, location
 
-__all__ = ["RestorePlan", "plan_restore"]
+__all__ = ["ParentSlice", "RestorePlan", "counted_up_to", "plan_restore", "start_and_skip"]
 
 log = logging.getLogger("taskshard.shard")
+
+
+@dataclass(frozen=True)
+class ParentSlice:
+    """One parent's part of a restore: its manifest and the key groups ``[start, end)`` taken from it."""
+
+    parent: str
+    manifest_uri: str
+    manifest: dict[str, Any]
+    start: int
+    end: int
 
 
 @dataclass(frozen=True)
 class RestorePlan:
     """What a verified restore starts from."""
 
-    manifest_uri: str
-    manifest: dict[str, Any]
+    slices: list[ParentSlice]
+    """One per parent, by ascending key groups."""
     start_positions: dict[str, Any]
-    """The parent's positions, nested: only the partitions this shard reads."""
+    """The parents' positions, nested: only the partitions this shard reads (a merge: the lower of the two)."""
     seed_options: dict[str, Any]
     """The keyword arguments of :func:`spark_runtime.sources.seed.seed_stream` except ``mode``/``schema_ddl``."""
+    skip: SkipRule | None = None
+    """What the child skips: a merge whose parents stopped at different positions of a partition, or a child of
+    a shard that had a rule itself (None: nothing). The child's manifests carry it on."""
+
+    @property
+    def manifest_uri(self) -> str:
+        return self.slices[0].manifest_uri if len(self.slices) == 1 else ", ".join(s.manifest_uri for s in self.slices)
 
 
 def plan_restore(
-    config: Any, plan: Any, source: Any, manifest_uri: str, s3: S3Settings | None, report_dir: Loc
+    config: Any, plan: Any, source: Any, manifests: list[tuple[str, Loc]], s3: S3Settings | None, report_dir: Loc
 ) -> RestorePlan:
-    """Check and verify the restore of ``config``'s range from the manifest at ``manifest_uri`` (see the module
-    docstring); ``plan`` is the shard's :class:`spark_runtime.pipeline.Plan`, ``source`` its source."""
-    manifest = load_manifest(location(manifest_uri, s3))
-    assert config.restore_from is not None
+    """Check and verify the restore of ``config``'s range from ``manifests`` (``(parent, manifest)``: one for a
+    split child, two for a merge; see the module docstring); ``plan`` is the shard's
+    :class:`spark_runtime.pipeline.Plan`, ``source`` its source."""
     kg = config.key_groups
-    check_restore(
-        manifest,
-        task=config.task,
-        parent=config.restore_from.parent,
-        max_key_groups=config.max_key_groups,
-        start=kg.start,
-        end=kg.end,
-        state_format=plan.state_format,
-        state_schema=plan.state_schema,
-    )
-    own_positions = source.validate_positions(manifest["positions"])
-    state_dir = location(manifest["snapshot"]["path"], s3)
-    verified = verify_snapshot(manifest, state_dir, kg.start, kg.end)
-    log.info("shard %s: snapshot slice verified against the manifest: %s", config.shard, verified)
-    return RestorePlan(
-        manifest_uri=manifest_uri,
-        manifest=manifest,
-        start_positions=own_positions,
-        seed_options={"state_dir": state_dir, "start": kg.start, "end": kg.end, "report_dir": report_dir},
-    )
+    merge = len(manifests) > 1
+    slices = []
+    for parent, uri in manifests:
+        manifest = load_manifest(uri)
+        own = manifest.get("keyGroups") or {}
+        start, end = (int(own.get("start", -1)), int(own.get("end", -1))) if merge else (kg.start, kg.end)
+        check_restore(
+            manifest,
+            task=config.task,
+            parent=parent,
+            max_key_groups=config.max_key_groups,
+            start=start,
+            end=end,
+            state_format=plan.state_format,
+            state_schema=plan.state_schema,
+        )
+        slices.append(ParentSlice(parent, uri.uri(), manifest, start, end))
+    slices.sort(key=lambda s: s.start)
+    if merge:
+        check_merge_ranges(slices, kg.start, kg.end)
+    start_positions, skip = start_and_skip(source, slices)
+    seeds = []
+    for s in slices:
+        state_dir = location(s.manifest["snapshot"]["path"], s3)
+        verified = verify_snapshot(s.manifest, state_dir, s.start, s.end)
+        log.info("shard %s: slice [%d, %d) of %s verified: %s", config.shard, s.start, s.end, s.parent, verified)
+        seeds.append((state_dir, s.start, s.end))
+    if skip is not None:
+        log.info("shard %s: merge skip rule (range end, {partition: first offset}): %s", config.shard, skip.to_json())
+    return RestorePlan(slices, start_positions, {"slices": seeds, "report_dir": report_dir}, skip)
+
+
+def check_merge_ranges(slices: list[ParentSlice], start: int, end: int) -> None:
+    """Raise ``MergeRangesMismatch`` unless the parents' ranges (sorted) are adjacent and make up ``[start, end)``."""
+    at = start
+    for s in slices:
+        if s.start != at:
+            ranges = ", ".join(f"{p.parent} [{p.start}, {p.end})" for p in slices)
+            raise RestoreError(
+                f"mergeFrom: the parents' ranges {ranges} do not make up keyGroups [{start}, {end}) without gap or "
+                f"overlap (key group {min(at, s.start)} is {'missing' if s.start > at else 'in two parents'}); a "
+                "merge joins two adjacent shards into one over exactly their ranges",
+                reason="MergeRangesMismatch",
+            )
+        at = s.end
+    if at != end:
+        raise RestoreError(
+            f"mergeFrom: the parents' ranges end at key group {at}, not at keyGroups.end {end}",
+            reason="MergeRangesMismatch",
+        )
+
+
+def start_and_skip(source: Any, slices: list[ParentSlice]) -> tuple[dict[str, Any], SkipRule | None]:
+    """Where a child of ``slices``' parents (by ascending key groups) starts, and what it skips (None: nothing).
+
+    A parent ``P`` counted the rows of key group ``g`` in partition ``p`` below ``C_P(g, p)``: its final position
+    ``F_P[p]``, or higher where ``P``'s own restore skipped rows an ancestor had counted (its manifest's ``skip``).
+    The child starts each partition at the lowest of its parents' final positions and skips, per key group, the
+    rows below ``C_owner(g, p)`` (:class:`~spark_runtime.protocol.SkipRule`). A split child of a parent without a
+    rule starts at ``F_P`` and skips nothing."""
+    start = source.validate_positions(lowest_positions([s.manifest["positions"] for s in slices]))
+    owners: list[tuple[int, dict[int, int]]] = []
+    for s in slices:
+        inherited = s.manifest.get("skip")
+        owners += counted_up_to(
+            s.start,
+            s.end,
+            source.partition_offsets(s.manifest["positions"]),
+            SkipRule.from_json(inherited) if inherited else None,
+        )
+    rule = SkipRule.of(owners, source.partition_offsets(start))
+    return start, None if rule.skips_nothing else rule
+
+
+def counted_up_to(
+    start: int, end: int, finals: dict[int, int], inherited: SkipRule | None
+) -> list[tuple[int, dict[int, int]]]:
+    """``C_P`` of a parent over key groups ``[start, end)`` as ``[(range end, {partition: offset})]``: its final
+    offsets ``finals``, raised where its ``inherited`` rule skips further."""
+    if inherited is None:
+        return [(end, dict(finals))]
+    out: list[tuple[int, dict[int, int]]] = []
+    at = start
+    for owner_end, ahead in inherited.owners:
+        if owner_end <= at:
+            continue
+        upto = dict(finals)
+        for partition, offset in ahead:
+            upto[partition] = max(upto.get(partition, -1), offset)
+        at = min(owner_end, end)
+        out.append((at, upto))
+        if at >= end:
+            break
+    if at < end:
+        out.append((end, dict(finals)))
+    return out

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from spark_runtime.keygroups import KeyGrouping
+from spark_runtime.protocol import SkipRule
 from spark_runtime.records import RecordSpec
 from spark_runtime.storage import Loc
 
@@ -79,6 +80,8 @@ class SourceContext:
     """The partitions this shard reads (None: every partition)."""
     catch_up_state: Loc | None = None
     """A catching-up split child's ``catch-up.json`` (None: not catching up)."""
+    skip: SkipRule | None = None
+    """A merged child's skip rule: rows (and dead letters) a parent already counted (None: skip nothing)."""
 
     @property
     def key_grouping(self) -> KeyGrouping:
@@ -106,6 +109,12 @@ class Source(Protocol):
 
     def validate_positions(self, positions: dict[str, Any]) -> None:
         """Raise ``ValueError`` when ``positions`` (from a parent's manifest) cannot start this source."""
+        ...
+
+    def partition_offsets(self, positions: dict[str, Any]) -> dict[int, int]:
+        """``positions`` (valid for this source) as ``{partition: offset}``, in the terms of the records'
+        ``partition`` and ``offset`` columns: a row at ``offset`` is at or after the position iff
+        ``offset >= position`` (a merge's skip rule, :class:`spark_runtime.protocol.SkipRule`)."""
         ...
 
 

@@ -44,7 +44,7 @@ from pyspark.sql.streaming.datasource import (
 
 from spark_runtime.keygroups import KeyGrouping
 from spark_runtime.problems import EnvironmentProblem
-from spark_runtime.protocol import CatchUpPhase, CatchUpState, clamp
+from spark_runtime.protocol import CatchUpPhase, CatchUpState, SkipRule, clamp
 from spark_runtime.records import RecordSpec, arrow_type, parse_lines, parse_lines_arrow
 from spark_runtime.sources.base import SourceContext
 from spark_runtime.storage import S3Settings, location
@@ -156,6 +156,8 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         catch_up = options.get("catchupstate") or ""
         self.catch_up = location(catch_up, S3Settings.from_options(options)) if catch_up else None
         self.start_positions = json.loads(options.get("startpositions") or "null")
+        skip = options.get("skiprule") or ""
+        self.skip = SkipRule.from_json(json.loads(skip)) if skip else None
         self.max_bytes = int(options.get("maxbytespertrigger") or 0)
         self.piece_bytes = int(options.get("partitionbytes") or 32 * 1024 * 1024)
         self.target: dict[str, int] | None = None  # set by prepareForTriggerAvailableNow
@@ -289,7 +291,9 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         owned = []
         for d in dead:
             kg = self.grouping.of(d.key, piece.index)  # its key's group, or the null key's without one
-            if self.range_start <= kg < self.range_end:
+            if self.range_start <= kg < self.range_end and (
+                self.skip is None or self.skip.keeps(kg, piece.index, d.offset)
+            ):
                 owned.append(d.to_record(shard=self.shard, partition=piece.index, key_group=kg))
         if not owned or not self._emits_dead_letters(piece):
             return
@@ -365,6 +369,10 @@ class JournalSource:
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": str(self.path), "partitions": self.partitions}
 
+    def partition_offsets(self, positions: dict[str, Any]) -> dict[int, int]:
+        """Journal positions are byte offsets of line starts per file; a row's ``offset`` is its line's start."""
+        return {partition_index(name): int(o) for name, o in positions.items()}
+
     def validate_positions(self, positions: dict[str, Any]) -> dict[str, Any]:
         """Check ``positions`` (a manifest's, or this shard's own) and return the part this shard reads: every
         file it reads must be named, and no file outside the journal's partitions. A nested child reads a subset
@@ -400,6 +408,7 @@ class JournalSource:
             "catchUpState": ctx.catch_up_state.uri() if ctx.catch_up_state is not None else "",
             **(ctx.drain_marker.s3.options() if ctx.drain_marker.s3 is not None else {}),
             "startPositions": json.dumps(ctx.start_positions) if ctx.start_positions is not None else "",
+            "skipRule": json.dumps(ctx.skip.to_json()) if ctx.skip is not None else "",
             "maxBytesPerTrigger": str(ctx.max_bytes_per_trigger or 0),
             "partitionBytes": str(ctx.partition_bytes),
         }

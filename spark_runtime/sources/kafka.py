@@ -308,6 +308,10 @@ class KafkaReader:
     def owns_offset(self, offset: dict[str, Any]) -> bool:
         return isinstance(offset, dict) and set(offset) == {self.topic}
 
+    def partition_offsets(self, positions: dict[str, Any]) -> dict[int, int]:
+        """Kafka positions are the next offset to read per partition: a record at ``offset >= position`` is after."""
+        return {int(p): int(o) for p, o in (positions.get(self.topic) or {}).items()}
+
     def describe(self) -> dict[str, Any]:
         return {
             "kind": self.kind,

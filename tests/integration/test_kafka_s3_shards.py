@@ -220,7 +220,7 @@ def test_split_with_kafka_in_and_out_and_state_on_s3(spark, kafka_broker, minio,
     for child in children:
         child.wait_caught_up(end)
         # Each child started exactly at the parent's committed offsets, per partition.
-        assert child.runner.restore_manifest["positions"] == manifest["positions"]
+        assert child.runner.restore.slices[0].manifest["positions"] == manifest["positions"]
     summaries = [child.finish() for child in children]
     check_results(setup, ref)
     # Each invalid record is counted once, by the shard owning its key group (or the null key's group).

@@ -122,7 +122,7 @@ def test_standby_child_waits_for_the_parent_drain_then_restores_exactly(kind, ma
             shard = c.config.shard
             assert t.is_alive(), f"{shard} returned from start() before its parent drained"
             assert isinstance(c.rehearsal_seconds, float) and c.rehearsal_seconds > 0
-            assert c.standby_seconds is None and c.query is None and c.restore_manifest is None
+            assert c.standby_seconds is None and c.query is None and c.restore is None
             assert not first_offsets(env, shard).exists(), f"{shard} planned a batch on standby"
             assert not sink_files(env, shard), f"{shard} wrote to the sink on standby"
 

@@ -137,6 +137,7 @@ def test_transition_rules_cover_the_immutable_fields():
         (shards, "<root>.spec.keyGroups"),
         (shards, "<root>.spec.taskRef"),
         (shards, "<root>.spec.restoreFrom"),
+        (shards, "<root>.spec.mergeFrom"),
         (shards, "<root>.spec"),
     } == immutable
 

@@ -49,6 +49,9 @@ CONTRACT_SHARD_PHASES = [
     "Stopped",
     "Suspended",
     "AbortingSplit",
+    "MergeRequested",
+    "Merging",
+    "Merged",
 ]
 
 
@@ -142,6 +145,8 @@ def test_shard_phases_match_the_contract_and_ownership():
         "Failed",
         "Suspended",
         "AbortingSplit",
+        "MergeRequested",
+        "Merging",
     }
     for phase in ShardPhase:
         assert phase.value in ShardPhase.__doc__
@@ -152,6 +157,7 @@ def test_task_phase_and_condition_types():
         "Pending",
         "Running",
         "Splitting",
+        "Merging",
         "Degraded",
         "Failed",
         "Stopping",
@@ -162,6 +168,7 @@ def test_task_phase_and_condition_types():
         "Tiled",
         "Splitting",
         "SplitRejected",
+        "MergeRejected",
         "Progressing",
         "Degraded",
         "Scaled",

@@ -219,11 +219,15 @@ class FakeKube:
 
 
 def children_ready(kube: FakeKube, shard: str) -> bool:
-    """Both split children of ``shard`` run (in the simulated world: they caught up and wrote ready notes)."""
+    """Both split children of ``shard``, or the shard it merges into, run (in the simulated world: they caught up
+    or warmed up, and wrote ready notes)."""
     children = [
         name for name, s in kube.shards().items() if (s.get("spec", {}).get("restoreFrom") or {}).get("parent") == shard
     ]
-    if len(children) != 2:
+    merged = [n for n, s in kube.shards().items() if shard in merge_parents(s)]
+    if merged:
+        children = merged
+    elif len(children) != 2:
         return False
     for child in children:
         pod = kube.pods().get(naming.pod_name(child))
@@ -276,9 +280,17 @@ def running_ranges(kube: FakeKube) -> list[KeyGroupRange]:
         if "running" in state or not (pod.get("status") or {}).get("phase"):  # created = may start any moment
             shard = kube.shards().get(pod["metadata"]["labels"][naming.LABEL_SHARD]) or {}
             parent = (shard.get("spec", {}).get("restoreFrom") or {}).get("parent")
+            merging = merge_parents(shard)
+            if merging and not set(merging) <= kube.drained:
+                continue  # a merged shard emits once both parents wrote their drain summaries
             if parent is None or parent in kube.drained:
                 out.append(KeyGroupRange.from_label(pod["metadata"]["labels"][naming.LABEL_KEY_GROUPS]))
     return out
+
+
+def merge_parents(shard: dict) -> list[str]:
+    """A merged shard's parents (``spec.mergeFrom``), or []."""
+    return [p["parent"] for p in (shard.get("spec") or {}).get("mergeFrom") or []]
 
 
 def owner_ranges(kube: FakeKube) -> list[KeyGroupRange]:
@@ -426,6 +438,9 @@ def test_the_status_vocabulary_is_what_the_crds_advertise():
         return original(plural, namespace, name, status, **kwargs)
 
     kube.patch_custom_status = spy
+    kube.patch_custom("taskshards", NS, "t-0-16", {"spec": {"merge": {"with": "t-16-32"}}})  # refused: MergeRejected
+    converge(kube, events)
+    kube.patch_custom("taskshards", NS, "t-0-16", {"spec": {"merge": None}})
     request_split(kube, "t-0-16", at=99)  # refused: SplitRejected
     converge(kube, events)
     request_split(kube, "t-0-16", at=4)

@@ -50,12 +50,34 @@ def test_final_results_prefers_deeper_shards_and_later_batches(tmp_path):
     assert final_results(sink, lineage=lineage) == {"a": 7, "b": 1, "c": 4}
 
 
+def test_final_results_rank_a_merged_shard_below_both_parents(tmp_path):
+    """A merged child is one generation deeper than the deeper of its parents, so its results win over both:
+    here [4, 8) (depth 2) and [8, 16) (depth 1) merge into [4, 16) (depth 3)."""
+    sink = tmp_path / "out"
+    write_batch(sink, "t-0-16", 0, {"a": 1, "b": 1, "c": 1})
+    write_batch(sink, "t-4-8", 5, {"b": 3})
+    write_batch(sink, "t-8-16", 9, {"c": 2})
+    write_batch(sink, "t-8-16", 10, {"c": 99})  # after its drain: ignored
+    write_batch(sink, "t-4-16-m", 0, {"b": 4})
+    write_batch(sink, "t-4-16-m", 1, {"c": 5})
+    lineage = {
+        "t-0-16": {"parents": [], "drainedBatch": 0},
+        "t-0-8": {"parents": ["t-0-16"], "drainedBatch": 0},
+        "t-8-16": {"parents": ["t-0-16"], "drainedBatch": 9},
+        "t-4-8": {"parents": ["t-0-8"], "drainedBatch": 5},
+        "t-4-16-m": {"parents": ["t-4-8", "t-8-16"], "drainedBatch": None},
+    }
+    assert final_results(sink, lineage=lineage) == {"a": 1, "b": 4, "c": 5}
+    lineage["t-4-16-m"]["drainedBatch"] = 0  # drained after its batch 0: batch 1 is ignored, [8, 16)'s c stays
+    assert final_results(sink, lineage=lineage) == {"a": 1, "b": 4, "c": 2}
+
+
 def test_read_lineage_from_storage(tmp_path):
     paths = ShardPaths.of(tmp_path, "t", "t-0-8")
     write_json_atomic(paths.lineage, {"parent": "t-0-16", "keyGroups": {"start": 0, "end": 8}})
     write_json_atomic(paths.drained, {"batchId": 4})
     assert read_lineage(tmp_path, "t") == {
-        "t-0-8": {"parent": "t-0-16", "drainedBatch": 4, "keyGroups": {"start": 0, "end": 8}}
+        "t-0-8": {"parent": "t-0-16", "parents": ["t-0-16"], "drainedBatch": 4, "keyGroups": {"start": 0, "end": 8}}
     }
     assert read_lineage(tmp_path, "none") == {}
 

@@ -81,6 +81,8 @@ class ConditionType(StrEnum):
       any of its shards splits.
     - ``SplitRejected``: TaskShard only: True when the current ``spec.split`` request was refused (the message
       says why); nothing else changed.
+    - ``MergeRejected``: TaskShard only: True when the current ``spec.merge`` request was refused (the message
+      says why: not adjacent, not both Running, one of them mid-split or merging); nothing else changed.
     - ``Progressing``: True while the object moves towards its desired state (pods starting, a split or a roll
       under way); False once settled.
     - ``Degraded``: True when something needs attention (an invalid spec, a failing pod, a drain without a
@@ -97,6 +99,7 @@ class ConditionType(StrEnum):
     TILED = "Tiled"
     SPLITTING = "Splitting"
     SPLIT_REJECTED = "SplitRejected"
+    MERGE_REJECTED = "MergeRejected"
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
     SCALED = "Scaled"
@@ -104,7 +107,15 @@ class ConditionType(StrEnum):
 
 
 C = ConditionType
-SHARD_CONDITION_TYPES = (C.READY, C.PROGRESSING, C.DEGRADED, C.SPLITTING, C.SPLIT_REJECTED, C.EXECUTORS_READY)
+SHARD_CONDITION_TYPES = (
+    C.READY,
+    C.PROGRESSING,
+    C.DEGRADED,
+    C.SPLITTING,
+    C.SPLIT_REJECTED,
+    C.MERGE_REJECTED,
+    C.EXECUTORS_READY,
+)
 """The condition types the operator writes on a TaskShard (and the CRD advertises: generated from this)."""
 TASK_CONDITION_TYPES = (C.READY, C.PROGRESSING, C.DEGRADED, C.TILED, C.SPLITTING, C.SCALED)
 """The condition types the operator writes on a Task (and the CRD advertises: generated from this)."""

@@ -23,6 +23,9 @@ __all__ = [
     "CheckpointRef",
     "ExecutorsStatus",
     "Lineage",
+    "MergeRequest",
+    "MergeRole",
+    "MergeStatus",
     "RestoreFrom",
     "ShardPhase",
     "SplitBy",
@@ -57,9 +60,13 @@ class ShardPhase(StrEnum):
                                                                             │ both children observed
                                                                             ▼
                                                                           Split  (terminal)
+        Running ──spec.merge (valid; this is the left shard)──> MergeRequested ──merged shard created──> Merging
+        Pending/Running/Failed ──the merged shard names it (right shard)──> Merging
+        Merging ──pod exits 0 with a snapshot (status.finalCheckpoint)──> Merged  (terminal)
 
     Ownership: a shard owns its range (counts in the Task's tiling) in Pending, Running, SplitRequested,
-    Draining, Drained, Failed and Suspended; from ChildrenCreated on its two children own the halves instead.
+    Draining, Drained, Failed, Suspended, MergeRequested and Merging; from ChildrenCreated on its two children own
+    the halves instead, and from Merged on the merged shard owns both parents' ranges.
     The children are created when the split is accepted and wait on **standby** (phase Pending, condition
     Ready=False reason Standby): their pods warm up and catch up with the parent, which keeps processing and
     emitting, but emit nothing for its range. Parent and children hand over through storage only; the parent's
@@ -97,6 +104,15 @@ class ShardPhase(StrEnum):
     """The split request was withdrawn before the hand-over: the children are deleted, then the parent's pod
     undoes the split in storage (it fences and clears the children) and the shard resumes (Pending). If the
     parent had handed over already, the split goes on (Drained) instead."""
+    MERGE_REQUESTED = "MergeRequested"
+    """A valid ``spec.merge`` of this (left) shard with its right neighbour was accepted (``status.merge``); the
+    merged child is created next. The shard keeps processing."""
+    MERGING = "Merging"
+    """Both shards of a merge keep processing while the merged child warms up on standby; each pod stops by itself
+    at a batch boundary once the child is ready, and writes its drain summary."""
+    MERGED = "Merged"
+    """Terminal: the pod drained (``status.finalCheckpoint``) and the merged child took over; this shard owns no
+    key groups any more."""
 
     @property
     def owns_range(self) -> bool:
@@ -105,8 +121,18 @@ class ShardPhase(StrEnum):
 
     @property
     def terminal(self) -> bool:
-        """Split or Stopped: nothing follows, the shard keeps no pod (label ``taskshard.io/active=false``)."""
-        return self in (ShardPhase.SPLIT, ShardPhase.STOPPED)
+        """Split, Merged or Stopped: nothing follows, the shard keeps no pod (label ``taskshard.io/active=false``)."""
+        return self in (ShardPhase.SPLIT, ShardPhase.MERGED, ShardPhase.STOPPED)
+
+    @property
+    def merging(self) -> bool:
+        """An accepted merge not finished yet: MergeRequested, Merging (the hand-over finalizer holds a deletion)."""
+        return self in (ShardPhase.MERGE_REQUESTED, ShardPhase.MERGING)
+
+    @property
+    def handing_over(self) -> bool:
+        """A split or a merge of this shard is under way (:attr:`splitting` or :attr:`merging`)."""
+        return self.splitting or self.merging
 
     @property
     def splitting(self) -> bool:
@@ -122,9 +148,9 @@ class ShardPhase(StrEnum):
 
     @property
     def holds_range_for_children(self) -> bool:
-        """A split parent that still owns its range although its children exist (they wait on standby):
-        SplitRequested, Draining, Drained, AbortingSplit."""
-        return self.splitting and self != ShardPhase.CHILDREN_CREATED
+        """A split or merge parent that still owns its range although its children exist (they wait on standby):
+        SplitRequested, Draining, Drained, AbortingSplit, MergeRequested, Merging."""
+        return (self.splitting and self != ShardPhase.CHILDREN_CREATED) or self.merging
 
     @property
     def handed_over(self) -> bool:
@@ -142,6 +168,8 @@ _ACTIVE_PHASES = frozenset(
         ShardPhase.ABORTING_SPLIT,
         ShardPhase.FAILED,
         ShardPhase.SUSPENDED,
+        ShardPhase.MERGE_REQUESTED,
+        ShardPhase.MERGING,
     }
 )
 
@@ -206,6 +234,20 @@ class RestoreFrom(K8sModel):
     )
 
 
+class MergeRequest(K8sModel):
+    """The user's merge request on the left shard of two adjacent shards (set with ``kubectl edit``)."""
+
+    with_: str = Field(
+        alias="with",
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of the right neighbour: the TaskShard of the same Task whose spec.keyGroups.start is this "
+        "shard's spec.keyGroups.end. Both must be Running and neither splitting or merging; then one merged "
+        "shard over both ranges takes over exactly where each stopped.",
+    )
+
+
 class TaskShardSpec(K8sModel):
     """Desired state of one shard of a Task."""
 
@@ -234,6 +276,21 @@ class TaskShardSpec(K8sModel):
                 "has(self.restoreFrom) == has(oldSelf.restoreFrom)",
                 "spec.restoreFrom is immutable: it is set (or not) when the shard is created",
                 field_path=".restoreFrom",
+            ),
+            cel(
+                "has(self.mergeFrom) == has(oldSelf.mergeFrom)",
+                "spec.mergeFrom is immutable: it is set (or not) when the shard is created",
+                field_path=".mergeFrom",
+            ),
+            cel(
+                "!has(self.mergeFrom) || !has(self.restoreFrom)",
+                "spec.restoreFrom and spec.mergeFrom exclude each other: a shard has one parent or two",
+                field_path=".mergeFrom",
+            ),
+            cel(
+                "!has(self.merge) || !has(self.split) || !has(self.split.requested) || !self.split.requested",
+                "spec.merge and spec.split.requested exclude each other: merge or split the shard, not both",
+                field_path=".merge",
             ),
         )
     }
@@ -266,8 +323,31 @@ class TaskShardSpec(K8sModel):
         ),
     )
 
+    merge: MergeRequest | None = Field(
+        default=None,
+        description="Merge request, set by the user on the left of two adjacent shards: {with: <right neighbour>} "
+        "joins both ranges into one shard. Cannot be withdrawn once accepted (status.merge).",
+    )
+    merge_from: list[RestoreFrom] | None = Field(
+        default=None,
+        min_length=2,
+        max_length=2,
+        description="For a merged shard: its two parents, left (lower key groups) first, and their drain summaries. "
+        "Immutable.",
+        json_schema_extra=validations(
+            cel("self == oldSelf", "spec.mergeFrom is immutable: it is set when the shard is created")
+        ),
+    )
+
     @model_validator(mode="after")
     def _split_inside_range(self) -> TaskShardSpec:
+        if self.merge_from is not None and self.restore_from is not None:
+            raise ValueError("spec.restoreFrom and spec.mergeFrom exclude each other: a shard has one parent or two")
+        if self.merge is not None and self.split is not None and self.split.requested:
+            raise ValueError(
+                f"spec.merge (with {self.merge.with_!r}) and spec.split.requested exclude each other: merge or split "
+                "the shard, not both"
+            )
         if self.split is None:
             return self
         r = self.key_groups.to_range()
@@ -338,6 +418,28 @@ class SplitStatus(K8sModel):
     )
 
 
+class MergeRole(StrEnum):
+    """Which side of a merge a shard is."""
+
+    LEFT = "left"
+    """The shard that carries ``spec.merge`` (lower key groups); it creates the merged shard."""
+    RIGHT = "right"
+    """Its right neighbour; it follows once the merged shard exists."""
+
+
+class MergeStatus(K8sModel):
+    """The merge the operator accepted (write-ahead: recorded before the merged shard is created)."""
+
+    with_: str = Field(
+        alias="with", max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="The other shard of the merge."
+    )
+    into: str = Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="The merged shard's name.")
+    role: MergeRole = Field(description="left (carries spec.merge) or right (its neighbour).")
+    accepted_time: datetime | None = Field(
+        default=None, description="When the operator accepted the request (RFC 3339 date-time)."
+    )
+
+
 class Lineage(K8sModel):
     """Where this shard comes from and what it split into."""
 
@@ -347,10 +449,16 @@ class Lineage(K8sModel):
         pattern=DNS_SUBDOMAIN_PATTERN,
         description="Name of the shard this one was split from; absent for the Task's initial shards.",
     )
+    parents: list[Annotated[str, Field(max_length=253, description="Name of a parent TaskShard.")]] = Field(
+        default_factory=list,
+        max_length=2,
+        description="A merged shard's two parents, left first (a split child's one parent is in parent).",
+    )
     children: list[Annotated[str, Field(max_length=253, description="Name of a child TaskShard.")]] = Field(
         default_factory=list,
         max_length=2,
-        description="Names of the two shards this one split into, lower range first; empty until created.",
+        description="Names of the two shards this one split into, lower range first, or the one shard it merged "
+        "into; empty until created.",
     )
 
 
@@ -407,6 +515,9 @@ class TaskShardStatus(K8sModel):
     split: SplitStatus | None = Field(
         default=None, description="The split the operator accepted (set in SplitRequested)."
     )
+    merge: MergeStatus | None = Field(
+        default=None, description="The merge the operator accepted (set in MergeRequested or Merging)."
+    )
     restarts: int = Field(default=0, ge=0, description="How often the driver pod was restarted.")
     pod: str | None = Field(default=None, max_length=253, description="Name of the current driver pod of this shard.")
     lineage: Lineage | None = Field(default=None, description="Parent and children of this shard.")
@@ -414,8 +525,8 @@ class TaskShardStatus(K8sModel):
     executors: ExecutorsStatus | None = Field(
         default=None,
         description="Executor pods of the shard's driver: requested, running, pending. Absent for a Task without "
-        "executors and in phases without a driver that runs them (Drained, ChildrenCreated, Split, AbortingSplit, "
-        "Suspended, Stopped).",
+        "executors and in phases without a driver that runs them (Drained, ChildrenCreated, Split, Merged, "
+        "AbortingSplit, Suspended, Stopped).",
     )
 
 

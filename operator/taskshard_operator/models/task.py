@@ -609,7 +609,7 @@ class TaskPhase(StrEnum):
     ::
 
         Pending ──all active shards Running──> Running <──> Splitting (a shard is between
-           │                                      │  ▲        SplitRequested and Split)
+           │                                      │  ▲        SplitRequested and Split; Merging likewise)
            │                                      ▼  │
            │                                    Degraded (an active shard is Failed or not Ready)
            └──invalid spec──> Failed        any ──deletion──> Stopping
@@ -622,6 +622,8 @@ class TaskPhase(StrEnum):
     """Every active shard is Running."""
     SPLITTING = "Splitting"
     """At least one shard is splitting; the others run."""
+    MERGING = "Merging"
+    """Two shards are merging into one (and none is splitting); the others run."""
     DEGRADED = "Degraded"
     """At least one active shard is Failed or not Ready; the operator is recovering it."""
     FAILED = "Failed"

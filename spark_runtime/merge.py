@@ -1,0 +1,106 @@
+"""The runtime's side of a merge: two adjacent shards hand their ranges to one child.
+
+A merged child's config names both parents (``mergeFrom``, left first), each with its drain summary
+(``.../shards/<parent>/drained.json``). Parents and child talk only through storage, as in a split
+(:mod:`spark_runtime.handover`; names in :mod:`spark_runtime.protocol`). A merge always hands over in restore
+mode: a child cannot follow two parents' commits at once::
+
+      merged child [a, c)                       left parent [a, b)          right parent [b, c)
+      ───────────────────                       ──────────────────          ───────────────────
+      warm up (SparkSession, preflight,
+      rehearsal of the restore plan)
+      write request + ready note ─────────────> handover/ of both ────────> (the note covers each
+                                                parents' directories         parent's whole range)
+                                                drains at a batch boundary  drains at a batch boundary
+                                                (export, manifest at F_L)   (export, manifest at F_R)
+      <──────────────────────────────────────── drained.json                drained.json
+      both answered: check both manifests (adjacent ranges that make up [a, c), same task, format, schema),
+      verify both slices, start each partition p at min(F_L[p], F_R[p]) and skip, per key group, the rows
+      below its own parent's final position (SkipRule); batch 0 seeds the state of both slices
+      every later batch emits (the child owns [a, c))
+
+Exactly once, by construction: a row of key group ``g`` in partition ``p`` at offset ``o`` was counted by g's
+parent ``P`` iff ``o < F_P[p]`` (it is in P's snapshot); the child starts p at or below ``F_P[p]`` and drops
+exactly those rows of g below ``F_P[p]`` (:class:`spark_runtime.protocol.SkipRule`, applied after the key-group
+filter and to the journal's dead letters). The rule depends only on the manifests, so a restarted child plans
+the same filter.
+
+Crash safety: the notes are written once; a parent restarted mid-hand-over finds them and drains; a child
+restarted on standby writes the same notes again and waits for both summaries; a child restarted after its
+batch 0 resumes from its own recovery log (the parents' manifests are checked again, the seed never replays).
+While one parent has drained and the other has not, the first one's range waits (no shard emits it): the
+operator merges only two Running shards, neither mid-split, so both drain at their next batch boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from spark_runtime.handover import announce_and_wait, read_drain_summary, record_standby
+from spark_runtime.protocol import DRAIN_SUMMARY, HandoverMode, HandoverNote
+from spark_runtime.snapshot import RestoreError, utc_now
+from spark_runtime.storage import Loc, location
+
+__all__ = ["MergeHandover"]
+
+log = logging.getLogger("taskshard.handover")
+
+
+class MergeHandover:
+    """A merged child's side (see the module docstring); the same interface as
+    :class:`spark_runtime.handover.ChildHandover` for the runner: it never catches up, and every batch emits."""
+
+    mode = HandoverMode.RESTORE
+    state = None
+    catching_up = False
+
+    def __init__(self, runner: Any) -> None:
+        cfg = runner.config
+        assert cfg.merge_from is not None
+        self.runner = runner
+        self.parents = [p.parent for p in cfg.merge_from]
+        self.pointers = [location(p.manifest, runner.s3) for p in cfg.merge_from]
+
+    def manifests(self) -> list[tuple[str, Loc]]:
+        """``[(parent, manifest)]`` for both parents; on standby until both answered (raises
+        :class:`~spark_runtime.handover.StandbyStopped` on a stop request)."""
+        if not self._answered():
+            cfg = self.runner.config
+            note = HandoverNote(cfg.shard, cfg.key_groups.start, cfg.key_groups.end, self.mode, utc_now())
+            began, warm = announce_and_wait(
+                self.runner,
+                [self.runner.paths.shard_path(p) for p in self.parents],
+                note,
+                describe=f"parents {' and '.join(self.parents)}",
+                answered=self._answered,
+                rehearse=True,
+                ready_at_once=True,
+            )
+            record_standby(self.runner, self.parents, began, warm)
+        return [
+            (parent, self._manifest(parent, pointer))
+            for parent, pointer in zip(self.parents, self.pointers, strict=True)
+        ]
+
+    def _answered(self) -> bool:
+        return all(p.exists() for p in self.pointers)
+
+    def _manifest(self, parent: str, pointer: Loc) -> Loc:
+        if pointer.name != DRAIN_SUMMARY:
+            return pointer
+        summary = read_drain_summary(pointer, parent)
+        if summary.handover == HandoverMode.CATCH_UP:
+            raise RestoreError(
+                f"mergeFrom: parent {parent} handed over to catch-up children at batch {summary.batch_id}, not to "
+                "this merge (its drain exported no snapshot of its final batch); a shard that was split cannot be "
+                "merged",
+                reason="MergeParentSplit",
+            )
+        return location(summary.manifest or "", self.runner.s3)
+
+    def tick(self) -> None:
+        """Nothing to follow: the child restored both parents' final state."""
+
+    def emits(self, batch_id: int) -> bool:
+        return True

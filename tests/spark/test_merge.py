@@ -1,0 +1,184 @@
+"""Merges: two adjacent shards hand their ranges to one child (``mergeFrom``, :mod:`spark_runtime.merge`).
+
+The parents stop at different positions of the same partitions (the right one drains first, the left one goes on
+reading), so the merged child starts each partition at the lower position and skips, per key group, the rows its
+left parent already counted. The task's results equal the reference after the merge: no event lost, none counted
+twice; every dead letter is written once. The child reads each key group's files from its own parent's snapshot.
+
+The protocol end to end: the child starts on standby while both parents run, writes its notes into both
+parents' hand-over directories, both parents drain by themselves, and the child restores both.
+
+A merged child drained before its first batch hands its skip rule on: its own child skips the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spark_runtime.produce import generate_events
+
+from .conftest import TaskEnv, wait_caught_up
+from .test_split import PROCESSORS, restore_report, snapshot_files, task_with_reference
+from .test_standby import InThread, release, shard_dir
+
+pytestmark = pytest.mark.spark
+
+LEFT, RIGHT = (0, 8), (8, 16)
+
+
+def with_bad_amounts(events: list[dict], every: int) -> list[dict]:
+    """``events`` with every ``every``-th one's amount made a string: a dead letter for ``sum`` (a key, so a key
+    group), a plain event for ``count``."""
+    return [{**e, "amount": "x"} if i % every == 0 else e for i, e in enumerate(events)]
+
+
+def dead_letters(env: TaskEnv) -> list[tuple[str, int, int]]:
+    """Every dead-letter record of every shard as ``(shard, partition, offset)``."""
+    out = []
+    for f in sorted((env.sink / "_dead_letters").glob("shard=*/*.jsonl")):
+        shard = f.parent.name.partition("=")[2]
+        out += [(shard, r["partition"], r["offset"]) for r in map(json.loads, f.read_text().splitlines())]
+    return out
+
+
+def merge_from(env: TaskEnv, *parents: tuple[int, int]) -> list[dict[str, str]]:
+    """``mergeFrom`` as the operator sets it: each parent's (future) drain summary."""
+    return [
+        {"parent": env.shard_name(a, b), "manifest": str(shard_dir(env, env.shard_name(a, b)) / "drained.json")}
+        for a, b in parents
+    ]
+
+
+def merged_config(env: TaskEnv, name: str, parents: list[dict[str, str]]):
+    return env.config(0, 16, shard=name, mergeFrom=parents)
+
+
+@pytest.mark.parametrize("kind", sorted(PROCESSORS))
+def test_a_merge_of_parents_stopped_at_different_positions_is_exact(kind, make_task, shard_spark):
+    from spark_runtime.shard import ShardRunner
+
+    env, ref, produce = task_with_reference(make_task, kind)
+    events = with_bad_amounts(list(generate_events(1000, 64, seed=17)), every=37)
+    left, right = (ShardRunner(env.config(a, b), shard_spark) for a, b in (LEFT, RIGHT))
+    produce(events[:400])
+    left.start()
+    right.start()
+    wait_caught_up(env, [left, right])
+    right_summary = right.drain()  # the right parent stops here ...
+    produce(events[400:700])
+    wait_caught_up(env, [left])
+    left_summary = left.drain()  # ... the left one 300 events later
+    f_left, f_right = left_summary["positions"], right_summary["positions"]
+    assert all(f_left[p] > f_right[p] for p in f_right), "the parents stopped at different positions"
+
+    merged = ShardRunner(merged_config(env, "orders-0-16-m1", merge_from(env, LEFT, RIGHT)), shard_spark)
+    merged.start()
+    restore = merged.restore
+    assert restore is not None and [s.parent for s in restore.slices] == ["orders-0-8", "orders-8-16"]
+    assert restore.start_positions == f_right, "each partition from the lower of the two final positions"
+    assert restore.skip is not None and restore.skip.owners == (
+        (8, tuple(sorted((int(p[1:].split(".")[0]), o) for p, o in f_left.items()))),
+        (16, ()),
+    ), "the left parent's key groups skip what it counted; the right parent's skip nothing"
+    produce(events[700:])
+    wait_caught_up(env, [merged])
+    assert env.results() == ref.results, "no event lost, none counted twice"
+
+    # Each key group restored from its own parent's snapshot, and nothing else opened.
+    report = restore_report(env, merged.config.shard)
+    opened = {f for r in report.values() for f in r["files"]}
+    manifests = [json.loads(Path(s["manifest"]).read_text()) for s in (left_summary, right_summary)]
+    assert opened == snapshot_files(manifests[0], 0, 8) | snapshot_files(manifests[1], 8, 16)
+    lineage = json.loads((shard_dir(env, merged.config.shard) / "lineage.json").read_text())
+    assert lineage["parents"] == ["orders-0-8", "orders-8-16"] and lineage["parent"] is None
+
+    if kind == "python-sum":  # every invalid record's dead letter exactly once, by the shard that owned it then
+        letters = dead_letters(env)
+        positions = [(p, o) for _, p, o in letters]
+        assert len(positions) == len(set(positions)), "a dead letter written twice"
+        assert len(letters) == len(range(0, len(events), 37))
+        assert {s for s, _, _ in letters} >= {"orders-0-8", "orders-8-16", "orders-0-16-m1"}
+    summary = merged.drain()
+    assert summary["event"] == "drained"
+    manifest = json.loads(Path(summary["manifest"]).read_text())
+    assert [p["shard"] for p in manifest["parents"]] == ["orders-0-8", "orders-8-16"]
+    assert manifest["skip"] == restore.skip.to_json(), "its children inherit the rule"
+
+
+def test_a_merged_child_drained_before_its_first_batch_hands_its_rule_on(make_task, shard_spark):
+    """The merged child drains at its start positions (the lower ones) with both slices as its state; its own
+    child restores that state and skips, by the inherited rule, what the left parent counted."""
+    from spark_runtime.shard import ShardRunner
+
+    env, ref, produce = task_with_reference(make_task, "builtin-count")
+    events = list(generate_events(700, 48, seed=23))
+    left, right = (ShardRunner(env.config(a, b), shard_spark) for a, b in (LEFT, RIGHT))
+    produce(events[:300])
+    left.start()
+    right.start()
+    wait_caught_up(env, [left, right])
+    left.drain()  # this time the left parent stops first
+    produce(events[300:500])
+    wait_caught_up(env, [right])
+    right.drain()
+
+    merged = ShardRunner(merged_config(env, "orders-0-16-m1", merge_from(env, LEFT, RIGHT)), shard_spark)
+    assert merged.prepare()
+    summary = merged.drain()  # never started a query
+    assert summary["batchId"] == -1
+    manifest = json.loads(Path(summary["manifest"]).read_text())
+    assert manifest["skip"] is not None and manifest["skip"][0][1] == [], "the left side skips nothing"
+
+    child = ShardRunner(
+        env.config(0, 16, {"parent": "orders-0-16-m1", "manifest": summary["manifest"]}, shard="orders-0-16-c"),
+        shard_spark,
+    )
+    child.start()
+    assert child.restore is not None and child.restore.skip is not None
+    produce(events[500:])
+    wait_caught_up(env, [child])
+    assert env.results() == ref.results, "the inherited rule skipped exactly what the right parent counted"
+    child.drain()
+
+
+def test_the_merged_child_announces_itself_to_both_parents_and_they_drain(make_task, shard_spark, caplog):
+    """The protocol: the child starts on standby while both parents run; its request and ready notes cover each
+    parent's range, so each parent drains at its next batch boundary; then the child restores both."""
+    from spark_runtime.layout import ShardPaths
+    from spark_runtime.protocol import HandoverNote
+    from spark_runtime.shard import ShardRunner
+
+    env, ref, produce = task_with_reference(make_task, "builtin-count")
+    events = list(generate_events(600, 48, seed=29))
+    parents = [ShardRunner(env.config(a, b), shard_spark) for a, b in (LEFT, RIGHT)]
+    merged = ShardRunner(merged_config(env, "orders-0-16-m1", merge_from(env, LEFT, RIGHT)), shard_spark)
+    produce(events[:300])
+    threads = [InThread(p.run, f"run {p.config.shard}") for p in parents]
+    child = InThread(merged.run, "run merged")
+    try:
+        for t in threads:
+            t.start()
+        wait_caught_up(env, parents)
+        child.start()
+        summaries = [t.finish(240) for t in threads]  # each parent drains by itself once the notes cover it
+        assert [s["event"] for s in summaries] == ["drained", "drained"]
+        for p in parents:
+            paths = ShardPaths.of(env.storage, env.task, p.config.shard)
+            note = HandoverNote.from_json(paths.handover_ready("orders-0-16-m1").read_json())
+            assert (note.child, note.start, note.end, str(note.mode)) == ("orders-0-16-m1", 0, 16, "restore")
+        assert merged.wait_until(lambda: merged.query is not None, 240), "the merged child never started its query"
+        produce(events[300:])
+        deadline_ok = merged.wait_until(
+            lambda: (env.progress("orders-0-16-m1") or {}).get("positions") == env.journal_ends(), 240
+        )
+        assert deadline_ok, f"the merged child did not catch up: {env.progress('orders-0-16-m1')}"
+        assert env.results() == ref.results
+        standby = json.loads((shard_dir(env, "orders-0-16-m1") / "standby.json").read_text())
+        assert standby["parent"] == ["orders-0-8", "orders-8-16"] and standby["mode"] == "restore"
+        merged.request_drain("test: done")
+        assert child.finish(240)["event"] == "drained"
+    finally:
+        release([*parents, merged], [*threads, child])

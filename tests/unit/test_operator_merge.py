@@ -1,0 +1,192 @@
+"""The merge protocol against the in-memory API and the simulated world of ``test_operator_reconcile``: two
+adjacent shards become one (``spec.merge`` on the left one), crash-and-resume at every step, refusals, and
+the ownership of the merged range moving at one observed moment (the Task's tiling never has a gap or an
+overlap). A merge parent's simulated runtime drains once the merged shard's pod runs (its ready note)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spark_runtime.keygroups import KeyGroupRange
+from taskshard_operator import naming
+from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
+from taskshard_operator.reconcile_task import reconcile_task
+
+from .operator_spec import NS, SPEC
+from .test_operator_reconcile import (
+    Crash,
+    FakeKube,
+    converge,
+    count_creations,
+    new_world,
+    owner_ranges,
+    phases,
+    request_split,
+    world_step,
+)
+
+pytestmark = pytest.mark.unit
+
+MERGED = naming.shard_name("t", KeyGroupRange(0, 16), naming.merge_family("t-0-8", "t-8-16"))
+
+
+def two_shards() -> FakeKube:
+    kube = new_world({**SPEC, "initialShards": 2})
+    converge(kube, [])
+    assert phases(kube) == {"t-0-8": "Running", "t-8-16": "Running"}
+    return kube
+
+
+def request_merge(kube: FakeKube, left: str, right: str) -> None:
+    kube.patch_custom("taskshards", NS, left, {"spec": {"merge": {"with": right}}})
+
+
+def condition(kube: FakeKube, shard: str, kind: str) -> dict:
+    return next(c for c in kube.shards()[shard]["status"]["conditions"] if c["type"] == kind)
+
+
+def one_round(kube: FakeKube, events: list, *, hand_over: bool) -> None:
+    reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
+    for name in list(kube.shards()):
+        reconcile_shard(kube, kube, NS, name, emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+        assert sorted(owner_ranges(kube)) in ([KeyGroupRange(0, 8), KeyGroupRange(8, 16)], [KeyGroupRange(0, 16)]), (
+            "the owners tile [0, 16) at every observed moment"
+        )
+    world_step(kube, {}, hand_over=hand_over)
+
+
+def test_merge_protocol_end_to_end():
+    kube = two_shards()
+    events: list = []
+    request_merge(kube, "t-0-8", "t-8-16")
+    for _ in range(4):  # passes while the parents keep running: the merged shard waits on standby
+        one_round(kube, events, hand_over=False)
+    assert MERGED.startswith("t-0-16-m") and len(MERGED) == len("t-0-16-m") + 6
+    assert phases(kube) == {"t-0-8": "Merging", "t-8-16": "Merging", MERGED: "Pending"}
+    ready = condition(kube, MERGED, "Ready")
+    assert ready["reason"] == "Standby" and "parents t-0-8 and t-8-16 have finished draining" in ready["message"]
+    assert owner_ranges(kube) == [KeyGroupRange(0, 8), KeyGroupRange(8, 16)], "the parents own until both drained"
+    assert kube.objects[("tasks", "t")]["status"]["phase"] == "Merging"
+    for name in ("t-0-8", "t-8-16"):
+        assert naming.SPLIT_FINALIZER in kube.shards()[name]["metadata"]["finalizers"], "a deletion waits"
+
+    converge(kube, events)
+    assert phases(kube) == {"t-0-8": "Merged", "t-8-16": "Merged", MERGED: "Running"}
+    merged = kube.shards()[MERGED]
+    assert merged["spec"]["mergeFrom"] == [
+        {"parent": "t-0-8", "manifest": "/data/state/t/shards/t-0-8/drained.json"},
+        {"parent": "t-8-16", "manifest": "/data/state/t/shards/t-8-16/drained.json"},
+    ]
+    assert merged["spec"]["keyGroups"] == {"start": 0, "end": 16}
+    assert merged["metadata"]["labels"][naming.LABEL_FAMILY] == MERGED.rsplit("-", 1)[1]
+    assert merged["status"]["lineage"] == {"parents": ["t-0-8", "t-8-16"]}
+    cfg = json.loads(kube.objects[("configmaps", f"{MERGED}-config")]["data"]["shard.json"])
+    assert cfg["mergeFrom"] == merged["spec"]["mergeFrom"] and cfg.get("restoreFrom") is None
+    for name, other, role in (("t-0-8", "t-8-16", "left"), ("t-8-16", "t-0-8", "right")):
+        status = kube.shards()[name]["status"]
+        assert {k: status["merge"][k] for k in ("with", "into", "role")} == {
+            "with": other,
+            "into": MERGED,
+            "role": role,
+        }
+        assert status["finalCheckpoint"]["manifest"].endswith("/manifest.json")
+        assert status["lineage"]["children"] == [MERGED]
+        assert kube.shards()[name]["metadata"]["labels"][naming.LABEL_ACTIVE] == "false"
+        assert naming.SPLIT_FINALIZER not in (kube.shards()[name]["metadata"].get("finalizers") or [])
+    assert set(kube.pods()) == {f"{MERGED}-driver"}
+    assert not any(k == "configmaps" and n in ("t-0-8-config", "t-8-16-config") for k, n in kube.objects)
+    assert owner_ranges(kube) == [KeyGroupRange(0, 16)]
+    task = kube.objects[("tasks", "t")]["status"]
+    assert task["phase"] == "Running" and [s["name"] for s in task["activeShards"]] == [MERGED]
+    reasons = [e[2] for e in events]
+    for r in ("MergeAccepted", "MergedShardCreated", "Merging", "Drained", "Merged"):
+        assert r in reasons, r
+
+    # The merged shard splits again: its children carry its family, so they never collide with t-0-8 / t-8-16.
+    request_split(kube, MERGED, at=8)
+    converge(kube, events)
+    family = MERGED.rsplit("-", 1)[1]
+    assert phases(kube)[f"t-0-8-{family}"] == "Running" and phases(kube)[f"t-8-16-{family}"] == "Running"
+    assert phases(kube)[MERGED] == "Split"
+
+
+def test_crash_at_every_mutation_of_a_merge_completes_without_duplicates():
+    """Kill the operator after the n-th API write of the merge, for every n; a fresh operator completes it."""
+    reference = two_shards()
+    request_merge(reference, "t-0-8", "t-8-16")
+    start = reference.mutations
+    converge(reference, [])
+    total = reference.mutations - start
+    assert total > 5
+    for n in range(1, total + 1):
+        kube = two_shards()
+        request_merge(kube, "t-0-8", "t-8-16")
+        kube.crash_after = kube.mutations + n
+        with pytest.raises(Crash, match="operator killed"):
+            converge(kube, [])
+        converge(kube, [], backoff=Backoff(base=0.0))  # the restarted operator, with fresh memory
+        assert phases(kube) == {"t-0-8": "Merged", "t-8-16": "Merged", MERGED: "Running"}, f"crash at {n}"
+        assert count_creations(kube, "taskshards") == {"t-0-8": 1, "t-8-16": 1, MERGED: 1}
+        assert set(kube.pods()) == {f"{MERGED}-driver"}
+
+
+@pytest.mark.parametrize(
+    ("initial", "left", "right", "needle"),
+    [
+        (2, "t-0-8", "t-9-16", "no TaskShard of that name belongs to Task t"),
+        (2, "t-0-8", "t-0-8", "is this shard itself"),
+        (2, "t-8-16", "t-0-8", "does not start where t-8-16 [8, 16) ends"),
+        (4, "t-0-4", "t-8-12", "does not start where t-0-4 [0, 4) ends"),
+    ],
+)
+def test_bad_merge_requests_change_nothing(initial, left, right, needle):
+    kube = new_world({**SPEC, "initialShards": initial})
+    events: list = []
+    converge(kube, events)
+    before = phases(kube)
+    pods_before = set(kube.pods())
+    request_merge(kube, left, right)
+    converge(kube, events)
+    assert phases(kube) == before and set(kube.pods()) == pods_before
+    assert "merge" not in kube.shards()[left]["status"]
+    rejected = condition(kube, left, "MergeRejected")
+    assert rejected["status"] == "True" and needle in rejected["message"], rejected
+    assert any(e[1] == "Warning" and e[2] == "MergeRejected" and needle in e[3] for e in events)
+
+
+def test_a_merge_with_a_shard_that_is_not_running_or_asks_for_more_is_refused():
+    kube = two_shards()
+    events: list = []
+    request_split(kube, "t-8-16")  # its split is accepted first ...
+    one_round(kube, events, hand_over=False)
+    request_merge(kube, "t-0-8", "t-8-16")  # ... so it is not Running when the merge is asked for
+    one_round(kube, events, hand_over=False)
+    rejected = condition(kube, "t-0-8", "MergeRejected")
+    assert (
+        rejected["status"] == "True" and "t-8-16 is SplitRequested; both shards must be Running" in rejected["message"]
+    )
+    assert phases(kube)["t-0-8"] == "Running"
+
+    kube = two_shards()
+    kube.patch_custom("taskshards", NS, "t-8-16", {"spec": {"merge": {"with": "t-16-32"}}})  # refused itself ...
+    request_merge(kube, "t-0-8", "t-8-16")
+    one_round(kube, events, hand_over=False)
+    rejected = condition(kube, "t-0-8", "MergeRejected")
+    assert "t-8-16 asks for a merge with 't-16-32' (spec.merge) itself" in rejected["message"], rejected
+
+
+def test_an_accepted_merge_cannot_be_withdrawn():
+    kube = two_shards()
+    events: list = []
+    request_merge(kube, "t-0-8", "t-8-16")
+    for _ in range(3):
+        one_round(kube, events, hand_over=False)
+    assert phases(kube)["t-0-8"] == "Merging"
+    kube.patch_custom("taskshards", NS, "t-0-8", {"spec": {"merge": None}})
+    one_round(kube, events, hand_over=False)
+    rejected = condition(kube, "t-0-8", "MergeRejected")
+    assert rejected["reason"] == "MergeInProgress" and "cannot be withdrawn" in rejected["message"]
+    converge(kube, events)
+    assert phases(kube) == {"t-0-8": "Merged", "t-8-16": "Merged", MERGED: "Running"}
