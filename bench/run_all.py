@@ -22,6 +22,7 @@ The benchmarks (issue 8), each a script that prints its table and writes JSON + 
     midpoint split: the children's input rows).
 11. ``executors``: ``bench/executors.py`` (one shard with 2 executor pods against local mode on the local control
     plane: exact results, events/s and CPU per event; on 2 cores this shows the executors' overhead).
+12. ``merge``: ``bench/merge_gap.py`` (the processing gap of a merge next to a split's on the same state size).
 
 They run one after another (never two at once: they would measure each other), each in its own process, with
 the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
@@ -140,6 +141,14 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         "result": "executors",
         "full": ["--events", "300000", "--keys", "20000", "--repeat", "3"],
         "quick": ["--events", "100000", "--keys", "20000", "--repeat", "1"],
+    },
+    "merge": {
+        "number": 12,
+        "title": "Merge processing gap next to a split's",
+        "script": "bench/merge_gap.py",
+        "result": "merge_gap",
+        "full": ["--keys", "50000", "--trials", "2"],
+        "quick": ["--keys", "50000", "--trials", "1"],
     },
 }
 

@@ -21,8 +21,9 @@ every action is idempotent::
   ``status.lineage.children: [M]``. M's pod starts at once and waits on standby
   (``spark_runtime.merge``): it writes its ready note into both parents' storage, and each parent's runtime
   stops by itself at its next batch boundary and writes its drain summary.
-- Step 2', R Pending/Running/Failed: once the cache shows M naming R as its right parent, and L in
-  MergeRequested or Merging naming M, R writes ``Merging`` and its own ``status.merge``. R never decides a
+- Step 2', R Pending/Running/Failed: L's pass annotates R with ``taskshard.io/merge-left: L`` (a pointer, so R
+  finds its merge without scanning the Task's shards); once the cache shows M naming L and R as its parents and
+  L's ``status.merge`` naming R and M, R writes ``Merging`` and its own ``status.merge``. R never decides a
   merge itself; it follows what L accepted (whatever R's pod does meanwhile: it drains once M is ready).
 - Step 3, Merging (each parent): wait for its container to exit 0 with a drain summary (a missing pod is
   created again, a failing one restarts in place, one without a manifest drains again:
@@ -51,7 +52,7 @@ import kopf
 from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import builders, naming, planner
 from taskshard_operator import status as st
-from taskshard_operator.act import Create, Delete, Event
+from taskshard_operator.act import Create, Delete, Event, Patch
 from taskshard_operator.models.shard import MergeRole, ShardPhase
 from taskshard_operator.shard_context import ShardContext, create_pod, remove_own_pod
 from taskshard_operator.split_protocol import await_drain, drained_status
@@ -135,19 +136,19 @@ def _asks_for(right: dict[str, Any] | None) -> str | None:
 
 
 def _merging_into(ctx: ShardContext) -> str | None:
-    """The merged shard of a merge in progress that names this shard as its right parent (None: none)."""
-    for shard in ctx.observed.shards_of_task(ctx.namespace, ctx.task_name):
-        parents = shard["spec"].get("mergeFrom") or []
-        if len(parents) == 2 and parents[1]["parent"] == ctx.name and _left_accepted(ctx, shard):
-            return shard["metadata"]["name"]
-    return None
-
-
-def _left_accepted(ctx: ShardContext, merged: dict[str, Any]) -> bool:
-    """Whether ``merged``'s left parent accepted that merge (``status.merge.into`` names it)."""
-    left = ctx.observed.shard(ctx.namespace, merged["spec"]["mergeFrom"][0]["parent"])
-    status = (left or {}).get("status") or {}
-    return (status.get("merge") or {}).get("into") == merged["metadata"]["name"]
+    """The merged shard of an accepted merge that names this shard as its right parent (None: none). Found from the
+    annotation the left shard's pass sets on this one (:data:`taskshard_operator.naming.ANNOTATION_MERGE_LEFT`),
+    then checked against the left shard's ``status.merge`` and the merged shard's ``spec.mergeFrom``."""
+    left_name = (ctx.shard["metadata"].get("annotations") or {}).get(naming.ANNOTATION_MERGE_LEFT)
+    left = ctx.observed.shard(ctx.namespace, left_name) if left_name else None
+    if left is None:
+        return None
+    merge = (left.get("status") or {}).get("merge") or {}
+    if merge.get("role") != MergeRole.LEFT.value or merge.get("with") != ctx.name:
+        return None
+    merged = ctx.observed.shard(ctx.namespace, merge.get("into") or "")
+    parents = [p["parent"] for p in ((merged or {}).get("spec") or {}).get("mergeFrom") or []]
+    return merge["into"] if parents == [left_name, ctx.name] else None
 
 
 # ---------------------------------------------------------------- step 2': the right shard joins
@@ -182,10 +183,16 @@ def observe_merge_partner(ctx: ShardContext) -> bool:
 
 
 def _ensure_merged(ctx: ShardContext) -> str | None:
-    """The merged shard's name, created when the cache does not show it (left only); None after reporting a name
-    collision (a TaskShard of that name that is not this merge's)."""
+    """The merged shard's name, created when the cache does not show it, and the right shard pointed at this one
+    (left only); None after reporting a name collision (a TaskShard of that name that is not this merge's)."""
     merge = ctx.status["merge"]
     into, right = merge["into"], merge["with"]
+    right_shard = ctx.observed.shard(ctx.namespace, right)
+    annotations = ((right_shard or {}).get("metadata") or {}).get("annotations") or {}
+    if right_shard is not None and annotations.get(naming.ANNOTATION_MERGE_LEFT) != ctx.name:
+        ctx.do(
+            Patch(naming.SHARD_PLURAL, right, {"metadata": {"annotations": {naming.ANNOTATION_MERGE_LEFT: ctx.name}}})
+        )
     existing = ctx.observed.shard(ctx.namespace, into)
     wanted = [ctx.name, right]
     if existing is not None:
@@ -195,7 +202,6 @@ def _ensure_merged(ctx: ShardContext) -> str | None:
             ctx.event("Warning", "ChildNameTaken", message)
             return None
         return into
-    right_shard = ctx.observed.shard(ctx.namespace, right)
     if right_shard is None:
         return None  # the right shard is gone (the finalizer holds it only once it is Merging): wait
     end = right_shard["spec"]["keyGroups"]["end"]

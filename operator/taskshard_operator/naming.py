@@ -47,6 +47,9 @@ SPLIT_FINALIZER = f"{DOMAIN}/split"
 """On a TaskShard while a split of it is in progress (SplitRequested .. ChildrenCreated, AbortingSplit): a deletion
 waits until the split has finished or was aborted, so children are never left waiting for a parent that is gone."""
 ANNOTATION_ABORT_SPLIT = f"{DOMAIN}/abort-split"
+ANNOTATION_MERGE_LEFT = f"{DOMAIN}/merge-left"
+"""On the right shard of an accepted merge: the left shard's name (set by the left shard's pass), so the right
+shard finds its merge without scanning the Task's shards."""
 """On a driver pod started to abort its shard's split: the children it fences and clears (``run --abort-split``)."""
 PROGRESS_PREFIX = DOMAIN
 

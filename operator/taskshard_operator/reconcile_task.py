@@ -11,10 +11,11 @@
 3. roll the template: when the Task's template hash changed, tell the next Running shard (key-group order) to
    run it by annotating it ``taskshard.io/template-hash``; one shard at a time, the next only after the previous
    one's new pod runs (the shard's reconciler does the last-state restart);
-4. scale to ``spec.shards`` (:mod:`taskshard_operator.scaling` decides): below the active shards is refused
-   (Scaled=False, reason MergeUnavailable, one Warning event per change of spec.shards); above, one shard at a
-   time is asked to split (``spec.split: {requested: true, by: load|midpoint}``, a Normal event ScalingUp),
-   only while nothing else is going on; the decision goes into ``status.scaling``;
+4. scale to ``spec.shards`` (:mod:`taskshard_operator.scaling` decides): above the active shards, one shard at a
+   time is asked to split (``spec.split: {requested: true, by: load|midpoint}``, a Normal event ScalingUp);
+   below, one pair of adjacent shards at a time is asked to merge (``spec.merge: {with: <right>}`` on the left
+   one, a Normal event ScalingDown); each only while nothing else is going on; the decision goes into
+   ``status.scaling``;
 5. summarise the shards into status (phase, shard count, active shards, conditions Ready/Progressing/Degraded/
    Tiled/Splitting/Scaled, observedGeneration, templateHash, ``selector``: the shard pods' label selector, which
    the scale subresource reports).
@@ -144,6 +145,7 @@ def _scale(
     condition's status, reason and message."""
     bodies = {s["metadata"]["name"]: s for s in observed.shards_of_task(decision.namespace, decision.name)}
     asks = {n: scaling.split_ask(body) for n, body in bodies.items()}
+    merges = {n: ask for n, body in bodies.items() if (ask := scaling.merge_ask(body)) is not None}
     ready, loads, awaiting, grace = _observe_shards(observed, decision.namespace, spec, views, bodies)
     d = scaling.decide_scaling(
         spec.shards,
@@ -153,6 +155,7 @@ def _scale(
         asks=asks,
         blocked=_scaling_blocked(spec, views, plan, target),
         awaiting_load=awaiting,
+        merges=merges,
     )
     if d.decision == ScalingDecision.WAIT and grace is not None:
         decision.again_in(grace)  # choose without the load map once the grace is over, if no scrape came
@@ -162,11 +165,11 @@ def _scale(
         # a spec edit such as kubectl scale) refuses the status write, and the next pass only waits for the split.
         announce = Event("Normal", "ScalingUp", d.message)
         decision.actions.append(Patch(naming.SHARD_PLURAL, d.shard, {"spec": {"split": request}}, announce=announce))
+    if d.decision == ScalingDecision.MERGE and d.shard is not None and d.merge_with is not None:
+        announce = Event("Normal", "ScalingDown", d.message)
+        patch = {"spec": {"merge": {"with": d.merge_with}}}
+        decision.actions.append(Patch(naming.SHARD_PLURAL, d.shard, patch, announce=announce))
     shown = status.get("scaling") or {}
-    if d.decision == ScalingDecision.REFUSE_SCALE_DOWN and (
-        shown.get("decision") != d.decision.value or shown.get("desiredShards") != d.desired
-    ):
-        decision.events.append(Event("Warning", "ScaleDownUnavailable", d.message))
     _set_status(decision, {"scaling": _scaling_status(shown, d)})
     return d.scaled, d.reason, d.message
 
@@ -246,6 +249,8 @@ def _scaling_status(shown: dict[str, Any], d: scaling.Scaling) -> dict[str, Any]
         new["shard"] = d.shard
     if d.by is not None:
         new["by"] = d.by.value
+    if d.merge_with is not None:
+        new["mergeWith"] = d.merge_with
     same = all(shown.get(k) == new.get(k) for k in ("decision", "reason", "desiredShards", "shard"))
     kept = shown.get("lastTransitionTime") if same else None
     new["lastTransitionTime"] = kept or st.now()

@@ -1,23 +1,29 @@
 """Scaling a Task to ``spec.shards``: what to do about it, decided by a pure function (the Task pass acts on it).
 
 ``spec.shards`` is the desired number of active shards, the replicas of the Task's scale subresource:
-``kubectl scale task NAME --replicas N``, a HorizontalPodAutoscaler or KEDA set it. Shards can only split today,
-so the count can only grow. :func:`decide_scaling` applies these rules, in this order, on every Task pass:
+``kubectl scale task NAME --replicas N``, a HorizontalPodAutoscaler or KEDA set it. The count grows by splits and
+shrinks by merges. :func:`decide_scaling` applies these rules, in this order, on every Task pass:
 
 1. ``spec.shards`` unset: nothing to do (NoChange; condition ``Scaled=True`` reason NotRequested). The operator
-   never changes the shard count on its own; shards split only when someone sets a TaskShard's ``spec.split``.
-2. Fewer than the active shards: refused (RefuseScaleDown; ``Scaled=False`` reason MergeUnavailable, and one
-   Warning event ScaleDownUnavailable per change of ``spec.shards``). Nothing changes: scaling down needs
-   merging shards, which does not exist yet. A split already in progress goes on.
+   never changes the shard count on its own; shards split or merge only when someone sets a TaskShard's
+   ``spec.split`` or ``spec.merge``.
+2. Fewer than the active shards: **one merge at a time, on a quiet Task** (the same reasons to wait as rule 4,
+   ``Scaled=False`` reason WaitingForMerge; a merge request, ``spec.merge``, its pass has not decided yet counts
+   as a hand-over in progress). Otherwise merge the coldest pair of adjacent active shards L, R (Merge;
+   ``Scaled=False`` reason MergingShards, a Normal event ScalingDown): the fewest input rows of both together
+   over the load window; without load data for both, the narrowest pair, then key-group order. The Task pass
+   sets L's ``spec.merge: {with: R}``; the merge protocol (``merge_protocol``) does the rest. A request that
+   would repeat one L's pass refused exactly is not made (the message points at its MergeRejected condition).
 3. As many as the active shards: nothing to do (NoChange; ``Scaled=True`` reason DesiredShards).
 4. More than the active shards: **one split at a time, on a quiet Task**. Wait (Wait; ``Scaled=False`` reason
    WaitingForSplit, the message says for what) while
 
    - the Task pass reports a reason not to act (``blocked``: the active shards do not tile, initial shards are
      still being created, a template roll is under way, ``spec.suspend`` is true);
-   - any shard of the Task is in a split phase (SplitRequested, Draining, Drained, ChildrenCreated,
-     AbortingSplit), or an active one has a ``spec.split`` request its own pass has not decided yet (the
-     generation is not observed): never a second split while one is being handed over, whoever asked for it;
+   - any shard of the Task is in a split or merge phase (SplitRequested, Draining, Drained, ChildrenCreated,
+     AbortingSplit, MergeRequested, Merging), or an active one has a ``spec.split`` or ``spec.merge`` request its
+     own pass has not decided yet (the generation is not observed): never a second hand-over while one is under
+     way, whoever asked for it;
    - any active shard is not Running, or runs but does not emit yet (its Ready condition is not True: a split
      child finishing its hand-over, a shard starting its query);
    - the Task counts load maps (``spark.taskshard.keyGroupMetrics: "true"``) and a shard that could be split has
@@ -56,16 +62,18 @@ from taskshard_operator.models.task import ScalingDecision
 __all__ = [
     "DESIRED_SHARDS",
     "LOAD_GRACE_SECONDS",
-    "MERGE_UNAVAILABLE",
+    "MERGING_SHARDS",
     "NOT_REQUESTED",
     "SPLITTING_SHARD",
     "WAITING_FOR_SPLIT",
     "Scaling",
     "ShardLoad",
+    "MergeAsk",
     "SplitAsk",
     "decide_scaling",
     "rows_in_range",
-    "scale_down_message",
+    "WAITING_FOR_MERGE",
+    "merge_ask",
     "shard_load",
     "split_ask",
     "split_request",
@@ -75,7 +83,8 @@ NOT_REQUESTED = "NotRequested"
 DESIRED_SHARDS = "DesiredShards"
 SPLITTING_SHARD = "SplittingShard"
 WAITING_FOR_SPLIT = "WaitingForSplit"
-MERGE_UNAVAILABLE = "MergeUnavailable"
+MERGING_SHARDS = "MergingShards"
+WAITING_FOR_MERGE = "WaitingForMerge"
 
 LOAD_GRACE_SECONDS = 60.0
 """How long after a shard started emitting (its Ready condition turned True) the scaler waits for its first load
@@ -113,6 +122,17 @@ class SplitAsk:
 
 
 @dataclass(frozen=True)
+class MergeAsk:
+    """A shard's ``spec.merge`` as the scaler sees it."""
+
+    with_: str
+    pending: bool = False
+    """Its pass has not decided on it yet (the generation is not observed)."""
+    refused: bool = False
+    """Decided and refused (condition MergeRejected=True)."""
+
+
+@dataclass(frozen=True)
 class Scaling:
     """The decision: what to write in ``status.scaling`` and the Scaled condition, and for Split the shard."""
 
@@ -123,6 +143,8 @@ class Scaling:
     active: int
     shard: str | None = None
     by: SplitBy | None = None
+    merge_with: str | None = None
+    """Decision Merge: the right shard that ``shard`` merges with."""
 
     @property
     def scaled(self) -> bool:
@@ -170,11 +192,16 @@ def split_request(by: SplitBy, current: Mapping[str, Any] | None) -> dict[str, A
     return request
 
 
-def scale_down_message(desired: int, active: int) -> str:
-    return (
-        f"spec.shards is {desired} but the Task has {active} active shards: scaling down needs merging shards, "
-        f"which this version does not do yet; the Task keeps {active} shards"
-    )
+def merge_ask(shard: Mapping[str, Any]) -> MergeAsk | None:
+    """The :class:`MergeAsk` of a TaskShard object (None: no ``spec.merge``)."""
+    merge = (shard.get("spec") or {}).get("merge")
+    if not merge:
+        return None
+    status = shard.get("status") or {}
+    if (shard.get("metadata") or {}).get("generation") != status.get("observedGeneration"):
+        return MergeAsk(str(merge.get("with")), pending=True)
+    rejected = st.get_condition(status.get("conditions"), st.MERGE_REJECTED) or {}
+    return MergeAsk(str(merge.get("with")), refused=rejected.get("status") == "True")
 
 
 def _names(views: Iterable[planner.ShardView], limit: int = 5) -> str:
@@ -192,33 +219,43 @@ def decide_scaling(
     asks: Mapping[str, SplitAsk],
     blocked: str | None = None,
     awaiting_load: Collection[str] = (),
+    merges: Mapping[str, MergeAsk] = {},  # noqa: B006 - read only
 ) -> Scaling:
     """Decide about ``spec.shards`` (see the module docstring for the rules).
 
     ``views`` are all the Task's shards (``views.shard_views``); ``ready`` the names of those whose Ready
     condition is True; ``loads`` the active shards' load over the window (absent: no load data); ``asks`` their
     ``spec.split`` (absent: none); ``blocked`` why the Task pass must not start a split now, or None;
-    ``awaiting_load`` the shards whose first load map is expected soon (see :data:`LOAD_GRACE_SECONDS`).
+    ``awaiting_load`` the shards whose first load map is expected soon (see :data:`LOAD_GRACE_SECONDS`);
+    ``merges`` the shards' ``spec.merge`` (absent: none).
     """
     active = planner.owners(views)
     count = len(active)
     if desired is None:
         message = "spec.shards is not set: the shard count changes only when a shard is split by hand (spec.split)"
         return Scaling(ScalingDecision.NO_CHANGE, NOT_REQUESTED, message, None, count)
-    if desired < count:
-        return Scaling(
-            ScalingDecision.REFUSE_SCALE_DOWN, MERGE_UNAVAILABLE, scale_down_message(desired, count), desired, count
-        )
     if desired == count:
         message = f"{count} active shards, as spec.shards asks"
         return Scaling(ScalingDecision.NO_CHANGE, DESIRED_SHARDS, message, desired, count)
 
-    want = f"spec.shards {desired} > {count} active shards"
+    down = desired < count
+    want = f"spec.shards {desired} {'<' if down else '>'} {count} active shards"
     why_wait = _reason_to_wait(
-        views, active, ready=ready, loads=loads, asks=asks, blocked=blocked, awaiting_load=awaiting_load
+        views,
+        active,
+        ready=ready,
+        loads=loads,
+        asks=asks,
+        merges=merges,
+        blocked=blocked,
+        awaiting_load=awaiting_load,
+        down=down,
     )
+    waiting = WAITING_FOR_MERGE if down else WAITING_FOR_SPLIT
     if why_wait is not None:
-        return Scaling(ScalingDecision.WAIT, WAITING_FOR_SPLIT, f"{want}; waiting: {why_wait}", desired, count)
+        return Scaling(ScalingDecision.WAIT, waiting, f"{want}; waiting: {why_wait}", desired, count)
+    if down:
+        return _merge_coldest(want, desired, count, active, loads=loads, merges=merges)
     return _split_busiest(want, desired, count, active, loads=loads, asks=asks)
 
 
@@ -229,37 +266,96 @@ def _reason_to_wait(
     ready: Collection[str],
     loads: Mapping[str, ShardLoad],
     asks: Mapping[str, SplitAsk],
+    merges: Mapping[str, MergeAsk],
     blocked: str | None,
     awaiting_load: Collection[str],
+    down: bool,
 ) -> str | None:
-    """Rule 4's reasons to start no split now (the first that applies), or None: the Task is quiet."""
+    """Rules 2 and 4: the reasons to start no split (``down``: no merge) now, the first that applies, or None:
+    the Task is quiet."""
     if blocked:
         return blocked
     splitting = [v for v in views if v.phase.splitting]
     if splitting:
-        return f"the split of {_names(splitting)} is in progress (one split at a time)"
+        return f"the split of {_names(splitting)} is in progress (one hand-over at a time)"
     merging = [v for v in views if v.phase.merging]
     if merging:
         return f"the merge of {_names(merging)} is in progress (one hand-over at a time)"
     pending = [v for v in active if (ask := asks.get(v.name)) is not None and ask.pending]
     if pending:
         return f"{_names(pending)} has a split request (spec.split) its pass has not taken yet"
+    pending = [v for v in active if (m := merges.get(v.name)) is not None and m.pending]
+    if pending:
+        return f"{_names(pending)} has a merge request (spec.merge) its pass has not taken yet"
+    kind = "merge" if down else "split"
     not_running = [v for v in active if v.phase != ShardPhase.RUNNING]
     if not_running:
-        return f"{_names(not_running)} not Running yet (a split starts only when every active shard runs)"
+        return f"{_names(not_running)} not Running yet (a {kind} starts only when every active shard runs)"
     silent = [v for v in active if v.name not in ready]
     if silent:
         return f"{_names(silent)} running but not emitting yet (starting its query or finishing a hand-over)"
-    candidates = [v for v in active if v.key_groups.size >= 2]
+    candidates = active if down else [v for v in active if v.key_groups.size >= 2]
     if not candidates:
         return "no active shard has two or more key groups"
     unmeasured = [v for v in candidates if v.name in awaiting_load and v.name not in loads]
     if unmeasured:
         return (
             f"the first load map of {_names(unmeasured)} (a scrape of its pod, at most {LOAD_GRACE_SECONDS:.0f} s "
-            "after it started emitting), to choose the shard to split by input rows"
+            f"after it started emitting), to choose the {'shards to merge' if down else 'shard to split'} by input "
+            "rows"
         )
     return None
+
+
+def _merge_coldest(
+    want: str,
+    desired: int,
+    count: int,
+    active: Sequence[planner.ShardView],
+    *,
+    loads: Mapping[str, ShardLoad],
+    merges: Mapping[str, MergeAsk],
+) -> Scaling:
+    """Rule 2 on a quiet Task: merge the adjacent pair with the fewest input rows together (the narrowest pair
+    without load data for both), unless its left shard's pass refused exactly this request."""
+    ordered = sorted(active, key=lambda v: v.key_groups)
+    pairs = [(a, b) for a, b in zip(ordered, ordered[1:], strict=False) if a.key_groups.end == b.key_groups.start]
+    if not pairs:  # pragma: no cover - active shards that tile [0, n) with two or more always have a pair
+        return Scaling(
+            ScalingDecision.WAIT, WAITING_FOR_MERGE, f"{want}; waiting: no two adjacent active shards", desired, count
+        )
+
+    def rows(pair: tuple[planner.ShardView, planner.ShardView]) -> float | None:
+        both = [loads.get(v.name) for v in pair]
+        return None if any(x is None for x in both) else sum(x.rows for x in both if x is not None)
+
+    measured = all(rows(p) is not None for p in pairs)
+    left, right = min(
+        pairs,
+        key=lambda p: (rows(p) if measured else 0.0, p[0].key_groups.size + p[1].key_groups.size, p[0].key_groups),
+    )
+    ask = merges.get(left.name)
+    if ask is not None and ask.refused and ask.with_ == right.name:
+        why = (
+            f"TaskShard {left.name} already asks to merge with {right.name} and its pass refused it: see its "
+            "MergeRejected condition"
+        )
+        return Scaling(ScalingDecision.WAIT, WAITING_FOR_MERGE, f"{want}; waiting: {why}", desired, count)
+    if measured:
+        why = f"{left.name} and {right.name} have the fewest input rows together ({int(rows((left, right)) or 0):,})"
+    else:
+        why = f"{NO_LOAD_DATA}: {left.name} and {right.name} are the narrowest adjacent pair"
+    more = count - desired - 1
+    after = f"; {more} more merge{'s' if more > 1 else ''} after this one, one at a time" if more else ""
+    return Scaling(
+        ScalingDecision.MERGE,
+        MERGING_SHARDS,
+        f"{want}; {why}; merging {left.name} {left.key_groups} with {right.name} {right.key_groups}{after}",
+        desired,
+        count,
+        shard=left.name,
+        merge_with=right.name,
+    )
 
 
 def _split_busiest(

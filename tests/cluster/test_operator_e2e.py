@@ -46,12 +46,20 @@ START = 300  # seconds: JVM start, restore, first batches on a loaded 2-core mac
 PARENT_OWNS_RANGE = {"SplitRequested", "Draining", "Drained", "AbortingSplit"}
 
 
+def parents_of(shard: dict) -> list[str]:
+    """A split child's parent or a merged shard's two parents (none for an initial shard)."""
+    spec = shard["spec"]
+    split_parent = (spec.get("restoreFrom") or {}).get("parent")
+    return ([split_parent] if split_parent else []) + [p["parent"] for p in spec.get("mergeFrom") or []]
+
+
 class OverlapWatcher(threading.Thread):
     """Polls the shard pods; records any instant at which two running pods own overlapping key groups.
 
     A split child's pod runs while its parent still owns the range (it catches up but emits nothing until the
     parent's drain summary exists; :func:`assert_single_hand_over` checks that from the files), so a child whose
-    parent's phase still owns the range is not counted; nor is a pod whose TaskShard is gone (an aborted split's
+    parent's phase still owns the range (a merged shard: either parent's) is not counted; nor is a pod whose
+    TaskShard is gone (an aborted split's
     child, being garbage-collected) unless it is Ready, i.e. emitting."""
 
     def __init__(self, kubectl) -> None:
@@ -79,7 +87,7 @@ class OverlapWatcher(threading.Thread):
             standby = {
                 s["metadata"]["name"]
                 for s in shards
-                if phase.get((s["spec"].get("restoreFrom") or {}).get("parent")) in PARENT_OWNS_RANGE
+                if any(phase.get(parent) in PARENT_OWNS_RANGE for parent in parents_of(s))
             }
             ranges = sorted(
                 (KeyGroupRange.from_label(p["metadata"]["labels"]["taskshard.io/key-groups"]), p["metadata"]["name"])
@@ -130,6 +138,23 @@ def assert_single_hand_over(data, task: str, parent: str, children) -> None:
             starts = [json.loads(x) for x in lines[2:] if x.strip().startswith("{")]
             journal = [p for p in starts if all(k.endswith(".jsonl") for k in p)]
             assert journal and journal[0] == {k: summary["positions"][k] for k in journal[0]}, (child, journal)
+
+
+def assert_single_merge(data, task: str, parents: list[str], merged: str) -> None:
+    """From the runtime's files: neither parent committed anything after its drain summary, and the merged shard
+    emitted nothing before both: its first batch that wrote results was planned after the later summary."""
+    shards = data / "state" / task / "shards"
+    drained = []
+    for parent in parents:
+        summary = shards / parent / "drained.json"
+        drained.append(summary.stat().st_mtime_ns)
+        commits = [f.stat().st_mtime_ns for f in (shards / parent / "checkpoint" / "commits").iterdir()]
+        assert max(commits, default=0) <= drained[-1], f"{parent} committed after its drain summary"
+    out = data / "output" / task / f"shard={merged}"
+    wait_for(lambda: any(out.glob("**/batch-*.jsonl")), START, f"{merged} emitted its first batch")
+    first = min(int(f.name.split("-")[1].split(".")[0]) for f in out.glob("**/batch-*.jsonl"))
+    planned = shards / merged / "checkpoint" / "offsets" / str(first)
+    assert planned.stat().st_mtime_ns >= max(drained), f"{merged} emitted batch {first} planned before both drained"
 
 
 def assert_operator_metrics(op, *, running: int, completed: int) -> None:

@@ -46,11 +46,10 @@ def test_skip_rule_keeps_exactly_what_the_owner_did_not_count():
 
 def test_skip_rule_sql_spells_the_same_rule():
     rule = SkipRule.of([(8, {0: 100, 1: 40}), (16, {0: 60, 1: 90})], {0: 60, 1: 40})
-    sql = rule.sql("kg", "p", "o")
-    assert (
-        sql
-        == "o >= CASE WHEN kg < 8 THEN CASE WHEN p = 0 THEN 100 ELSE -1 END WHEN kg < 16 THEN CASE WHEN p = 1 THEN 90 ELSE -1 END ELSE -1 END"
-    )  # noqa: E501
+    assert rule.sql("kg", "p", "o") == (
+        "o >= CASE WHEN kg < 8 THEN CASE WHEN p = 0 THEN 100 ELSE -1 END "
+        "WHEN kg < 16 THEN CASE WHEN p = 1 THEN 90 ELSE -1 END ELSE -1 END"
+    )
 
 
 def test_a_merge_starts_at_the_lower_position_and_skips_what_the_other_parent_counted():

@@ -1,7 +1,7 @@
 """Scaling a Task to ``spec.shards`` (the scale subresource): the pure chooser (``scaling.decide_scaling``) over
 recorded shard views and loads, the Task pass acting on it (one split request, its event, ``status.scaling`` and
 the Scaled condition, written once), the model and CRD rule on ``spec.shards``, the template hash that ignores it,
-and an in-memory run from 1 to 3 shards and a refused scale-down."""
+and an in-memory run from 1 to 3 shards and back to 1 by merges."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from taskshard_operator.planner import ShardView, owners
 from taskshard_operator.reconcile_task import decide_task, reconcile_task
 from taskshard_operator.scaling import (
     LOAD_GRACE_SECONDS,
-    MERGE_UNAVAILABLE,
+    MERGING_SHARDS,
+    MergeAsk,
     ShardLoad,
     SplitAsk,
     decide_scaling,
@@ -52,10 +53,17 @@ THREE = [view(0, 8), view(8, 12), view(12, 16)]
 """Three Running shards tiling [0, 16)."""
 
 
-def decide(desired, views=THREE, *, loads=None, asks=None, ready=None, blocked=None, awaiting_load=()):
+def decide(desired, views=THREE, *, loads=None, asks=None, ready=None, blocked=None, awaiting_load=(), merges=None):
     ready = {v.name for v in views} if ready is None else ready
     return decide_scaling(
-        desired, views, ready=ready, loads=loads or {}, asks=asks or {}, blocked=blocked, awaiting_load=awaiting_load
+        desired,
+        views,
+        ready=ready,
+        loads=loads or {},
+        asks=asks or {},
+        blocked=blocked,
+        awaiting_load=awaiting_load,
+        merges=merges or {},
     )
 
 
@@ -73,20 +81,36 @@ def test_as_many_as_wanted_is_nothing_to_do():
     assert d.message == "3 active shards, as spec.shards asks"
 
 
-def test_scale_down_is_refused_with_the_message():
-    d = decide(1)
-    assert (d.decision, d.reason, d.scaled, d.shard) == (
-        ScalingDecision.REFUSE_SCALE_DOWN,
-        MERGE_UNAVAILABLE,
-        False,
-        None,
-    )
+def test_scale_down_merges_the_coldest_adjacent_pair_one_at_a_time():
+    loads = {"t-0-8": ShardLoad(100, 300), "t-8-12": ShardLoad(50, 300), "t-12-16": ShardLoad(12_345, 300)}
+    d = decide(2, loads=loads)
+    assert (d.decision, d.reason, d.shard, d.merge_with, d.scaled) == (
+        ScalingDecision.MERGE, MERGING_SHARDS, "t-0-8", "t-8-12", False,
+    )  # fmt: skip
     assert d.message == (
-        "spec.shards is 1 but the Task has 3 active shards: scaling down needs merging shards, which this version "
-        "does not do yet; the Task keeps 3 shards"
+        "spec.shards 2 < 3 active shards; t-0-8 and t-8-12 have the fewest input rows together (150); merging "
+        "t-0-8 [0, 8) with t-8-12 [8, 12)"
     )
+    hot_left = {**loads, "t-0-8": ShardLoad(99_999, 300)}
+    one = decide(1, loads=hot_left)
+    assert (one.shard, one.merge_with) == ("t-8-12", "t-12-16")
+    assert one.message.endswith("; 1 more merge after this one, one at a time")
+    # Without load data for every pair: the narrowest pair, then key-group order.
+    d = decide(2)
+    assert (d.shard, d.merge_with) == ("t-8-12", "t-12-16") and "no load data" in d.message
+    # One hand-over at a time: a split or a merge in progress, or a request its pass has not taken, waits.
     splitting = [view(0, 8, "Draining"), view(8, 12), view(12, 16)]
-    assert decide(2, splitting).decision == ScalingDecision.REFUSE_SCALE_DOWN, "refused even mid-split"
+    assert decide(2, splitting).decision == ScalingDecision.WAIT
+    merging = [view(0, 8, "Merging"), view(8, 12, "Merging"), view(12, 16)]
+    waiting = decide(2, merging)
+    assert (waiting.decision, waiting.reason) == (ScalingDecision.WAIT, "WaitingForMerge")
+    assert "the merge of t-0-8 (Merging), t-8-12 (Merging) is in progress" in waiting.message
+    pending = decide(2, merges={"t-8-12": MergeAsk("t-12-16", pending=True)})
+    assert pending.decision == ScalingDecision.WAIT and "has a merge request (spec.merge)" in pending.message
+    refused = decide(2, merges={"t-8-12": MergeAsk("t-12-16", refused=True)})
+    assert refused.decision == ScalingDecision.WAIT and "see its MergeRejected condition" in refused.message
+    not_ready = decide(2, ready={"t-0-8"})
+    assert not_ready.decision == ScalingDecision.WAIT and "not emitting yet" in not_ready.message
 
 
 def test_the_shard_with_the_most_input_rows_splits_by_load():
@@ -135,7 +159,7 @@ def test_no_split_starts_while_any_shard_splits(phase):
         views.append(view(8, 16))
     d = decide(5, views, ready={"t-8-16"})
     assert (d.decision, d.reason, d.shard, d.scaled) == (ScalingDecision.WAIT, "WaitingForSplit", None, False)
-    assert f"t-0-8 ({phase})" in d.message and "one split at a time" in d.message
+    assert f"t-0-8 ({phase})" in d.message and "one hand-over at a time" in d.message
 
 
 @pytest.mark.parametrize("phase", ["Pending", "Failed", "Suspended"])
@@ -317,27 +341,23 @@ def test_an_unchanged_decision_writes_no_status():
     assert task_pass(unset).status == {}
 
 
-def test_a_scale_down_is_refused_once_per_desired_count():
-    world = scaled_world(1, ranges=((0, 4), (4, 8), (8, 16)))
+def test_a_scale_down_asks_the_left_shard_to_merge():
+    world = scaled_world(2, ranges=((0, 4), (4, 8), (8, 16)))
     decision = task_pass(world)
-    message = (
-        "spec.shards is 1 but the Task has 3 active shards: scaling down needs merging shards, which this version "
-        "does not do yet; the Task keeps 3 shards"
-    )
-    assert decision.actions == []
-    assert [(e.type, e.reason, e.message) for e in decision.events] == [("Warning", "ScaleDownUnavailable", message)]
+    assert actions_of(decision, Patch) == [
+        Patch(
+            naming.SHARD_PLURAL,
+            "t-0-4",
+            {"spec": {"merge": {"with": "t-4-8"}}},
+            announce=Event("Normal", "ScalingDown", decision.status["scaling"]["message"]),
+        )
+    ]
+    scaling_status = decision.status["scaling"]
+    assert (scaling_status["decision"], scaling_status["shard"], scaling_status["mergeWith"]) == (
+        "Merge", "t-0-4", "t-4-8",
+    )  # fmt: skip
     cond = scaled_condition(decision.status)
-    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "MergeUnavailable", message)
-    assert decision.status["scaling"]["decision"] == "RefuseScaleDown"
-    merge(world.tasks[TASK]["status"], decision.status)
-    again = task_pass(world)
-    assert again.events == [] and again.status == {}, "refused once: no event and no write on the next passes"
-    world.tasks[TASK]["spec"]["shards"] = 2
-    world.tasks[TASK]["metadata"]["generation"] = 2
-    other = task_pass(world)
-    assert [e.reason for e in other.events] == ["ScaleDownUnavailable"] and "spec.shards is 2" in other.events[
-        0
-    ].message
+    assert (cond["status"], cond["reason"]) == ("False", "MergingShards")
 
 
 def test_a_left_over_split_point_is_removed_from_the_request():
@@ -444,10 +464,10 @@ def test_spec_shards_above_max_key_groups_is_refused_naming_the_field_and_the_li
 # ---------------------------------------------------------------- in memory, end to end
 
 
-def test_in_memory_one_to_three_shards_by_two_consecutive_splits_then_a_refused_scale_down():
+def test_in_memory_one_to_three_shards_by_two_consecutive_splits_and_back_by_two_merges():
     """The reconcilers against the in-memory API (no load data there: midpoint splits, widest range first):
     spec.shards 3 on a one-shard Task gives two splits, the second requested only after the first finished;
-    spec.shards 1 afterwards is refused once and changes nothing."""
+    spec.shards 1 afterwards gives two merges, one at a time, back to one shard over [0, 16)."""
     kube = new_world({**SPEC, "shards": 3})
     events: list = []
     asked: list[tuple[str, list[str]]] = []
@@ -473,10 +493,12 @@ def test_in_memory_one_to_three_shards_by_two_consecutive_splits_then_a_refused_
     assert "shard" not in task["status"]["scaling"], "the merge patch removed the split's shard"
 
     kube.patch_custom("tasks", NS, "t", {"spec": {"shards": 1}})
-    before = {n: (s.get("status") or {}).get("phase") for n, s in kube.shards().items()}
-    converge(kube, events)
-    assert {n: (s.get("status") or {}).get("phase") for n, s in kube.shards().items()} == before
-    assert [e[2] for e in events].count("ScaleDownUnavailable") == 1
+    converge(kube, events, passes=200)
+    active = owners(shard_views(kube, NS, "t"))
+    assert [v.key_groups for v in active] == [KeyGroupRange(0, 16)] and active[0].phase == ShardPhase.RUNNING
+    assert active[0].merge_parents, "the last shard is a merged one"
+    assert [e[2] for e in events].count("ScalingDown") == 2
+    merged = [n for n, s in kube.shards().items() if (s.get("status") or {}).get("phase") == "Merged"]
+    assert len(merged) == 4, merged
     cond = scaled_condition(kube.objects[("tasks", "t")]["status"])
-    assert (cond["status"], cond["reason"]) == ("False", "MergeUnavailable")
-    assert "the Task keeps 3 shards" in cond["message"]
+    assert (cond["status"], cond["reason"]) == ("True", "DesiredShards")

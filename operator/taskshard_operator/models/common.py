@@ -88,8 +88,8 @@ class ConditionType(StrEnum):
     - ``Degraded``: True when something needs attention (an invalid spec, a failing pod, a drain without a
       manifest); the message names the field or the pod and what to do.
     - ``Scaled``: Task only: True while the active shards are as many as ``spec.shards`` (or it is unset); False
-      while the operator splits towards it (reasons SplittingShard, WaitingForSplit) or refuses to scale down
-      (MergeUnavailable).
+      while the operator splits or merges towards it (reasons SplittingShard, WaitingForSplit, MergingShards,
+      WaitingForMerge).
     - ``ExecutorsReady``: TaskShard only, for a Task with executors (``spec.spark.executors.instances > 0``): True
       while at least that many of the shard's executor pods run; False names each executor pod that does not run
       and why (reasons ExecutorsPending, ExecutorsStarting, DriverNotRunning).

@@ -555,9 +555,10 @@ class TaskSpec(K8sModel):
         description="The desired number of active shards (1..maxKeyGroups), the replicas of the scale subresource "
         "(kubectl scale task NAME --replicas N, a HorizontalPodAutoscaler, KEDA). While it is above the active "
         "shards, the operator splits one shard at a time: the one with the most input rows over the last five "
-        "minutes, by load when it has a load map, else at the midpoint. Below is refused (condition "
-        "Scaled=False, reason MergeUnavailable): shards cannot merge yet. Unset (default): the operator never "
-        "changes the shard count on its own. Not part of the shard template: changing it rolls no shard.",
+        "minutes, by load when it has a load map, else at the midpoint. While it is below, it merges one pair of "
+        "adjacent shards at a time: the pair with the fewest input rows, else the narrowest. Unset (default): "
+        "the operator never changes the shard count on its own. Not part of the shard template: changing it rolls "
+        "no shard.",
     )
     key_field: str = Field(
         default="key",
@@ -649,12 +650,13 @@ class ScalingDecision(StrEnum):
     NO_CHANGE = "NoChange"
     """The active shards are as many as ``spec.shards``."""
     WAIT = "Wait"
-    """More shards are wanted, but no split can start now (a split in progress, a shard not running and emitting,
-    a roll, a suspension): the next split starts once that is over."""
+    """Another shard count is wanted, but no split or merge can start now (a hand-over in progress, a shard not
+    running and emitting, a roll, a suspension): the next one starts once that is over."""
     SPLIT = "Split"
     """More shards are wanted: the operator set ``spec.split`` on ``status.scaling.shard``."""
-    REFUSE_SCALE_DOWN = "RefuseScaleDown"
-    """Fewer shards are wanted: refused, shards cannot merge yet; the Task keeps its shards."""
+    MERGE = "Merge"
+    """Fewer shards are wanted: the operator set ``spec.merge`` on ``status.scaling.shard``, naming
+    ``status.scaling.mergeWith``."""
 
 
 class TaskScaling(K8sModel):
@@ -671,9 +673,14 @@ class TaskScaling(K8sModel):
     )
     message: str = Field(default="", max_length=32768, description="What was decided and why.")
     shard: str | None = Field(
-        default=None, max_length=253, description="Decision Split: the TaskShard whose spec.split was set."
+        default=None,
+        max_length=253,
+        description="Decision Split: the TaskShard whose spec.split was set; Merge: the one whose spec.merge was set.",
     )
     by: SplitBy | None = Field(default=None, description="Decision Split: how its split point is chosen.")
+    merge_with: str | None = Field(
+        default=None, max_length=253, description="Decision Merge: the right shard the shard merges with."
+    )
     last_transition_time: datetime = Field(
         description="When the decision, its reason, spec.shards or the shard last changed (RFC 3339 date-time)."
     )
