@@ -66,6 +66,7 @@ __all__ = [
     "KeyGroupsSpec",
     "PersistentVolumeClaimRef",
     "ProcessorSpec",
+    "REHEARSE_CONF",
     "RestoreFrom",
     "S3Storage",
     "ShardConfig",
@@ -342,6 +343,10 @@ class KeyGroupsSpec(_Model):
         return KeyGroupRange(self.start, self.end)
 
 
+REHEARSE_CONF = "spark.taskshard.rehearse"
+"""Spark conf key: ``false`` skips a restoring child's standby rehearsal (see :class:`SparkSettings`)."""
+
+
 class RestoreFrom(_Model):
     """A split child's parent: its name and where its state is.
 
@@ -363,7 +368,11 @@ class SparkSettings(_Model):
     ``spark.taskshard.partitionBytes`` (the largest byte range one Spark task reads; default 32 MiB) and
     ``spark.taskshard.keyGroupMetrics`` (``true``: count input rows per key group, the load map; see
     :mod:`spark_runtime.live`) and ``spark.taskshard.stateMapSeconds`` (with the load map: how often to count state
-    rows per key group, the state map; default 60, 0: never; :mod:`spark_runtime.state_map`).
+    rows per key group, the state map; default 60, 0: never; :mod:`spark_runtime.state_map`) and
+    ``spark.taskshard.rehearse`` (``false``: a child that hands over by restore, a merged shard or a Kafka split
+    child, skips its standby rehearsal and tells its parents it is ready as soon as its SparkSession runs: the
+    hand-over starts minutes sooner on a busy machine, and its first batch runs on a colder JVM, a longer
+    processing gap; default ``true``; :mod:`spark_runtime.rehearsal`).
     """
 
     master: str = Field(default="local[2]", min_length=1, max_length=1024)
@@ -455,6 +464,9 @@ class ShardConfig(_Model):
                 f"spark.conf.{live.KEY_GROUP_METRICS_CONF}: {enabled!r} is invalid: expected true or false"
             )
         live.state_map_seconds(self.spark.conf)  # raises ValueError naming the key for a bad value
+        rehearse = self.spark.conf.get(REHEARSE_CONF)
+        if rehearse is not None and rehearse.lower() not in ("true", "false"):
+            raise ValueError(f"spark.conf.{REHEARSE_CONF}: {rehearse!r} is invalid: expected true or false")
         if self.merge_from is not None:
             if self.restore_from is not None:
                 raise ValueError("restoreFrom and mergeFrom exclude each other: a shard has one parent or two")
@@ -462,6 +474,11 @@ class ShardConfig(_Model):
             if len(set(names)) != len(names):
                 raise ValueError(f"mergeFrom: names the same parent twice ({names[0]!r}); a merge joins two shards")
         return self
+
+    @property
+    def rehearse(self) -> bool:
+        """Whether a standby child rehearses its restore plan (``spark.taskshard.rehearse``, default true)."""
+        return self.spark.conf.get(REHEARSE_CONF, "true").lower() == "true"
 
     @property
     def parents(self) -> list[RestoreFrom]:

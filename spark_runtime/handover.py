@@ -398,7 +398,8 @@ def announce_and_wait(
     cfg = runner.config
     t0, began = time.monotonic(), time.time()
     set_log_phase("standby")
-    log.info("shard %s on standby: %s still owns the range; warming up (%s)", cfg.shard, describe, note.mode)
+    owns = "still owns the range" if len(parents) == 1 else "still own their ranges"
+    log.info("shard %s on standby: %s %s; warming up (%s)", cfg.shard, describe, owns, note.mode)
     runner.warm_up(rehearse=rehearse, should_stop=lambda: runner.stop_requested() or answered())
     warm = time.time()
     for parent in parents:

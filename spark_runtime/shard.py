@@ -167,7 +167,7 @@ class ShardRunner:
         self.start_positions: dict[str, Any] | None = None
         self.restore: RestorePlan | None = None
         """A split or merged child's verified restore (its parents' slices, start positions, seed, skip rule)."""
-        self.rehearse = rehearse
+        self.rehearse = rehearse and config.rehearse
         self.standby_seconds: float | None = None
         """Seconds spent on standby waiting for the parent's drain summary (None: no standby)."""
         self.rehearsal_seconds: float | None = None

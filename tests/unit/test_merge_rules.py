@@ -170,3 +170,23 @@ def test_merge_config_names_two_distinct_parents_and_no_restore_from():
         parse_config({**base, "mergeFrom": [two[0], two[0]]})
     with pytest.raises(ConfigError, match="restoreFrom and mergeFrom exclude each other"):
         parse_config({**base, "mergeFrom": two, "restoreFrom": two[0]})
+
+
+def test_the_rehearsal_can_be_turned_off_and_a_bad_value_names_the_key():
+    from spark_runtime.config import ConfigError, parse_config
+
+    base = {
+        "task": "t",
+        "shard": "t-0-16",
+        "maxKeyGroups": 16,
+        "keyGroups": {"start": 0, "end": 16},
+        "processor": {"builtin": "count"},
+        "source": {"journal": {"path": "/j", "partitions": 2}},
+        "sink": {"directory": {"path": "/o"}},
+        "storage": {"path": "/s"},
+    }
+    assert parse_config(base).rehearse is True
+    off = parse_config({**base, "spark": {"conf": {"spark.taskshard.rehearse": False}}})
+    assert off.rehearse is False
+    with pytest.raises(ConfigError, match=r"spark.conf.spark.taskshard.rehearse: 'maybe' is invalid: expected true or"):
+        parse_config({**base, "spark": {"conf": {"spark.taskshard.rehearse": "maybe"}}})
