@@ -163,10 +163,21 @@ def observe_merge_partner(ctx: ShardContext) -> bool:
     merged = ctx.observed.shard(ctx.namespace, into)
     assert merged is not None
     left = merged["spec"]["mergeFrom"][0]["parent"]
-    message = f"merging with {left} into {into}: the pod stops at a batch boundary once {into} is ready"
+    _write_merging(
+        ctx,
+        left,
+        into,
+        {"merge": {"with": left, "into": into, "role": MergeRole.RIGHT.value, "acceptedTime": st.now()}},
+    )
+    return True
+
+
+def _write_merging(ctx: ShardContext, other: str, into: str, extra: dict[str, Any]) -> None:
+    """-> Merging (either parent): ``lineage.children``, the conditions and the event, plus ``extra``."""
+    message = f"merging with {other} into {into}: the pod stops at a batch boundary once {into} is ready"
     ctx.write(
         {
-            "merge": {"with": left, "into": into, "role": MergeRole.RIGHT.value, "acceptedTime": st.now()},
+            **extra,
             "lineage": {**(ctx.status.get("lineage") or {}), "children": [into]},
             "conditions": [
                 ctx.cond(st.PROGRESSING, True, "Merging", message),
@@ -176,7 +187,6 @@ def observe_merge_partner(ctx: ShardContext) -> bool:
         phase=P.MERGING,
     )
     ctx.event("Normal", "Merging", message)
-    return True
 
 
 # ---------------------------------------------------------------- step 2: the merged shard (left, MergeRequested)
@@ -230,20 +240,7 @@ def step_create_merged(ctx: ShardContext) -> None:
         return
     if not ctx.pod.exists:
         create_pod(ctx, restarts_base=int(ctx.status.get("restarts") or 0))
-    message = (
-        f"merging with {ctx.status['merge']['with']} into {into}: the pod stops at a batch boundary once it is ready"
-    )
-    ctx.write(
-        {
-            "lineage": {**(ctx.status.get("lineage") or {}), "children": [into]},
-            "conditions": [
-                ctx.cond(st.PROGRESSING, True, "Merging", message),
-                ctx.cond(st.READY, False, "Merging", message),
-            ],
-        },
-        phase=P.MERGING,
-    )
-    ctx.event("Normal", "Merging", message)
+    _write_merging(ctx, ctx.status["merge"]["with"], into, {})
 
 
 # ---------------------------------------------------------------- steps 3-4: Merging (each parent)

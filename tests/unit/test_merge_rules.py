@@ -13,6 +13,18 @@ from spark_runtime.snapshot.manifest import RestoreError
 from spark_runtime.snapshot.restore import ParentSlice, check_merge_ranges, counted_up_to, start_and_skip
 from spark_runtime.sources.journal import JournalSource
 
+CONFIG = {
+    "task": "t",
+    "shard": "t-0-16-m1",
+    "maxKeyGroups": 16,
+    "keyGroups": {"start": 0, "end": 16},
+    "processor": {"builtin": "count"},
+    "source": {"journal": {"path": "/j", "partitions": 2}},
+    "sink": {"directory": {"path": "/o"}},
+    "storage": {"path": "/s"},
+}
+"""A minimal shard config (``shard.json``)."""
+
 
 def journal(partitions: int = 2, read: list[int] | None = None, nested: bool = False) -> JournalSource:
     return JournalSource("/nonexistent", partitions, read_partitions=read, nested=nested)
@@ -151,16 +163,7 @@ def test_nested_parents_name_only_their_partitions_and_skip_nothing():
 def test_merge_config_names_two_distinct_parents_and_no_restore_from():
     from spark_runtime.config import ConfigError, parse_config
 
-    base = {
-        "task": "t",
-        "shard": "t-0-16-g2",
-        "maxKeyGroups": 16,
-        "keyGroups": {"start": 0, "end": 16},
-        "processor": {"builtin": "count"},
-        "source": {"journal": {"path": "/j", "partitions": 2}},
-        "sink": {"directory": {"path": "/o"}},
-        "storage": {"path": "/s"},
-    }
+    base = CONFIG
     two = [{"parent": "t-0-8", "manifest": "/a"}, {"parent": "t-8-16", "manifest": "/b"}]
     cfg = parse_config({**base, "mergeFrom": two})
     assert [p.parent for p in cfg.parents] == ["t-0-8", "t-8-16"]
@@ -175,16 +178,7 @@ def test_merge_config_names_two_distinct_parents_and_no_restore_from():
 def test_the_rehearsal_can_be_turned_off_and_a_bad_value_names_the_key():
     from spark_runtime.config import ConfigError, parse_config
 
-    base = {
-        "task": "t",
-        "shard": "t-0-16",
-        "maxKeyGroups": 16,
-        "keyGroups": {"start": 0, "end": 16},
-        "processor": {"builtin": "count"},
-        "source": {"journal": {"path": "/j", "partitions": 2}},
-        "sink": {"directory": {"path": "/o"}},
-        "storage": {"path": "/s"},
-    }
+    base = CONFIG
     assert parse_config(base).rehearse is True
     off = parse_config({**base, "spark": {"conf": {"spark.taskshard.rehearse": False}}})
     assert off.rehearse is False
