@@ -43,7 +43,8 @@ pytestmark = pytest.mark.cluster
 START = 300  # seconds: JVM start, restore, first batches on a loaded 2-core machine
 
 
-PARENT_OWNS_RANGE = {"SplitRequested", "Draining", "Drained", "AbortingSplit"}
+PARENT_OWNS_RANGE = {"SplitRequested", "Draining", "Drained", "AbortingSplit", "MergeRequested", "Merging"}
+"""A parent's phases while its split children or merged shard wait on standby (they emit nothing yet)."""
 
 
 def parents_of(shard: dict) -> list[str]:
