@@ -239,32 +239,14 @@ def trial(kind: str, root: Path, args: argparse.Namespace, seed: int) -> dict[st
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keys", type=int, default=50_000, help="distinct keys, the state size (default 50,000)")
-    ap.add_argument("--partitions", type=int, default=4, help="journal partitions (default 4)")
-    ap.add_argument("--rate", type=int, default=200, help="events per second appended meanwhile (default 200)")
-    ap.add_argument("--trials", type=int, default=2, help="trials of each kind, alternating (default 2)")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds for the children to emit (default 900)")
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/taskshard-merge-gap"))
-    ap.add_argument("--quick", action="store_true", help="5,000 keys, one trial each")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.keys, args.trials = 5_000, 1
-    results: list[dict[str, Any]] = []
-    stat0 = cpu_times()
-    with LoadSampler() as load:
-        for i in range(args.trials):
-            for kind in ("merge", "split") if i % 2 else ("split", "merge"):
-                say(f"trial {i + 1}/{args.trials}: {kind} of {args.keys:,} keys")
-                r = trial(kind, args.work / f"{kind}-{i}", args, args.seed + i)
-                say(f"  gap {r['gapSeconds']} s, start -> emit {r['requestToEmitSeconds']} s")
-                results.append(r)
-    stat1 = cpu_times()
-    steal = (stat1[7] - stat0[7]) / max(1, sum(stat1) - sum(stat0)) if len(stat0) > 7 else None
-    shutil.rmtree(args.work, ignore_errors=True)
+def summarize(
+    results: list[dict[str, Any]],
+    load_summary: dict[str, Any],
+    steal: float | None,
+    args: argparse.Namespace,
+    argv: Any,
+) -> tuple[dict[str, Any], dict[str, float], dict[str, list[dict[str, Any]]]]:
+    """The tables, the target row and the notes of ``results`` (the trials); prints the tables."""
     by = {k: [r for r in results if r["kind"] == k] for k in ("split", "merge")}
     med = {k: statistics.median(r["gapSeconds"] for r in rows) for k, rows in by.items()}
     emit = {k: statistics.median(r["requestToEmitSeconds"] for r in rows) for k, rows in by.items()}
@@ -276,16 +258,18 @@ def main(argv: list[str] | None = None) -> int:
          r["parentsStopSpreadSeconds"]]
         for r in results
     ]  # fmt: skip
-    print_table(title, columns, rows, load.summary())
+    print_table(title, columns, rows, load_summary)
     ratio = med["merge"] / med["split"] if med["split"] else None
     met = ratio is not None and ratio <= 1.0
+    stop = {k: statistics.median(r["gapSeconds"] - r["lastDrainToEmitSeconds"] for r in rows) for k, rows in by.items()}
     why = (
-        "a merge hands over by restore (a shard cannot follow two parents' commits, so it cannot catch up while "
-        f"they run): after the merged shard is warm each parent stops and exports its state, and the merged shard "
-        f"restores both slices in its first batch; the range is without output from the first parent's last "
-        f"commit until that batch commits ({drain['merge']:.1f} s of it after the later drain summary, median), "
-        f"while a journal split's children restore a pre-copy and catch up before the parent stops, leaving two "
-        f"of their batches in the gap ({drain['split']:.1f} s after the drain summary)"
+        "the extra time is before the hand-over, not after it: from the later drain summary to the first "
+        f"emitting batch both take the same ({drain['merge']:.1f} s merge, {drain['split']:.1f} s split, "
+        "medians), but from the (first) parent's last commit to the (later) drain summary a merge takes "
+        f"{stop['merge']:.1f} s and a split {stop['split']:.1f} s: a merge's parents export their state in the "
+        "final drain (restore hand-over: a shard cannot follow two parents' commits, so there is no pre-copy to "
+        "catch up from), while a journal split's parent exported a pre-copy while it ran and its final drain "
+        "exports nothing"
     )
     targets = [
         {
@@ -299,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         }
     ]
     summary_rows = [
+        [
+            "median (first) parent's last commit -> (later) drain summary (s)",
+            round(stop["split"], 2),
+            round(stop["merge"], 2),
+        ],
         ["median processing gap (s)", med["split"], med["merge"]],
         ["median child start -> every child emits (s)", emit["split"], emit["merge"]],
         ["median later drain summary -> emit (s)", drain["split"], drain["merge"]],
@@ -320,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "title": "Merge processing gap next to a split's",
         "command": command_line(argv),
         "machine": machine(),
-        "load": load.summary(),
+        "load": load_summary,
         "parameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "tables": [
             {"title": "Split vs merge (medians)", "columns": ["measurement", "split", "merge"], "rows": summary_rows},
@@ -336,6 +325,46 @@ def main(argv: list[str] | None = None) -> int:
             "stealPercent": round(100 * steal, 2) if steal is not None else None,
         },
     }
+    return payload, med, by
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keys", type=int, default=50_000, help="distinct keys, the state size (default 50,000)")
+    ap.add_argument("--partitions", type=int, default=4, help="journal partitions (default 4)")
+    ap.add_argument("--rate", type=int, default=200, help="events per second appended meanwhile (default 200)")
+    ap.add_argument("--trials", type=int, default=2, help="trials of each kind, alternating (default 2)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds for the children to emit (default 900)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/taskshard-merge-gap"))
+    ap.add_argument("--quick", action="store_true", help="5,000 keys, one trial each")
+    ap.add_argument(
+        "--summarize", action="store_true", help="rebuild the tables and the target from <out>/merge_gap.json"
+    )
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.keys, args.trials = 5_000, 1
+    if args.summarize:
+        recorded = json.loads((args.out / "merge_gap.json").read_text())
+        results, load_summary = recorded["raw"]["results"], recorded["load"]
+        steal = (recorded["raw"].get("stealPercent") or 0) / 100
+        argv = recorded["command"].split()[2:] if argv is None else argv
+    else:
+        results = []
+        stat0 = cpu_times()
+        with LoadSampler() as load:
+            for i in range(args.trials):
+                for kind in ("merge", "split") if i % 2 else ("split", "merge"):
+                    say(f"trial {i + 1}/{args.trials}: {kind} of {args.keys:,} keys")
+                    r = trial(kind, args.work / f"{kind}-{i}", args, args.seed + i)
+                    say(f"  gap {r['gapSeconds']} s, start -> emit {r['requestToEmitSeconds']} s")
+                    results.append(r)
+        stat1 = cpu_times()
+        steal = (stat1[7] - stat0[7]) / max(1, sum(stat1) - sum(stat0)) if len(stat0) > 7 else None
+        load_summary = load.summary()
+        shutil.rmtree(args.work, ignore_errors=True)
+    payload, med, by = summarize(results, load_summary, steal, args, argv)
     plt = pyplot()
     if plt is not None:
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -349,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.out / "merge_gap.png", dpi=120)
     write_result(args.out, "merge_gap", payload)
+    met = payload["targets"][0]["met"]
     say(f"median gap: split {med['split']:.1f} s, merge {med['merge']:.1f} s: {'met' if met else 'MISSED'}")
     return 0
 
