@@ -15,7 +15,9 @@ every action is idempotent::
 
 - Step 1, L Running: a valid ``spec.merge`` (:func:`taskshard_operator.planner.plan_merge`: adjacent, both
   Running, neither asking for another hand-over) is accepted by writing ``MergeRequested`` and
-  ``status.merge``, nothing else. A refusal writes condition MergeRejected (and an event) and changes nothing.
+  ``status.merge``, nothing else. A refusal writes condition MergeRejected (and an event) and changes nothing;
+  while either shard is starting or restarting (Pending, Failed) the request waits instead (MergeRejected=False,
+  reason MergeWaiting; looked at again every few seconds).
 - Step 2, L MergeRequested: create M (``<task>-<start>-<end>-<family>``, owned by the Task, ``spec.mergeFrom``
   = both parents' drain summaries ``drained.json``; 409 = created before), then write ``Merging`` with
   ``status.lineage.children: [M]``. M's pod starts at once and waits on standby
@@ -73,9 +75,10 @@ __all__ = [
 # ---------------------------------------------------------------- step 1: the request (left, Running)
 
 
-def observe_merge_request(ctx: ShardContext) -> bool:
+def observe_merge_request(ctx: ShardContext) -> bool | None:
     """Step 1: ``spec.merge``, once per generation, decided before any pod action. True when the pass ends here
-    (accepted, or refused)."""
+    (accepted, or refused); None when the request waits for a shard to run (the generation must stay unobserved,
+    so nothing else in the pass may observe it); False when there is nothing to decide."""
     merge = ctx.shard["spec"].get("merge")
     if not merge or ctx.generation == ctx.status.get("observedGeneration"):
         return False
@@ -93,6 +96,9 @@ def observe_merge_request(ctx: ShardContext) -> bool:
         right_wants=_asks_for(right),
         named_by=_merging_into(ctx),
     )
+    if isinstance(decision, planner.MergeRefused) and decision.waits:
+        _merge_waits(ctx, decision.message)
+        return None
     if isinstance(decision, planner.MergeRefused):
         ctx.write(
             {
@@ -121,6 +127,20 @@ def observe_merge_request(ctx: ShardContext) -> bool:
     )
     ctx.event("Normal", "MergeAccepted", message)
     return True
+
+
+MERGE_WAIT_RECHECK_SECONDS = 5.0
+"""How soon a waiting merge request is looked at again (the other shard's changes do not trigger this pass)."""
+
+
+def _merge_waits(ctx: ShardContext, message: str) -> None:
+    """A merge request that waits for a shard to run again: its generation stays unobserved, condition
+    MergeRejected=False reason MergeWaiting says why (an event when that changes), and the pass comes back soon."""
+    shown = st.get_condition((ctx.shard.get("status") or {}).get("conditions"), st.MERGE_REJECTED) or {}
+    if shown.get("reason") != "MergeWaiting" or shown.get("message") != message:
+        ctx.event("Normal", "MergeWaiting", message)
+    ctx.write({"conditions": [ctx.cond(st.MERGE_REJECTED, False, "MergeWaiting", message)]})
+    ctx.decision.again_in(MERGE_WAIT_RECHECK_SECONDS)
 
 
 def _asks_for(right: dict[str, Any] | None) -> str | None:

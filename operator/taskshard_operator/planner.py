@@ -201,9 +201,16 @@ class MergeAccepted:
 
 @dataclass(frozen=True)
 class MergeRefused:
-    """An invalid ``spec.merge``; the message goes into the MergeRejected condition and an event."""
+    """An invalid ``spec.merge``; the message goes into the MergeRejected condition and an event. ``waits``: not
+    now, but possibly soon (a shard is starting or restarting, Pending or Failed): the request stays undecided and
+    is looked at again."""
 
     message: str
+    waits: bool = False
+
+
+MERGE_WAITS_FOR = frozenset({ShardPhase.PENDING, ShardPhase.FAILED})
+"""Phases a merge's shard may leave for Running by itself: a request waits for them instead of being refused."""
 
 
 def plan_merge(
@@ -220,8 +227,9 @@ def plan_merge(
     ``spec.split``, described), ``named_by`` a merge in progress that names ``left`` as its right shard.
 
     Refused when the right shard does not exist, is this shard, is not the right neighbour
-    (``left.end != right.start``), when either is not Running (starting, failed, suspended, splitting or
-    merging already), or when either is about to hand its range over otherwise."""
+    (``left.end != right.start``), when either is not Running (suspended, splitting, merging or handed over), or
+    when either is about to hand its range over otherwise; a shard that is starting or restarting (Pending,
+    Failed) makes the request wait (``waits``)."""
     where = f"spec.merge.with: {right_name!r}"
     if right is None:
         return MergeRefused(f"{where}: no TaskShard of that name belongs to Task {task}")
@@ -234,10 +242,16 @@ def plan_merge(
             "right neighbour"
         )
     for shard in (left, right):
+        if shard.phase in MERGE_WAITS_FOR:
+            return MergeRefused(
+                f"{where}: waiting until {shard.name} runs again (it is {shard.phase.value}); the merge starts once "
+                "both shards are Running",
+                waits=True,
+            )
         if shard.phase != ShardPhase.RUNNING:
             return MergeRefused(
-                f"{where}: {shard.name} is {shard.phase.value}; both shards must be Running (not starting, failed, "
-                "suspended, splitting or merging) for a merge to start"
+                f"{where}: {shard.name} is {shard.phase.value}; both shards must be Running (not suspended, "
+                "splitting, merging or handed over) for a merge to start"
             )
     if named_by is not None:
         return MergeRefused(f"{where}: {left.name} is merging into {named_by} already (as the right shard)")

@@ -256,8 +256,9 @@ def _reconcile_active(ctx: ShardContext) -> None:
     if ctx.spec.suspend and not _standby_parent(ctx):
         _suspend(ctx)
         return
-    if observe_merge_request(ctx) or observe_split_request(ctx):
-        return
+    merge = observe_merge_request(ctx)
+    if merge or (merge is not None and observe_split_request(ctx)):
+        return  # (a waiting merge, None, leaves the generation unobserved: spec.split is not requested then)
     if not _ensure_config(ctx):
         return
     if _replace_orcreate_pod(ctx):

@@ -190,3 +190,30 @@ def test_an_accepted_merge_cannot_be_withdrawn():
     assert rejected["reason"] == "MergeInProgress" and "cannot be withdrawn" in rejected["message"]
     converge(kube, events)
     assert phases(kube) == {"t-0-8": "Merged", "t-8-16": "Merged", MERGED: "Running"}
+
+
+def test_a_merge_waits_while_a_shard_restarts_then_starts():
+    """A shard that is starting or restarting (Pending, Failed) makes the request wait, not fail: its generation
+    stays unobserved (MergeRejected=False, reason MergeWaiting) and the pass comes back until both run."""
+    kube = two_shards()
+    events: list = []
+    kube.delete_pod(NS, "t-8-16-driver")  # the right shard's pod is gone: it goes Pending, then runs again
+    reconcile_shard(kube, kube, NS, "t-8-16", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    assert phases(kube)["t-8-16"] == "Failed" or phases(kube)["t-8-16"] == "Pending"
+    request_merge(kube, "t-0-8", "t-8-16")
+    decision_seconds: list = []
+    from taskshard_operator.reconcile_shard import decide_shard
+
+    decision = decide_shard(kube, NS, "t-0-8")
+    decision_seconds.append(decision.requeue_after)
+    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    waiting = condition(kube, "t-0-8", "MergeRejected")
+    assert (waiting["status"], waiting["reason"]) == ("False", "MergeWaiting"), waiting
+    assert "waiting until t-8-16 runs again" in waiting["message"]
+    left = kube.shards()["t-0-8"]
+    assert left["status"]["observedGeneration"] != left["metadata"]["generation"], "the request stays undecided"
+    assert decision_seconds[0] is not None and decision_seconds[0] <= 5.0, "looked at again soon"
+    assert phases(kube)["t-0-8"] == "Running" and "merge" not in left["status"]
+    converge(kube, events)
+    assert phases(kube) == {"t-0-8": "Merged", "t-8-16": "Merged", MERGED: "Running"}
+    assert [e[2] for e in events].count("MergeWaiting") == 1
