@@ -18,6 +18,9 @@ series carries the labels ``task`` and ``shard``. Names (:class:`Metric`):
                                                             (Kafka: offsets behind the latest) or ``bytes`` (journal)
 ``taskshard_shard_partition_lag``                 gauge     the same per source partition (label ``partition``:
                                                             ``p0.jsonl`` (journal), ``<topic>/<partition>`` (Kafka))
+``taskshard_shard_lag_seconds``                   gauge     seconds to work off the lag at the pace the source was
+                                                            consumed over the rate window (+Inf: no progress; absent:
+                                                            lag unknown): the autoscaler's signal
 ``taskshard_shard_last_batch``                    gauge     the last committed batch id (-1: none yet)
 ``taskshard_shard_last_batch_timestamp_seconds``  gauge     when it was committed (Unix time; 0: unknown)
 ``taskshard_shard_batch_duration_seconds``        gauge     the last batch's durations, label ``part`` (Spark's
@@ -53,10 +56,12 @@ __all__ = [
     "METRICS_PATH",
     "METRICS_PORT",
     "PORT_NAME",
+    "LAG_SECONDS_STALLED",
     "RATE_WINDOW_SECONDS",
     "STATE_MAP_SECONDS_CONF",
     "LiveStats",
     "Metric",
+    "lag_seconds_status",
     "live_stats",
     "state_map_seconds",
 ]
@@ -150,6 +155,7 @@ class Metric(StrEnum):
     PROCESSED_ROWS_PER_SECOND = "taskshard_shard_processed_rows_per_second"
     LAG = "taskshard_shard_lag"
     PARTITION_LAG = "taskshard_shard_partition_lag"
+    LAG_SECONDS = "taskshard_shard_lag_seconds"
     LAST_BATCH = "taskshard_shard_last_batch"
     LAST_BATCH_TIMESTAMP = "taskshard_shard_last_batch_timestamp_seconds"
     BATCH_DURATION = "taskshard_shard_batch_duration_seconds"
@@ -183,6 +189,8 @@ class LiveStats:
     """The state map: state rows per bucket label ``"<a>-<b>"`` at :attr:`state_map_batch` (empty: none yet)."""
     state_map_batch: int | None = None
     """The committed batch the state map counts (None: no state map)."""
+    lag_seconds: float | None = None
+    """Seconds to work off the lag (``inf``: no progress; None: not known)."""
 
     def to_status(self, *, observed_at: str) -> dict[str, Any]:
         """The ``status.live`` object; ``rate`` rounded to 0.1 rows/s so that noise does not cause writes."""
@@ -200,11 +208,23 @@ class LiveStats:
         if self.lag is not None:
             out["lag"] = self.lag
             out["lagUnit"] = self.lag_unit
+        if self.lag_seconds is not None:
+            out["lagSeconds"] = lag_seconds_status(self.lag_seconds)
         if self.state_rows is not None:
             out["stateRows"] = self.state_rows
         if self.state_map_batch is not None:
             out["stateMapBatch"] = self.state_map_batch
         return out
+
+
+LAG_SECONDS_STALLED = 999_999
+"""``status.live.lagSeconds`` of a shard with lag and no progress over the rate window (JSON has no infinity)."""
+
+
+def lag_seconds_status(seconds: float) -> int:
+    """``status.live.lagSeconds``: whole seconds (noise below a second causes no status write), at most
+    :data:`LAG_SECONDS_STALLED`, which stands for no progress."""
+    return int(round(min(seconds, LAG_SECONDS_STALLED)))
 
 
 def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveStats | None:
@@ -234,6 +254,7 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
         return None
     timestamp = values.get(Metric.LAST_BATCH_TIMESTAMP)
     lag = values.get(Metric.LAG)
+    lag_seconds = values.get(Metric.LAG_SECONDS)
     state_rows = values.get(Metric.STATE_ROWS)
     state_map_batch = values.get(Metric.STATE_MAP_BATCH)
     return LiveStats(
@@ -242,6 +263,7 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
         rate=float(values.get(Metric.ROWS_PER_SECOND, 0.0)),
         lag=int(lag) if lag is not None else None,
         lag_unit=lag_unit if lag is not None else None,
+        lag_seconds=lag_seconds if lag_seconds is not None and lag_seconds == lag_seconds else None,
         state_rows=int(state_rows) if state_rows is not None else None,
         dead_letters=int(values.get(f"{Metric.DEAD_LETTERS}_total", 0.0)),
         emitting=bool(values.get(Metric.EMITTING, 0.0)),

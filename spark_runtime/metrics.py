@@ -28,7 +28,12 @@ loop, every ``poll_interval``, so values are at most one poll old):
 - at scrape time: the rate, ``taskshard_shard_rows_per_second`` = input rows of the batches committed within the
   last :data:`~spark_runtime.live.RATE_WINDOW_SECONDS`, divided by that window, or, while this process has been
   processing for less, by the time since its first batch began (at least :data:`MIN_RATE_SECONDS`); 0 before
-  the first batch. So an idle shard's rate decays to 0 within the window without any new batch.
+  the first batch. So an idle shard's rate decays to 0 within the window without any new batch;
+- at scrape time too, once the lag is known: ``taskshard_shard_lag_seconds``, the time the shard needs to work off
+  its lag at the pace it consumed its source over the rate window (:meth:`ShardMetrics.lag_seconds`): the lag
+  divided by the source positions its committed batches advanced per second, in the lag's own unit (records or
+  bytes, the partitions the lag counts: :func:`consumed`); 0 without lag, ``+Inf`` with lag but no progress in the
+  window (a stalled shard, or one that has not committed a batch yet). The autoscaler's signal.
 
 Series whose value is not known yet are absent rather than 0: the lag (no measure yet), state rows and bytes (no
 batch with stateful operators yet in this process), the batch durations (no batch yet). ``last_batch`` is -1 and
@@ -67,6 +72,7 @@ __all__ = [
     "JOURNAL_LAG_INTERVAL_SECONDS",
     "MIN_RATE_SECONDS",
     "ShardMetrics",
+    "consumed",
     "journal_lag",
     "kafka_lag",
 ]
@@ -104,6 +110,9 @@ class ShardMetrics:
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque()
         """(commit time, input rows) of the batches committed within the window."""
+        self._consumed: deque[tuple[float, int]] = deque()
+        """(commit time, source positions advanced in the lag's unit) of the batches committed within the window."""
+        self._lag_total: int | None = None
         self._since: float | None = None
         """When this process's first batch began (its commit time minus its trigger execution time)."""
         self._last_batch = -1
@@ -139,6 +148,10 @@ class ShardMetrics:
         self._processed.set(0)
         self._lag = gauge(Metric.LAG, "Input not yet processed (records for Kafka, bytes for the journal).", "unit")
         self._partition_lag = gauge(Metric.PARTITION_LAG, "Input not yet processed per source partition.", "partition")
+        self._lag_seconds = gauge(
+            Metric.LAG_SECONDS,
+            "Seconds to work off the lag at the pace the source was consumed over the rate window (+Inf: no progress).",
+        )  # labelled once the lag is known
         self._last = gauge(Metric.LAST_BATCH, "The last committed batch id (-1: none yet).").labels(*own)
         self._last.set(-1)
         self._last_time = gauge(
@@ -235,6 +248,9 @@ class ShardMetrics:
         lag = kafka_lag(progress.get("sources") or [])
         if lag is not None:
             self.set_lag("records", lag)
+        with self._lock:
+            if self._partitions:
+                self._consumed.append((now, consumed(progress.get("sources") or [], self._partitions)))
 
     def on_commit(self, batch_id: int, committed_at: float | None = None) -> None:
         """The last committed batch (from the recovery log): ``committed_at`` (Unix time) when known, else now,
@@ -263,6 +279,9 @@ class ShardMetrics:
             for partition, value in lags.items():
                 self._partition_lag.labels(self.task, self.shard, partition).set(value)
             self._partitions = set(lags)
+            first, self._lag_total = self._lag_total is None, sum(lags.values())
+        if first:
+            self._lag_seconds.labels(self.task, self.shard).set_function(self.lag_seconds)
 
     def set_dead_letters(self, total: int) -> None:
         """The shard's dead-letter total (the counter follows it up; it never goes down)."""
@@ -297,9 +316,25 @@ class ShardMetrics:
             rows = sum(r for _, r in self._recent)
             return rows / min(self._window, max(now - self._since, MIN_RATE_SECONDS))
 
+    def lag_seconds(self) -> float:
+        """Seconds to work off the lag at the pace the source was consumed over the window (see the module
+        docstring): 0 without lag (or none known), ``inf`` with lag and no progress in the window."""
+        now = self._clock()
+        with self._lock:
+            self._prune(now)
+            lag = self._lag_total or 0
+            if lag <= 0:
+                return 0.0
+            advanced = sum(n for _, n in self._consumed)
+            if self._since is None or advanced <= 0:
+                return float("inf")
+            return lag / (advanced / min(self._window, max(now - self._since, MIN_RATE_SECONDS)))
+
     def _prune(self, now: float) -> None:
         while self._recent and self._recent[0][0] <= now - self._window:
             self._recent.popleft()
+        while self._consumed and self._consumed[0][0] <= now - self._window:
+            self._consumed.popleft()
 
     # ---------------------------------------------------------------- the endpoint
 
@@ -359,6 +394,42 @@ def kafka_lag(sources: Iterable[Mapping[str, Any]]) -> dict[str, int] | None:
                 name = f"{topic}/{partition}"
                 out[name] = out.get(name, 0) + max(0, offset - done)
     return out if found else None
+
+
+def consumed(sources: Iterable[Mapping[str, Any]], partitions: Iterable[str]) -> int:
+    """How far a batch advanced its sources' positions over ``partitions``, the names the lag counts (journal:
+    ``p0.jsonl``, bytes; Kafka: ``<topic>/<partition>``, records): the sum of ``endOffset - startOffset`` over the
+    numeric leaves of both offsets (a nested key path joined with ``/``), those of other sources or partitions
+    left out (a source without a start offset, the first batch of a query, counts from 0: its positions were
+    not known)."""
+    names = set(partitions)
+    total = 0
+    for source in sources:
+        end = _leaves(source.get("endOffset"))
+        start = _leaves(source.get("startOffset"))
+        for name, position in end.items():
+            if name in names and name in start:
+                total += max(0, position - start[name])
+    return total
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, int]:
+    """The integer leaves of a JSON offset (object or text), keyed by their path joined with ``/``."""
+    if isinstance(value, str) and not prefix:
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+    if not isinstance(value, dict):
+        return {}
+    out: dict[str, int] = {}
+    for key, item in value.items():
+        path = f"{prefix}{key}"
+        if isinstance(item, dict):
+            out.update(_leaves(item, f"{path}/"))
+        elif isinstance(item, int) and not isinstance(item, bool):
+            out[path] = item
+    return out
 
 
 def _topic_offsets(value: Any) -> dict[str, dict[str, int]] | None:

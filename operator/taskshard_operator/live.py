@@ -203,6 +203,9 @@ def task_live_patch(
         "shardsReporting": len(lives),
         "deadLetters": sum(int(live.get("deadLetters") or 0) for live in lives),
     }
+    behind = [int(live["lagSeconds"]) for live in lives if live.get("lagSeconds") is not None]
+    if behind:
+        summed["lagSeconds"] = max(behind)
     if len(units) == 1:
         summed["lag"] = sum(int(live.get("lag") or 0) for live in lives if live.get("lag") is not None)
         summed["lagUnit"] = units.pop()

@@ -30,6 +30,7 @@ the storage volume.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ import kopf
 
 from spark_runtime.keygroups import KeyGroupRange
 from spark_runtime.live import key_group_metrics_enabled
-from taskshard_operator import builders, naming, planner, scaling
+from taskshard_operator import autoscale, builders, naming, planner, scaling
 from taskshard_operator import status as st
 from taskshard_operator.act import Create, Decision, Emit, Event, Patch, carry_out
 from taskshard_operator.cache import Observed, parse_task
@@ -147,15 +148,24 @@ def _scale(
     asks = {n: scaling.split_ask(body) for n, body in bodies.items()}
     merges = {n: ask for n, body in bodies.items() if (ask := scaling.merge_ask(body)) is not None}
     ready, loads, awaiting, grace = _observe_shards(observed, decision.namespace, spec, views, bodies)
+    blocked = _scaling_blocked(spec, views, plan, target)
+    desired, wanted_by = spec.shards, "spec.shards"
+    if spec.autoscale is not None:
+        busy = scaling.busy_reason(views, planner.owners(views), ready=ready, asks=asks, merges=merges, blocked=blocked)
+        desired = _autoscale(decision, status, spec, views, bodies, busy)
+        wanted_by = "the autoscaler's status.autoscale.desiredShards"
+    elif status.get("autoscale"):
+        _set_status(decision, {"autoscale": None})
     d = scaling.decide_scaling(
-        spec.shards,
+        desired,
         views,
         ready=ready,
         loads=loads,
         asks=asks,
-        blocked=_scaling_blocked(spec, views, plan, target),
+        blocked=blocked,
         awaiting_load=awaiting,
         merges=merges,
+        wanted_by=wanted_by,
     )
     if d.decision == ScalingDecision.WAIT and grace is not None:
         decision.again_in(grace)  # choose without the load map once the grace is over, if no scrape came
@@ -172,6 +182,38 @@ def _scale(
     shown = status.get("scaling") or {}
     _set_status(decision, {"scaling": _scaling_status(shown, d)})
     return d.scaled, d.reason, d.message
+
+
+def _autoscale(
+    decision: Decision,
+    status: dict[str, Any],
+    spec: TaskSpec,
+    views: list[planner.ShardView],
+    bodies: dict[str, dict[str, Any]],
+    busy: str | None,
+) -> int:
+    """Step 4 with ``spec.autoscale``: the autoscaler's decision (:func:`taskshard_operator.autoscale.
+    decide_autoscale`, over the active shards' ``status.live``), its event when the count it wants changed, and
+    ``status.autoscale``. Returns the count it wants, which takes the place of ``spec.shards``."""
+    assert spec.autoscale is not None
+    active = planner.owners(views)
+    lives = {v.name: ((bodies.get(v.name) or {}).get("status") or {}).get("live") or {} for v in active}
+    a = autoscale.decide_autoscale(
+        spec.autoscale,
+        active=len(active),
+        lags={n: live.get("lagSeconds") for n, live in lives.items()},
+        rate=sum(float(live.get("rate") or 0.0) for live in lives.values()),
+        busy=busy,
+        state=autoscale.AutoscaleState.from_status(status.get("autoscale")),
+        now=time.time(),
+    )
+    if a.changed:
+        up = a.desired > len(active)
+        decision.events.append(Event("Normal", "AutoscalingUp" if up else "AutoscalingDown", a.message))
+    if a.wake_in is not None:
+        decision.again_in(a.wake_in + 1.0)
+    _set_status(decision, {"autoscale": a.status(status.get("autoscale"))})
+    return a.desired
 
 
 def _scaling_blocked(spec: TaskSpec, views: list[planner.ShardView], plan: planner.TaskPlan, target: str) -> str | None:

@@ -73,6 +73,7 @@ __all__ = [
     "decide_scaling",
     "rows_in_range",
     "WAITING_FOR_MERGE",
+    "busy_reason",
     "merge_ask",
     "shard_load",
     "split_ask",
@@ -220,6 +221,7 @@ def decide_scaling(
     blocked: str | None = None,
     awaiting_load: Collection[str] = (),
     merges: Mapping[str, MergeAsk] = {},  # noqa: B006 - read only
+    wanted_by: str = "spec.shards",
 ) -> Scaling:
     """Decide about ``spec.shards`` (see the module docstring for the rules).
 
@@ -227,7 +229,8 @@ def decide_scaling(
     condition is True; ``loads`` the active shards' load over the window (absent: no load data); ``asks`` their
     ``spec.split`` (absent: none); ``blocked`` why the Task pass must not start a split now, or None;
     ``awaiting_load`` the shards whose first load map is expected soon (see :data:`LOAD_GRACE_SECONDS`);
-    ``merges`` the shards' ``spec.merge`` (absent: none).
+    ``merges`` the shards' ``spec.merge`` (absent: none); ``wanted_by`` names where ``desired`` comes from in the
+    messages (``spec.shards``, or the autoscaler's ``status.autoscale.desiredShards``).
     """
     active = planner.owners(views)
     count = len(active)
@@ -235,11 +238,11 @@ def decide_scaling(
         message = "spec.shards is not set: the shard count changes only when a shard is split by hand (spec.split)"
         return Scaling(ScalingDecision.NO_CHANGE, NOT_REQUESTED, message, None, count)
     if desired == count:
-        message = f"{count} active shards, as spec.shards asks"
+        message = f"{count} active shards, as {wanted_by} asks"
         return Scaling(ScalingDecision.NO_CHANGE, DESIRED_SHARDS, message, desired, count)
 
     down = desired < count
-    want = f"spec.shards {desired} {'<' if down else '>'} {count} active shards"
+    want = f"{wanted_by} {desired} {'<' if down else '>'} {count} active shards"
     why_wait = _reason_to_wait(
         views,
         active,
@@ -273,6 +276,35 @@ def _reason_to_wait(
 ) -> str | None:
     """Rules 2 and 4: the reasons to start no split (``down``: no merge) now, the first that applies, or None:
     the Task is quiet."""
+    busy = busy_reason(views, active, ready=ready, asks=asks, merges=merges, blocked=blocked, down=down)
+    if busy:
+        return busy
+    candidates = active if down else [v for v in active if v.key_groups.size >= 2]
+    if not candidates:
+        return "no active shard has two or more key groups"
+    unmeasured = [v for v in candidates if v.name in awaiting_load and v.name not in loads]
+    if unmeasured:
+        return (
+            f"the first load map of {_names(unmeasured)} (a scrape of its pod, at most {LOAD_GRACE_SECONDS:.0f} s "
+            f"after it started emitting), to choose the {'shards to merge' if down else 'shard to split'} by input "
+            "rows"
+        )
+    return None
+
+
+def busy_reason(
+    views: Sequence[planner.ShardView],
+    active: Sequence[planner.ShardView],
+    *,
+    ready: Collection[str],
+    asks: Mapping[str, SplitAsk],
+    merges: Mapping[str, MergeAsk],
+    blocked: str | None,
+    down: bool | None = None,
+) -> str | None:
+    """Why no split or merge may start now (None: the Task is quiet): ``blocked`` (the Task pass's reason), a
+    hand-over in progress or asked for and not yet decided, an active shard not Running or not emitting. The
+    autoscaler holds on the same reasons. ``down``: which kind the message names (None: either)."""
     if blocked:
         return blocked
     splitting = [v for v in views if v.phase.splitting]
@@ -287,23 +319,13 @@ def _reason_to_wait(
     pending = [v for v in active if (m := merges.get(v.name)) is not None and m.pending]
     if pending:
         return f"{_names(pending)} has a merge request (spec.merge) its pass has not taken yet"
-    kind = "merge" if down else "split"
+    kind = "split or merge" if down is None else "merge" if down else "split"
     not_running = [v for v in active if v.phase != ShardPhase.RUNNING]
     if not_running:
         return f"{_names(not_running)} not Running yet (a {kind} starts only when every active shard runs)"
     silent = [v for v in active if v.name not in ready]
     if silent:
         return f"{_names(silent)} running but not emitting yet (starting its query or finishing a hand-over)"
-    candidates = active if down else [v for v in active if v.key_groups.size >= 2]
-    if not candidates:
-        return "no active shard has two or more key groups"
-    unmeasured = [v for v in candidates if v.name in awaiting_load and v.name not in loads]
-    if unmeasured:
-        return (
-            f"the first load map of {_names(unmeasured)} (a scrape of its pod, at most {LOAD_GRACE_SECONDS:.0f} s "
-            f"after it started emitting), to choose the {'shards to merge' if down else 'shard to split'} by input "
-            "rows"
-        )
     return None
 
 

@@ -153,7 +153,11 @@ def create_pod(ctx: ShardContext, *, restarts_base: int, abort_split: tuple[str,
 def ended_live(ctx: ShardContext, checkpoint: dict[str, Any]) -> dict[str, Any]:
     """``status.live`` of a shard whose driver ended with a summary: its last batch as reported at exit (the last
     scrape may be a few batches older), no rate, no lag."""
-    live = {k: v for k, v in (ctx.status.get("live") or {}).items() if k not in ("lag", "lagUnit", "batchTime")}
+    live = {
+        k: v
+        for k, v in (ctx.status.get("live") or {}).items()
+        if k not in ("lag", "lagUnit", "lagSeconds", "batchTime")
+    }
     live.update(batchId=checkpoint["batchId"], rate=0.0, emitting=False, observedAt=live_utc_now())
     if checkpoint.get("time"):
         live["batchTime"] = checkpoint["time"]

@@ -14,8 +14,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from spark_runtime.config import ConfigError, parse_config
-from spark_runtime.live import METRICS_PATH, METRICS_PORT, LiveStats, Metric, live_stats
-from spark_runtime.metrics import ShardMetrics, kafka_lag
+from spark_runtime.live import LAG_SECONDS_STALLED, METRICS_PATH, METRICS_PORT, LiveStats, Metric, live_stats
+from spark_runtime.metrics import ShardMetrics, consumed, kafka_lag
 from spark_runtime.problems import EnvironmentProblem
 
 pytestmark = pytest.mark.unit
@@ -293,6 +293,7 @@ def test_live_stats_round_trip_through_the_endpoint():
         state_rows=90,
         dead_letters=2,
         emitting=True,
+        lag_seconds=pytest.approx(35 / 150),  # 35 records behind, 150 offsets consumed in the first second
     )
     assert stats.to_status(observed_at="2026-01-01T00:00:00Z")["lag"] == 35
     # Stopped: the port is free again (for a server, which binds with SO_REUSEADDR as prometheus_client's does).
@@ -410,3 +411,42 @@ def test_bad_load_map_settings_are_refused_naming_the_key(key, value, complaint,
     assert f"spark.conf.{key}" in str(err.value) and complaint in str(err.value)
     data["spark"]["conf"][key] = good
     parse_config(data)
+
+
+# ---------------------------------------------------------------- lag in seconds
+
+
+def test_consumed_counts_the_lags_partitions_in_its_unit():
+    journal = journal_progress(3, 10)["sources"]
+    assert consumed(journal, ["p0.jsonl", "p1.jsonl"]) == 7000
+    assert consumed(journal, ["p0.jsonl"]) == 4000, "only the partitions the lag counts"
+    kafka = [
+        {
+            "description": "KafkaV2[Subscribe[orders]]",
+            "startOffset": '{"orders": {"0": 10, "1": 5}}',
+            "endOffset": '{"orders": {"0": 40, "1": 5}}',
+        }
+    ]
+    assert consumed(kafka, ["orders/0", "orders/1"]) == 30
+    assert consumed([{"startOffset": None, "endOffset": {"p0.jsonl": 9}}], ["p0.jsonl"]) == 0, "no start: unknown"
+
+
+def test_lag_seconds_is_the_lag_over_the_pace_of_consumption():
+    clock = Clock(1000.0)
+    metrics = ShardMetrics(TASK, SHARD, clock=clock, window=60.0)
+    assert value(scrape(metrics), Metric.LAG_SECONDS) is None, "absent while the lag is unknown"
+    metrics.set_lag("bytes", {"p0.jsonl": 0, "p1.jsonl": 0})
+    assert metrics.lag_seconds() == 0.0
+    metrics.set_lag("bytes", {"p0.jsonl": 14_000, "p1.jsonl": 0})
+    assert metrics.lag_seconds() == float("inf"), "lag and no progress"
+    metrics.on_batch(journal_progress(0, 100, trigger_ms=1000))  # advanced 7000 bytes, began at 999
+    clock.now = 1009.0
+    assert metrics.lag_seconds() == pytest.approx(14_000 / (7000 / 10))
+    assert live_stats(scrape(metrics)).lag_seconds == pytest.approx(20.0)
+    assert live_stats(scrape(metrics)).to_status(observed_at="t")["lagSeconds"] == 20
+    clock.now = 1061.0  # the batch left the window: no progress since
+    assert metrics.lag_seconds() == float("inf")
+    stats = live_stats(scrape(metrics))
+    assert stats.to_status(observed_at="t")["lagSeconds"] == LAG_SECONDS_STALLED
+    metrics.set_lag("bytes", {"p0.jsonl": 0, "p1.jsonl": 0})
+    assert metrics.lag_seconds() == 0.0, "caught up"

@@ -170,5 +170,13 @@ class LiveCommon(K8sModel):
         default=None, ge=0, description="Input not yet processed, in lagUnit (Kafka: records; journal: bytes)."
     )
     lag_unit: LagUnit | None = Field(default=None, description="The unit of lag: records or bytes.")
+    lag_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Seconds to work off the lag at the pace the source was consumed over the last minute (999999: no "
+            "progress). On a Task: the largest of its active shards'. The autoscaler's signal."
+        ),
+    )
     dead_letters: int = Field(default=0, ge=0, description="Dead letters counted so far.")
     observed_at: datetime | None = Field(default=None, description="When the operator read it (RFC 3339).")

@@ -56,7 +56,10 @@ __all__ = [
     "PersistentVolumeClaimRef",
     "EnvVar",
     "S3Storage",
+    "AutoscaleSpec",
+    "ScaleUpRate",
     "ScalingDecision",
+    "TaskAutoscale",
     "ShardSummary",
     "SinkSpec",
     "SourceSpec",
@@ -492,6 +495,72 @@ def shards_over_limit_message(shards: int, max_key_groups: int) -> str:
     return f"spec.shards: {shards} must be at most spec.maxKeyGroups ({max_key_groups}): {SHARDS_LIMIT_REASON}"
 
 
+AUTOSCALE_SECONDS_LIMIT = 86_400
+
+
+class AutoscaleSpec(K8sModel):
+    """``spec.autoscale``: the operator sizes the Task itself (``taskshard_operator.autoscale`` has the rules)."""
+
+    model_config = {
+        "json_schema_extra": validations(
+            cel(
+                "self.minShards <= self.maxShards",
+                "spec.autoscale.minShards must be at most spec.autoscale.maxShards",
+                field_path=".minShards",
+                message_expression=(
+                    "'spec.autoscale.minShards: %d must be at most spec.autoscale.maxShards (%d)'"
+                    ".format([self.minShards, self.maxShards])"
+                ),
+            ),
+        )
+    }
+
+    min_shards: int = Field(
+        default=1, ge=1, le=MAX_KEY_GROUPS_LIMIT, description="The fewest active shards (default 1)."
+    )
+    max_shards: int = Field(
+        ge=1, le=MAX_KEY_GROUPS_LIMIT, description="The most active shards (at most spec.maxKeyGroups)."
+    )
+    target_lag_seconds: int = Field(
+        default=60,
+        ge=1,
+        le=AUTOSCALE_SECONDS_LIMIT,
+        description="The most seconds any shard may need to work off its lag (status.live.lagSeconds) before the "
+        "Task grows by one shard (default 60). It shrinks by one when every shard's lag is at most a quarter of "
+        "it (and the rate dropped well below the one that made the autoscaler grow it).",
+    )
+    stabilization_seconds: int = Field(
+        default=60,
+        ge=0,
+        le=AUTOSCALE_SECONDS_LIMIT,
+        description="How long the lag must stay above the target (or the Task cold) without a break, on a quiet "
+        "Task, before the autoscaler acts (default 60).",
+    )
+    cooldown_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=AUTOSCALE_SECONDS_LIMIT,
+        description="The least seconds between the autoscaler's last change and a scale-down (default 300); a "
+        "scale-up waits only for the stabilization.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AutoscaleSpec:
+        if self.min_shards > self.max_shards:
+            raise ValueError(
+                f"spec.autoscale.minShards: {self.min_shards} must be at most spec.autoscale.maxShards "
+                f"({self.max_shards})"
+            )
+        return self
+
+
+AUTOSCALE_EXCLUDES_SHARDS = (
+    "spec.shards and spec.autoscale exclude each other: with spec.autoscale the operator chooses the shard count "
+    "itself (status.autoscale.desiredShards); remove spec.shards, or spec.autoscale to set the count by hand "
+    "(kubectl scale task NAME --replicas N)"
+)
+
+
 class CheckpointRetention(StrEnum):
     """What happens to checkpoints and snapshots when the Task is deleted."""
 
@@ -517,6 +586,21 @@ class TaskSpec(K8sModel):
                     f"'spec.shards: %d must be at most spec.maxKeyGroups (%d): {SHARDS_LIMIT_REASON}'"
                     ".format([self.shards, self.maxKeyGroups])"
                 ),
+            ),
+            cel(
+                "!has(self.autoscale) || self.autoscale.maxShards <= self.maxKeyGroups",
+                "spec.autoscale.maxShards must be at most spec.maxKeyGroups",
+                field_path=".autoscale.maxShards",
+                message_expression=(
+                    f"'spec.autoscale.maxShards: %d must be at most spec.maxKeyGroups (%d): {SHARDS_LIMIT_REASON}'"
+                    ".format([self.autoscale.maxShards, self.maxKeyGroups])"
+                ),
+            ),
+            cel(
+                "!has(self.autoscale) || !has(self.shards)",
+                AUTOSCALE_EXCLUDES_SHARDS,
+                field_path=".shards",
+                reason="FieldValueForbidden",
             ),
             _multiple_rule("journal"),
             _multiple_rule("kafka"),
@@ -560,6 +644,13 @@ class TaskSpec(K8sModel):
         "the operator never changes the shard count on its own. Not part of the shard template: changing it rolls "
         "no shard.",
     )
+    autoscale: AutoscaleSpec | None = Field(
+        default=None,
+        description="The operator sizes the Task itself on its shards' lag: one split when the worst lag stays "
+        "above targetLagSeconds, one merge of the coldest adjacent pair when the Task stays cold past the "
+        "cooldown, within [minShards, maxShards]; every decision is an event and in status.autoscale. Excludes "
+        "spec.shards.",
+    )
     key_field: str = Field(
         default="key",
         min_length=1,
@@ -598,6 +689,14 @@ class TaskSpec(K8sModel):
             )
         if self.shards is not None and self.shards > self.max_key_groups:
             raise ValueError(shards_over_limit_message(self.shards, self.max_key_groups))
+        if self.autoscale is not None:
+            if self.shards is not None:
+                raise ValueError(AUTOSCALE_EXCLUDES_SHARDS)
+            if self.autoscale.max_shards > self.max_key_groups:
+                raise ValueError(
+                    f"spec.autoscale.maxShards: {self.autoscale.max_shards} must be at most spec.maxKeyGroups "
+                    f"({self.max_key_groups}): {SHARDS_LIMIT_REASON}"
+                )
         partitions = self.source.nested_partitions
         if partitions is not None and self.max_key_groups % partitions:
             raise ValueError(not_a_multiple_message(self.max_key_groups, self.source.kind, partitions))
@@ -686,6 +785,41 @@ class TaskScaling(K8sModel):
     )
 
 
+class ScaleUpRate(K8sModel):
+    """The Task's rate when the autoscaler grew it to ``shards``."""
+
+    shards: int = Field(ge=1, le=MAX_KEY_GROUPS_LIMIT, description="The count it grew to.")
+    rate: float = Field(ge=0, description="The Task's input rows per second then.")
+
+
+class TaskAutoscale(K8sModel):
+    """The autoscaler's last decision and its memory (absent without spec.autoscale)."""
+
+    desired_shards: int = Field(ge=1, le=MAX_KEY_GROUPS_LIMIT, description="The shard count the autoscaler wants.")
+    reason: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z][A-Za-z0-9]*$",
+        description="CamelCase reason: LagAboveTarget, LoadBelowTarget, LagWithinTarget, Stabilizing, CatchingUp, "
+        "CoolingDown, "
+        "AtMaxShards, AtMinShards, BelowMinShards, AboveMaxShards, ScalingInProgress, Waiting, NoSignal.",
+    )
+    message: str = Field(default="", max_length=32768, description="What was decided and why.")
+    worst_lag_seconds: int | None = Field(
+        default=None, ge=0, description="The largest lagSeconds of the active shards the decision saw."
+    )
+    hot_since: datetime | None = Field(default=None, description="Since when the lag is above the target.")
+    lag_at_hot_since: int | None = Field(default=None, ge=0, description="The worst lagSeconds at hotSince.")
+    cold_since: datetime | None = Field(default=None, description="Since when the Task is cold.")
+    last_scale_time: datetime | None = Field(default=None, description="When the autoscaler last changed the count.")
+    scale_up_rates: list[ScaleUpRate] | None = Field(
+        default=None,
+        max_length=MAX_KEY_GROUPS_LIMIT,
+        description="The rates at which the autoscaler grew the Task to each count it still has.",
+    )
+    last_transition_time: datetime = Field(description="When the reason or the desired count last changed.")
+
+
 class TaskLive(LiveCommon):
     """The sum over the Task's active shards' ``status.live`` (written at most once per scrape interval)."""
 
@@ -725,6 +859,9 @@ class TaskStatus(K8sModel):
     )
     scaling: TaskScaling | None = Field(
         default=None, description="The last decision about spec.shards (absent while spec.shards is unset)."
+    )
+    autoscale: TaskAutoscale | None = Field(
+        default=None, description="The autoscaler's last decision and memory (absent without spec.autoscale)."
     )
 
 
