@@ -1,17 +1,19 @@
-"""``kubectl scale task`` end to end (real control plane, kubectl, node agent, Spark pods): the Task's scale
-subresource drives ``spec.shards``.
+"""``kubectl scale task`` and ``spec.autoscale`` end to end (real control plane, kubectl, node agent, Spark pods):
+the Task's scale subresource drives ``spec.shards``, the autoscaler its own count.
 
-``test_kubectl_scale_splits_one_shard_at_a_time_and_merges_to_scale_down``: a Task with one shard over 16 key
-groups (the load map on) and a small journal input. ``kubectl scale task --replicas 3`` makes the operator split
-twice, one split after the other (at no poll are two shards splitting; the second split is accepted only after the
-first parent reached Split), each time the shard with the most input rows by load, into three Running shards that
-tile [0, 16), with two ScalingUp events on the Task; per-key results stay exact and each hand-over is single. The
-scale subresource reads back 3 replicas and the shard pods' selector (``status.selector``, which selects exactly
-the driver pods). ``--replicas 2`` merges the pair of adjacent shards with the fewest input rows (a ScalingDown
-event): both parents reach Merged, the merged shard (in a name family of its own) runs over their union, results
-stay exact and the hand-over is single. ``--replicas 9999`` (beyond maxKeyGroups) is refused by the API server
-naming spec.shards; ``--replicas 2`` again is Scaled=True. (From 3 back to 1, two merges one at a time: the
-unit tier's in-memory run; here one merge keeps the test's time in budget.)
+``test_kubectl_scale_splits_the_busiest_shard_and_the_autoscaler_merges_to_max_shards``: a Task with two initial
+shards over 16 key groups (the load map on) and a small journal input. ``kubectl scale task --replicas 3`` makes
+the operator split the shard with the most input rows, by load, into three Running shards that tile [0, 16),
+with a ScalingUp event on the Task; per-key results stay exact and the hand-over is single. The scale subresource
+reads back 3 replicas and the shard pods' selector (``status.selector``, which selects exactly the driver pods).
+``--replicas 9999`` (beyond maxKeyGroups) is refused by the API server naming spec.shards. Then ``spec.shards``
+gives way to ``spec.autoscale: {minShards: 2, maxShards: 2}``: the autoscaler brings the count within its bounds
+(AboveMaxShards, an AutoscalingDown event), which merges the pair of adjacent shards with the fewest input rows
+(a ScalingDown event): both parents reach Merged, the merged shard (in a name family of its own) runs over their
+union, results stay exact and the hand-over is single; ``status.autoscale`` then holds at minShards, reading the
+shards' ``status.live.lagSeconds``. A ``kubectl scale`` on the autoscaled Task is refused naming both fields.
+(Two consecutive splits, one at a time, and 3 -> 1 by two merges: the unit tier's in-memory runs; growing on lag:
+the unit tier's policy tests and in-memory run. Here one split and one merge keep the test's time in budget.)
 """
 
 from __future__ import annotations
@@ -52,16 +54,12 @@ def task_events(kubectl, reason: str) -> list[dict]:
     return [e for e in items["items"] if e["reason"] == reason]
 
 
-def event_time(event: dict) -> str:
-    return event.get("eventTime") or event.get("lastTimestamp") or event.get("firstTimestamp") or ""
-
-
 def active_shards(kubectl) -> dict[str, dict]:
     items = get_json(kubectl, "taskshards", "-l", f"taskshard.io/task={TASK},taskshard.io/active=true")["items"]
     return {i["metadata"]["name"]: i for i in items}
 
 
-def test_kubectl_scale_splits_one_shard_at_a_time_and_merges_to_scale_down(
+def test_kubectl_scale_splits_the_busiest_shard_and_the_autoscaler_merges_to_max_shards(
     kubectl,
     namespace,
     operator_process,  # noqa: F811
@@ -74,13 +72,13 @@ def test_kubectl_scale_splits_one_shard_at_a_time_and_merges_to_scale_down(
     watcher.start()
     try:
         write_events(data, TASK, start=0, count=300)
-        task = task_manifest(TASK, data, max_key_groups=16, initial_shards=1)
+        task = task_manifest(TASK, data, max_key_groups=16, initial_shards=2)
         task["spec"]["spark"]["conf"]["spark.taskshard.keyGroupMetrics"] = "true"  # load maps: split by load
         # The merged shard skips its standby rehearsal (a warm-up only: the merge is exact either way); on 2 cores
         # with three shards running it takes minutes, which the test's time budget does not have.
         task["spec"]["spark"]["conf"]["spark.taskshard.rehearse"] = "false"
         apply(kubectl, task)
-        wait_phases(kubectl, {f"{TASK}-0-16": "Running"}, START, op)
+        wait_phases(kubectl, {f"{TASK}-0-8": "Running", f"{TASK}-8-16": "Running"}, START, op)
         wait_results(data, TASK, START)
 
         # Nothing asked yet: Scaled=True (spec.shards unset), and the selector names the shard pods.
@@ -92,7 +90,7 @@ def test_kubectl_scale_splits_one_shard_at_a_time_and_merges_to_scale_down(
         selector = kubectl("get", "task", TASK, "-o", "jsonpath={.status.selector}").stdout
         assert selector == f"taskshard.io/task={TASK},taskshard.io/component=shard", selector
 
-        # kubectl scale: two splits, one at a time, then three Running shards tiling [0, 16).
+        # kubectl scale: one split, then three Running shards tiling [0, 16).
         kubectl("scale", "task", TASK, "--replicas", "3")
         assert get_json(kubectl, "task", TASK)["spec"]["shards"] == 3
         seen_splitting: list[list[str]] = []
@@ -118,22 +116,13 @@ def test_kubectl_scale_splits_one_shard_at_a_time_and_merges_to_scale_down(
             (s for s in shards.values() if (s.get("status") or {}).get("phase") == "Split"),
             key=lambda s: s["status"]["split"]["acceptedTime"],
         )
-        assert [p["metadata"]["name"] for p in parents][0] == f"{TASK}-0-16" and len(parents) == 2, list(shards)
-        first, second = parents
-        first_done = condition(first["status"], "Splitting")["lastTransitionTime"]  # False since it reached Split
-        assert second["status"]["split"]["acceptedTime"] >= first_done, "the second split began before the first ended"
-        assert second["metadata"]["name"] in first["status"]["lineage"]["children"], "the second split is a child's"
-        scaling_up = sorted(task_events(kubectl, "ScalingUp"), key=event_time)
-        assert len(scaling_up) == 2, scaling_up
-        assert [p["metadata"]["name"] for p in parents] == [
-            next(n for n in shards if f"TaskShard {n} " in e["message"]) for e in scaling_up
-        ], [e["message"] for e in scaling_up]
-        assert all("spec.shards 3 > " in e["message"] for e in scaling_up)
-        assert event_time(scaling_up[1]) >= first_done
-        # The load maps decide: the shard with the most input rows, split where its rows divide in half (the
-        # second choice waits for the first scrape of the children that just took over).
-        assert all("has the most input rows" in e["message"] and "by load" in e["message"] for e in scaling_up)
-        assert [p["status"]["split"]["by"] for p in parents] == ["load", "load"], [p["status"] for p in parents]
+        assert len(parents) == 1, list(shards)
+        (scaling_up,) = task_events(kubectl, "ScalingUp")
+        assert f"TaskShard {parents[0]['metadata']['name']} " in scaling_up["message"], scaling_up["message"]
+        assert "spec.shards 3 > 2 active shards" in scaling_up["message"]
+        # The load maps decide: the shard with the most input rows, split where its rows divide in half.
+        assert "has the most input rows" in scaling_up["message"] and "by load" in scaling_up["message"]
+        assert parents[0]["status"]["split"]["by"] == "load", parents[0]["status"]
 
         # Results stay exact after both hand-overs.
         write_events(data, TASK, start=produced[0], count=200)
@@ -166,8 +155,17 @@ def test_kubectl_scale_splits_one_shard_at_a_time_and_merges_to_scale_down(
         table = kubectl("get", "task", TASK).stdout.splitlines()
         assert table[0].split()[:3] == ["NAME", "SHARDS", "DESIRED"] and table[1].split()[1:3] == ["3", "3"], table
 
-        # Scale down by one: the adjacent pair with the fewest input rows merges; results stay exact.
-        kubectl("scale", "task", TASK, "--replicas", "2")
+        # Beyond maxKeyGroups: the API server refuses the scale, naming spec.shards.
+        bad = kubectl("scale", "task", TASK, "--replicas", "9999", check=False)
+        assert bad.returncode != 0, bad.stdout
+        assert "spec.shards: 9999 must be at most spec.maxKeyGroups (16)" in bad.stderr, bad.stderr
+        assert get_json(kubectl, "task", TASK)["spec"]["shards"] == 3
+
+        # The autoscaler takes over with maxShards 2: down by one, the adjacent pair with the fewest input rows
+        # merges; results stay exact.
+        autoscale = {"minShards": 2, "maxShards": 2, "targetLagSeconds": 600, "stabilizationSeconds": 5}
+        patch = json.dumps({"spec": {"shards": None, "autoscale": autoscale}})
+        kubectl("patch", "task", TASK, "--type", "merge", "-p", patch)
 
         def two_running():
             write_events(data, TASK, start=produced[0], count=10)  # input keeps coming while the shards merge
@@ -177,7 +175,7 @@ def test_kubectl_scale_splits_one_shard_at_a_time_and_merges_to_scale_down(
             ready = all(condition(s.get("status") or {}, "Ready").get("status") == "True" for s in now.values())
             return len(now) == 2 and all(phases.get(n) == "Running" for n in now) and ready and now
 
-        after = wait_for(two_running, 2 * START, "two Running, emitting shards after kubectl scale --replicas 2")
+        after = wait_for(two_running, 2 * START, "two Running, emitting shards after the autoscaler's merge")
         merged = next(s for s in after.values() if s["spec"].get("mergeFrom"))
         pair = [p["parent"] for p in merged["spec"]["mergeFrom"]]
         assert set(pair) <= set(active) and merged["metadata"]["labels"].get("taskshard.io/family"), merged
@@ -189,8 +187,11 @@ def test_kubectl_scale_splits_one_shard_at_a_time_and_merges_to_scale_down(
             assert shards[parent]["status"]["phase"] == "Merged" and shards[parent]["status"]["finalCheckpoint"]
             assert shards[parent]["status"]["merge"]["into"] == merged["metadata"]["name"]
         assert merged["status"]["lineage"]["parents"] == pair
+        (autoscaling,) = task_events(kubectl, "AutoscalingDown")
+        assert "3 shards is outside [minShards 2, maxShards 2]: wants 2" in autoscaling["message"], autoscaling
         scaling_down = task_events(kubectl, "ScalingDown")
-        assert len(scaling_down) == 1 and "spec.shards 2 < 3 active shards" in scaling_down[0]["message"], scaling_down
+        assert len(scaling_down) == 1, scaling_down
+        assert "status.autoscale.desiredShards 2 < 3 active shards" in scaling_down[0]["message"], scaling_down
         assert "have the fewest input rows together" in scaling_down[0]["message"], scaling_down[0]["message"]
         write_events(data, TASK, start=produced[0], count=100)
         expected = wait_results(data, TASK, START)
@@ -203,12 +204,20 @@ def test_kubectl_scale_splits_one_shard_at_a_time_and_merges_to_scale_down(
         )
         assert status(kubectl, "task", TASK)["shards"] == 2
 
-        # Beyond maxKeyGroups: the API server refuses the scale, naming spec.shards.
-        bad = kubectl("scale", "task", TASK, "--replicas", "9999", check=False)
-        assert bad.returncode != 0, bad.stdout
-        assert "spec.shards: 9999 must be at most spec.maxKeyGroups (16)" in bad.stderr, bad.stderr
-        assert get_json(kubectl, "task", TASK)["spec"]["shards"] == 2
-        assert len(task_events(kubectl, "ScalingUp")) == 2 and len(task_events(kubectl, "ScalingDown")) == 1
+        # The autoscaler holds at minShards, reading the shards' lag in seconds (a small input: a cold Task).
+        def held_at_min():
+            shown = status(kubectl, "task", TASK).get("autoscale") or {}
+            return shown.get("reason") == "AtMinShards" and shown
+
+        shown = wait_for(held_at_min, 120, "status.autoscale reason AtMinShards")
+        assert shown["desiredShards"] == 2 and shown["worstLagSeconds"] <= 150, shown
+        lives = [(s.get("status") or {}).get("live") or {} for s in active_shards(kubectl).values()]
+        assert all(live.get("lagSeconds") is not None for live in lives), lives
+        # An autoscaled Task refuses kubectl scale, naming both fields; nothing changes.
+        bad = kubectl("scale", "task", TASK, "--replicas", "3", check=False)
+        assert bad.returncode != 0 and "spec.shards and spec.autoscale exclude each other" in bad.stderr, bad.stderr
+        assert "shards" not in get_json(kubectl, "task", TASK)["spec"]
+        assert len(task_events(kubectl, "ScalingUp")) == 1 and len(task_events(kubectl, "ScalingDown")) == 1
     finally:
         watcher.stop()
     assert watcher.samples > 10 and not watcher.violations, watcher.violations
