@@ -23,6 +23,8 @@ The benchmarks (issue 8), each a script that prints its table and writes JSON + 
 11. ``executors``: ``bench/executors.py`` (one shard with 2 executor pods against local mode on the local control
     plane: exact results, events/s and CPU per event; on 2 cores this shows the executors' overhead).
 12. ``merge``: ``bench/merge_gap.py`` (the processing gap of a merge next to a split's on the same state size).
+13. ``autoscale``: ``bench/autoscale.py`` (``spec.autoscale`` on a 4x step of the input rate: rate, lag and shard
+    count over time, exact results).
 
 They run one after another (never two at once: they would measure each other), each in its own process, with
 the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
@@ -149,6 +151,14 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         "result": "merge_gap",
         "full": ["--keys", "50000", "--trials", "2"],
         "quick": ["--keys", "50000", "--trials", "1"],
+    },
+    "autoscale": {
+        "number": 13,
+        "title": "Autoscaling on a 4x rate step",
+        "script": "bench/autoscale.py",
+        "result": "autoscale",
+        "full": ["--step", "720"],
+        "quick": ["--step", "480", "--tail", "600"],
     },
 }
 
