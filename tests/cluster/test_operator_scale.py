@@ -10,7 +10,8 @@ reads back 3 replicas and the shard pods' selector (``status.selector``, which s
 gives way to ``spec.autoscale: {minShards: 2, maxShards: 2}``: the autoscaler brings the count within its bounds
 (AboveMaxShards, an AutoscalingDown event), which merges the pair of adjacent shards with the fewest input rows
 (a ScalingDown event): both parents reach Merged, the merged shard (in a name family of its own) runs over their
-union, results stay exact and the hand-over is single; ``status.autoscale`` then holds at minShards, reading the
+union, results stay exact and the hand-over is single, although the operator is killed right after it writes the
+merge's first Merging phase and started again; ``status.autoscale`` then holds at minShards, reading the
 shards' ``status.live.lagSeconds``. A ``kubectl scale`` on the autoscaled Task is refused naming both fields.
 (Two consecutive splits, one at a time, and 3 -> 1 by two merges: the unit tier's in-memory runs; growing on lag:
 the unit tier's policy tests and in-memory run. Here one split and one merge keep the test's time in budget.)
@@ -165,7 +166,16 @@ def test_kubectl_scale_splits_the_busiest_shard_and_the_autoscaler_merges_to_max
         # merges; results stay exact.
         autoscale = {"minShards": 2, "maxShards": 2, "targetLagSeconds": 600, "stabilizationSeconds": 5}
         patch = json.dumps({"spec": {"shards": None, "autoscale": autoscale}})
+        # The operator dies right after it writes the merge's first Merging phase (the merged shard created, the
+        # right shard joined), and starts again: the merge goes on from its recorded step, nothing is created
+        # twice. (Every other step, after every single API write: the unit tier's simulated world.)
+        op.kill()
+        op.start(crash_after_phase="Merging")
         kubectl("patch", "task", TASK, "--type", "merge", "-p", patch)
+        code = op.wait_exit(timeout=START)
+        assert code == 137, f"the operator should have died after writing Merging; exit code {code}"
+        assert "Merging" in shard_phases(kubectl).values(), shard_phases(kubectl)
+        op.start()
 
         def two_running():
             write_events(data, TASK, start=produced[0], count=10)  # input keeps coming while the shards merge
@@ -218,6 +228,8 @@ def test_kubectl_scale_splits_the_busiest_shard_and_the_autoscaler_merges_to_max
         assert bad.returncode != 0 and "spec.shards and spec.autoscale exclude each other" in bad.stderr, bad.stderr
         assert "shards" not in get_json(kubectl, "task", TASK)["spec"]
         assert len(task_events(kubectl, "ScalingUp")) == 1 and len(task_events(kubectl, "ScalingDown")) == 1
+        families = [s for s in get_json(kubectl, "taskshards")["items"] if s["spec"].get("mergeFrom")]
+        assert len(families) == 1, [s["metadata"]["name"] for s in families]  # one merged shard, never two
     finally:
         watcher.stop()
     assert watcher.samples > 10 and not watcher.violations, watcher.violations
