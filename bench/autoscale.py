@@ -115,10 +115,8 @@ class AutoscaleRun(Demo):
         live = status.get("live") or {}
         auto = status.get("autoscale") or {}
         shards = self.shards()
-        active = [
-            s for s in shards.values() if (s["metadata"].get("labels") or {}).get("taskshard.io/active") == "true"
-        ]
-        lags = [((s.get("status") or {}).get("live") or {}).get("lagSeconds") for s in active]
+        owners = [a["name"] for a in status.get("activeShards") or []]  # the operator's owners: no hand-over twice
+        lags = [((shards.get(n, {}).get("status") or {}).get("live") or {}).get("lagSeconds") for n in owners]
         measured = [lag for lag in lags if lag is not None]
         return {
             "t": round(time.time() - self.t0, 1),
@@ -126,7 +124,7 @@ class AutoscaleRun(Demo):
             "producerRate": self.rate,
             "taskRate": live.get("rate"),
             "worstLagSeconds": max(measured) if measured else None,
-            "active": len(active),
+            "active": int(status.get("shards") or len(owners)),
             "desired": auto.get("desiredShards"),
             "reason": auto.get("reason"),
         }
