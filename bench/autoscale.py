@@ -229,6 +229,7 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         (s["t"] for s in samples if s["t"] > s0 + 1 and s["active"] == peak and (s["worstLagSeconds"] or 0) <= target),
         None,
     )
+    handovers = _handovers(samples)
     grown = peak > 1 and bool(ups)
     kept = end_lag is not None and end_lag <= target
     shrunk = back_at is not None
@@ -249,6 +250,8 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         ["scale-downs (t after the step ended)", ", ".join(f"{s['t'] - s1:.0f} s" for s in downs) or "-",
          f"cooldown {args.cooldown} s"],
         ["back at 1 shard (t after the step ended)", f"{back_at - s1:.0f} s" if back_at is not None else "not yet", ""],
+        ["hand-overs: the count wanted changed -> the active shards followed",
+         ", ".join(f"{a}->{b}: {d:.0f} s" for a, b, d in handovers) or "-", ""],
         ["results", "exact" if raw["exact"] else "MISMATCH", f"{raw['produced']:,} events"],
     ]  # fmt: skip
     why = []
@@ -260,6 +263,14 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         why.append("the Task was not back at one shard before the tail ended")
     if not raw["exact"]:
         why.append("the results were not exact")
+    if handovers:
+        why.append(
+            "the time goes to the hand-overs: "
+            + ", ".join(f"{a}->{b} took {d:.0f} s" for a, b, d in handovers)
+            + " from the autoscaler's decision until the active shards followed (new Spark JVMs starting and "
+            "restoring while the others run, all on the same 2 cores: see the load average), while the lag kept "
+            "growing"
+        )
     targets = [
         {
             "name": f"autoscale: {args.factor:g}x rate step: grows, lag under the target by the step's end, back to "
@@ -273,6 +284,29 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         }
     ]
     return {"rows": rows, "targets": targets}
+
+
+def _handovers(samples: list[dict[str, Any]]) -> list[tuple[int, int, float]]:
+    """``(from, to, seconds)`` for each change of the count wanted: until the active shards were as many."""
+    out = []
+    for i, (a, b) in enumerate(zip(samples, samples[1:], strict=False)):
+        if a["desired"] is not None and b["desired"] is not None and b["desired"] != a["desired"]:
+            done = next((s["t"] for s in samples[i + 1 :] if s["active"] == b["desired"]), None)
+            if done is not None:
+                out.append((a["desired"], b["desired"], done - b["t"]))
+    return out
+
+
+def resummarize(out: Path) -> None:
+    """Recompute the tables and targets of ``<out>/autoscale.json`` from its raw samples (``--summarize``)."""
+    path = out / "autoscale.json"
+    payload = json.loads(path.read_text())
+    args = argparse.Namespace(**{k.replace("-", "_"): v for k, v in payload["parameters"].items()})
+    summary = summarize(payload["raw"], args)
+    payload["tables"][0]["rows"] = summary["rows"]
+    payload["targets"] = summary["targets"]
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    print_table("Autoscaling on a rate step", ["measurement", "value", "against"], summary["rows"], payload["load"])
 
 
 def plot(raw: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
@@ -317,8 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stabilization", type=int, default=20)
     p.add_argument("--cooldown", type=int, default=120)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--summarize", action="store_true", help="only recompute the tables from the last results")
     args = p.parse_args(argv)
     out = args.out if args.out.is_absolute() else REPO / args.out
+    if args.summarize:
+        resummarize(out)
+        return 0
     run_dir = (REPO / ".run" / time.strftime("bench-autoscale-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True)
     with LoadSampler() as load:
