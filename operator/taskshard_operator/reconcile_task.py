@@ -11,7 +11,10 @@
 3. roll the template: when the Task's template hash changed, tell the next Running shard (key-group order) to
    run it by annotating it ``taskshard.io/template-hash``; one shard at a time, the next only after the previous
    one's new pod runs (the shard's reconciler does the last-state restart);
-4. scale to ``spec.shards`` (:mod:`taskshard_operator.scaling` decides): above the active shards, one shard at a
+4. scale to ``spec.shards``, or with ``spec.autoscale`` to the count the autoscaler wants
+   (:mod:`taskshard_operator.autoscale` decides it over the shards' ``status.live.lagSeconds``, with an event
+   AutoscalingUp or AutoscalingDown when it changes, into ``status.autoscale``) (:mod:`taskshard_operator.scaling`
+   decides how): above the active shards, one shard at a
    time is asked to split (``spec.split: {requested: true, by: load|midpoint}``, a Normal event ScalingUp);
    below, one pair of adjacent shards at a time is asked to merge (``spec.merge: {with: <right>}`` on the left
    one, a Normal event ScalingDown); each only while nothing else is going on; the decision goes into

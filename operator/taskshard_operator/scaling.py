@@ -1,8 +1,10 @@
 """Scaling a Task to ``spec.shards``: what to do about it, decided by a pure function (the Task pass acts on it).
 
 ``spec.shards`` is the desired number of active shards, the replicas of the Task's scale subresource:
-``kubectl scale task NAME --replicas N``, a HorizontalPodAutoscaler or KEDA set it. The count grows by splits and
-shrinks by merges. :func:`decide_scaling` applies these rules, in this order, on every Task pass:
+``kubectl scale task NAME --replicas N``, a HorizontalPodAutoscaler or KEDA set it. With ``spec.autoscale`` the
+count the autoscaler wants (:mod:`taskshard_operator.autoscale`, ``status.autoscale.desiredShards``) takes its place
+(the two exclude each other). The count grows by splits and shrinks by merges. :func:`decide_scaling` applies
+these rules, in this order, on every Task pass:
 
 1. ``spec.shards`` unset: nothing to do (NoChange; condition ``Scaled=True`` reason NotRequested). The operator
    never changes the shard count on its own; shards split or merge only when someone sets a TaskShard's
