@@ -49,6 +49,10 @@ __all__ = [
     "CatchUpState",
     "DrainSummary",
     "EPOCHS_DIR",
+    "FailureSummary",
+    "MergeAbortOutcome",
+    "MergeAbortSummary",
+    "StandbyStopSummary",
     "WriterEpoch",
     "epoch_name",
     "parse_epoch_name",
@@ -150,8 +154,128 @@ class SummaryEvent(StrEnum):
     STOPPED = "stopped"
     """A non-final stop (a SIGTERM alone): the next pod resumes from the recovery log."""
     FAILED = "failed"
+    """The runtime could not go on (:class:`FailureSummary`; exit 1, 2 or 3)."""
+    FENCED = "fenced"
+    """A later writer epoch of the shard exists (:class:`FailureSummary`, reason ``WriterFenced``): this runtime
+    wrote nothing more and exited 0, so the kubelet does not restart it into a fencing contest."""
     ABORTED = "aborted"
     """A split undone before the hand-over (:class:`SplitAbortSummary`): the shard keeps its range and resumes."""
+    MERGE_ABORT = "merge-abort"
+    """A merged shard's abort pod fenced it and found whether a parent drained (:class:`MergeAbortSummary`)."""
+
+
+@dataclass(frozen=True)
+class FailureSummary:
+    """The termination message of a runtime that failed (event ``failed``) or was fenced (event ``fenced``):
+    ``reason`` (a CamelCase code for the TaskShard's conditions) and ``field`` (the config field to look at) are
+    optional; ``pod``/``podUid`` name the pod the runtime ran in (the operator acts on a fenced pod only if it is
+    the shard's current one)."""
+
+    shard: str
+    error: str
+    reason: str | None = None
+    field: str | None = None
+    event: SummaryEvent = SummaryEvent.FAILED
+    pod: str | None = None
+    pod_uid: str | None = None
+    writer_epoch: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"event": str(self.event), "shard": self.shard, "error": self.error}
+        optional = {"reason": self.reason, "field": self.field, "pod": self.pod, "podUid": self.pod_uid}
+        out.update({k: v for k, v in optional.items() if v})
+        if self.writer_epoch is not None:
+            out["writerEpoch"] = self.writer_epoch
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FailureSummary:
+        event = SummaryEvent(data.get("event"))
+        if event not in (SummaryEvent.FAILED, SummaryEvent.FENCED):
+            raise ValueError(f"event: {event!r} is not a failure")
+        error = data.get("error")
+        if not isinstance(error, str) or not error.strip():
+            raise ValueError("error: a failure summary names its error")
+
+        def text(key: str) -> str | None:
+            value = data.get(key)
+            return value if isinstance(value, str) and value else None
+
+        epoch = data.get("writerEpoch")
+        return cls(
+            shard=str(data.get("shard") or ""),
+            error=error,
+            reason=text("reason"),
+            field=text("field"),
+            event=event,
+            pod=text("pod"),
+            pod_uid=text("podUid"),
+            writer_epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
+        )
+
+
+@dataclass(frozen=True)
+class StandbyStopSummary:
+    """The termination message of a successor stopped (SIGTERM) while on standby: nothing was processed."""
+
+    task: str
+    shard: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event": str(SummaryEvent.STOPPED),
+            "task": self.task,
+            "shard": self.shard,
+            "batchId": -1,
+            "standby": True,
+        }
+
+
+class MergeAbortOutcome(StrEnum):
+    """What a merged shard's abort pod found (:class:`MergeAbortSummary`)."""
+
+    ABORTED = "Aborted"
+    """Neither parent drained nor began its final drain: the merged shard is fenced, its notes are void."""
+    TOO_LATE = "TooLate"
+    """A parent drained (or began its final drain): the merge completes."""
+
+
+@dataclass(frozen=True)
+class MergeAbortSummary:
+    """The termination message of ``run --abort-merge`` on a merged shard (see :mod:`spark_runtime.merge`)."""
+
+    task: str
+    shard: str
+    outcome: MergeAbortOutcome
+    drained: tuple[str, ...] = ()
+    """The parents that drained or began their final drain (TooLate)."""
+    writer_epoch: int | None = None
+    """The barrier epoch the abort claimed of the merged shard."""
+    time: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event": str(SummaryEvent.MERGE_ABORT),
+            "task": self.task,
+            "shard": self.shard,
+            "outcome": str(self.outcome),
+            "drained": list(self.drained),
+            "writerEpoch": self.writer_epoch,
+            "time": self.time,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MergeAbortSummary:
+        if data.get("event") != SummaryEvent.MERGE_ABORT:
+            raise ValueError(f"event: {data.get('event')!r} is not {SummaryEvent.MERGE_ABORT!r}")
+        return cls(
+            task=str(data.get("task") or ""),
+            shard=str(data.get("shard") or ""),
+            outcome=MergeAbortOutcome(data["outcome"]),
+            drained=tuple(str(d) for d in data.get("drained") or ()),
+            writer_epoch=data.get("writerEpoch"),
+            time=str(data.get("time") or ""),
+        )
 
 
 @dataclass(frozen=True)

@@ -177,9 +177,12 @@ def carry_out(kube: Kube, observed: Observed, decision: Decision, *, emit: Emit,
                 _post(emit, decision, action.announce)
             if isinstance(action, Patch) and action.plural == decision.plural and action.name == name and result:
                 body, version = result, result["metadata"].get("resourceVersion")
-    except Conflict:  # a conditional patch of the object itself (its finalizers): decide again on fresher state
+    except Conflict as conflict:  # a conditional patch (the object's finalizers, a claim on a neighbour) found a
+        # newer version: decide again on fresher state of both
         observed.forget(decision.plural, ns, name)
-        log.debug("%s %s/%s changed before its patch; the pass runs again", decision.plural, ns, name)
+        if conflict.plural and conflict.name:
+            observed.forget(conflict.plural, ns, conflict.name)
+        log.debug("%s changed before a conditional patch of %s/%s; the pass runs again", conflict, ns, name)
         return CONFLICT_RETRY_SECONDS
     if decision.status:
         try:

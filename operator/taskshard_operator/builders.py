@@ -348,13 +348,16 @@ def build_pod(
     restarts_base: int = 0,
     log_format: str = "plain",
     abort_split: tuple[str, ...] = (),
+    abort_merge: bool = False,
 ) -> dict[str, Any]:
     """The Spark driver pod ``<shard>-driver`` of a shard (owner reference added by the caller).
 
     ``restarts_base`` is recorded so that ``status.restarts`` survives pod replacement. ``log_format`` ``json``
     makes the runtime log one JSON object per line (``$TASKSHARD_LOG_FORMAT``, ``spark_runtime.logs``), as the
     operator itself does with ``--log-format json``. ``abort_split`` (the split's children) makes it a pod that
-    undoes the shard's split and exits (``run --abort-split``, annotation ``taskshard.io/abort-split``).
+    undoes the shard's split and exits (``run --abort-split``, annotation ``taskshard.io/abort-split``);
+    ``abort_merge`` (a merged shard whose merge was withdrawn) a pod that fences the merged shard and reports
+    whether a parent drained already (``run --abort-merge``, annotation ``taskshard.io/abort-merge``).
     """
     annotations = {
         naming.ANNOTATION_TEMPLATE_HASH: template_hash,
@@ -364,6 +367,9 @@ def build_pod(
     if abort_split:
         annotations[naming.ANNOTATION_ABORT_SPLIT] = ",".join(abort_split)
         command += ["--abort-split", ",".join(abort_split)]
+    if abort_merge:
+        annotations[naming.ANNOTATION_ABORT_MERGE] = "true"
+        command += ["--abort-merge"]
     mounts, volumes = _driver_volumes(shard, spec)
     executors = executor_instances(spec) > 0
     container = _driver_container(

@@ -50,7 +50,13 @@ KOPF_VERBS: tuple[tuple[str, str, str], ...] = (
 
 
 class Conflict(Exception):
-    """A conditional write found a newer ``resourceVersion`` (HTTP 409): the object changed since it was read."""
+    """A conditional write found a newer ``resourceVersion`` (HTTP 409): the object changed since it was read.
+    ``plural``/``name``: that object (empty when unknown)."""
+
+    def __init__(self, message: str, plural: str = "", name: str = "") -> None:
+        super().__init__(message)
+        self.plural = plural
+        self.name = name
 
 
 def load_config() -> None:
@@ -112,7 +118,7 @@ class Kube:
             )
         except ApiException as e:
             if e.status == 409 and (patch.get("metadata") or {}).get("resourceVersion"):
-                raise Conflict(f"{plural} {namespace}/{name} changed since it was read") from e
+                raise Conflict(f"{plural} {namespace}/{name} changed since it was read", plural, name) from e
             raise
 
     def delete_custom(self, plural: str, namespace: str, name: str, *, uid: str | None = None) -> None:
@@ -143,7 +149,9 @@ class Kube:
             )
         except ApiException as e:
             if e.status == 409 and resource_version is not None:
-                raise Conflict(f"{plural} {namespace}/{name} changed since version {resource_version}") from e
+                raise Conflict(
+                    f"{plural} {namespace}/{name} changed since version {resource_version}", plural, name
+                ) from e
             raise
 
     # ------------------------------------------------------------ pods

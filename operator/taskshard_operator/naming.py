@@ -43,14 +43,20 @@ ANNOTATION_RESTARTS_BASE = f"{DOMAIN}/restarts-base"
 """On the driver pod: restarts of the shard before this pod existed (status.restarts = base + restartCount)."""
 
 FINALIZER = f"{DOMAIN}/finalizer"
-SPLIT_FINALIZER = f"{DOMAIN}/split"
-"""On a TaskShard while a split of it is in progress (SplitRequested .. ChildrenCreated, AbortingSplit): a deletion
-waits until the split has finished or was aborted, so children are never left waiting for a parent that is gone."""
+HANDOVER_FINALIZER = f"{DOMAIN}/split"
+"""On a TaskShard while a split or merge of it is in progress (SplitRequested .. ChildrenCreated, AbortingSplit,
+MergeRequested, Merging, AbortingMerge): a deletion waits until the hand-over has finished or was undone, so
+successors are never left waiting for a parent that is gone. (The value keeps its first name, ``split``: objects
+of earlier releases carry it.)"""
 ANNOTATION_ABORT_SPLIT = f"{DOMAIN}/abort-split"
-ANNOTATION_MERGE_LEFT = f"{DOMAIN}/merge-left"
-"""On the right shard of an accepted merge: the left shard's name (set by the left shard's pass), so the right
-shard finds its merge without scanning the Task's shards."""
 """On a driver pod started to abort its shard's split: the children it fences and clears (``run --abort-split``)."""
+ANNOTATION_ABORT_MERGE = f"{DOMAIN}/abort-merge"
+"""On a merged shard's driver pod started to abort its merge (``run --abort-merge``): it fences the merged shard
+and says whether a parent drained already."""
+ANNOTATION_MERGE_LEFT = f"{DOMAIN}/merge-left"
+"""On the right shard of a merge: the left shard's name, the left shard's **claim** on it
+(:mod:`taskshard_operator.handover`). Patched by the pass that accepts the merge, conditionally on the right
+shard's resourceVersion, so the right shard cannot accept a hand-over of its own at the same moment."""
 PROGRESS_PREFIX = DOMAIN
 
 CONTAINER_DRIVER = "driver"

@@ -1,30 +1,39 @@
 """The TaskShard phase machine: which ``status.phase`` transitions the operator may write (pure).
 
-The closed enum is :class:`~taskshard_operator.models.shard.ShardPhase` (its docstring draws the diagram). This
-module is the table the operator enforces; every status write goes through :func:`check_transition`::
+The closed enum is :class:`~taskshard_operator.models.shard.ShardPhase`. This is the one drawing of the machine;
+:data:`ALLOWED` below is the table the operator enforces (every status write goes through
+:func:`check_transition`), and a unit test checks that every allowed transition is drawn here. Each line reads
+``sources ──what happens──> target [──what happens──> target ...]`` (``|`` separates alternatives)::
 
-    (new) ─> Pending ──pod running──> Running ──valid spec.split──> SplitRequested ──drain asked──> Draining
-               ▲  │ ▲                  │  │                                                        │
-    replace pod│  │ └─roll / pod gone──┘  │                                 pod exited 0 + manifest │
-               │  ▼                       ▼                                                        ▼
-               └─ Failed <──pod failed────┘                 Split <──children seen── ChildrenCreated <── Drained
-                    └──pod running again──> Running         (terminal)                (both children exist)
+    (new TaskShard) ──created──> Pending
+    Pending ──its pod runs──> Running ──its pod failed──> Failed ──its pod runs again──> Running
+    Pending ──the pod failed before it ran──> Failed ──the pod is replaced──> Pending
+    Running ──pod replaced (a roll, a deleted pod)──> Pending
+    Pending | Running | Failed ──the Task is suspended, the pod gone──> Suspended ──resumed──> Pending
+    Pending | Running | Failed | Suspended ──the Task is deleted──> Stopped
+    Pending | Running ──a valid spec.split──> SplitRequested ──children created──> Draining
+    Draining ──the pod exited drained──> Drained ──the pod deleted──> ChildrenCreated ──children seen──> Split
+    SplitRequested | Draining ──spec.split withdrawn──> AbortingSplit ──undone by the parent's pod──> Pending
+    AbortingSplit ──the parent had drained first──> Drained
+    Running ──a valid spec.merge (left shard)──> MergeRequested ──merged shard created──> Merging
+    MergeRequested ──spec.merge withdrawn, or the right shard is gone──> Running
+    Pending | Running | Failed ──a merged shard names it (right shard)──> Merging
+    Merging ──the pod drained, and the other parent too──> Merged
+    Merging ──spec.merge withdrawn (left)──> AbortingMerge ──no parent had drained──> Running
+    AbortingMerge ──a parent had drained: the merge completes──> Merging
+    Merging ──the left shard undid the merge (right)──> Running
 
-    Running ──valid spec.merge (left)──> MergeRequested ──merged shard created──> Merging ──pod drained──> Merged
-    Pending | Running | Failed ──a merged shard names it (right)──> Merging                          (terminal)
-    Pending | Running | Failed ──Task deleted──> Stopped (terminal)
-    Pending | Running | Failed ──Task suspended, pod gone──> Suspended ──resumed──> Pending
-    SplitRequested | Draining ──spec.split withdrawn──> AbortingSplit ──parent's pod undid it──> Pending
-                                                                     └──it had drained already──> Drained
+Split, Merged and Stopped are terminal. ``Pending -> SplitRequested`` is not used by the split planner (it needs
+Running); it exists so that a shard whose pod status was not observed yet cannot be forced into an inconsistent
+state by a stale read.
 
 Contracts:
 - Writing the same phase again is always allowed (idempotent retries after a crash).
-- A split goes forward, or back only through AbortingSplit: withdrawn (``spec.split.requested: false`` or
-  ``spec.split`` removed) before the parent's runtime wrote its drain summary, it is undone and the shard
-  resumes; from Drained on it is completed, never rolled back (a failed drain is retried by the pod's restart
-  policy, the phase stays Draining).
-- A merge only goes forward: accepted, it cannot be withdrawn (its hand-over takes one drain of each parent).
-- Split, Merged and Stopped are terminal.
+- A hand-over goes forward, or back only while no parent has drained: a split through AbortingSplit (withdrawn
+  before the parent's runtime wrote its drain summary), a merge through Running (withdrawn before the merged
+  shard exists) or AbortingMerge (after: undone unless a parent drained, then it completes). From Drained on a
+  split is completed, never rolled back (a failed drain is retried by the pod's restart policy).
+- Every phase's meaning is on the enum; ownership (``owns_range``) and the other facts too.
 """
 
 from __future__ import annotations
@@ -46,8 +55,9 @@ ALLOWED: dict[ShardPhase, frozenset[ShardPhase]] = {
     P.DRAINED: frozenset({P.CHILDREN_CREATED}),
     P.CHILDREN_CREATED: frozenset({P.SPLIT}),
     P.SPLIT: frozenset(),
-    P.MERGE_REQUESTED: frozenset({P.MERGING}),
-    P.MERGING: frozenset({P.MERGED}),
+    P.MERGE_REQUESTED: frozenset({P.MERGING, P.RUNNING}),
+    P.MERGING: frozenset({P.MERGED, P.ABORTING_MERGE, P.RUNNING}),
+    P.ABORTING_MERGE: frozenset({P.RUNNING, P.MERGING}),
     P.MERGED: frozenset(),
     P.STOPPED: frozenset(),
 }

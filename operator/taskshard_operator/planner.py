@@ -286,6 +286,8 @@ class ShardView:
     """A merged shard's two parents (``spec.mergeFrom``), left first."""
     drained_for_merge: bool = False
     """A merge parent whose pod drained for good (Merging with ``status.finalCheckpoint``, or Merged)."""
+    degraded_reason: str | None = None
+    """The reason of its Degraded condition while that is True (e.g. MergeStalled), else None."""
 
     @property
     def active(self) -> bool:

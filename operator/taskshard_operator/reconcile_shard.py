@@ -39,13 +39,17 @@ from taskshard_operator.act import (
 )
 from taskshard_operator.act import Backoff as BackoffAction
 from taskshard_operator.cache import Observed
+from taskshard_operator.handover import Standing, finalizers, successor_standing, sync_handover_finalizer
 from taskshard_operator.kube import Kube
 from taskshard_operator.live import shard_live_patch
 from taskshard_operator.merge_protocol import (
+    claimed_waits,
     keep_merged,
+    merge_abort_step,
     merged_parents_waiting,
     observe_merge_partner,
     observe_merge_request,
+    step_aborting_merge,
     step_create_merged,
     step_merging,
 )
@@ -53,16 +57,15 @@ from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.phases import parse_phase
 from taskshard_operator.shard_context import ShardContext, create_pod, ended_live, remove_own_pod
 from taskshard_operator.split_protocol import (
-    finalizers,
     keep_split,
     observe_split_request,
+    split_children_of,
     split_waits,
     step_abort,
     step_await_drain,
     step_create_children,
     step_finish_split,
     step_request_drain,
-    sync_split_finalizer,
 )
 from taskshard_operator.views import shard_views
 
@@ -132,7 +135,7 @@ def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=
     shard = observed.shard(namespace, name)
     if shard is None:
         return None
-    if shard["metadata"].get("deletionTimestamp") and naming.SPLIT_FINALIZER not in finalizers(shard):
+    if shard["metadata"].get("deletionTimestamp") and naming.HANDOVER_FINALIZER not in finalizers(shard):
         return None  # deleted (a shard being deleted mid-split goes on until its split finished or was undone)
     task_name = shard["spec"]["taskRef"]["name"]
     task = observed.task(namespace, task_name)
@@ -149,7 +152,7 @@ def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=
     )
     _sync_active_label(ctx)
     task_alive = task is not None and not task["metadata"].get("deletionTimestamp")
-    sync_split_finalizer(ctx, want=task_alive and ctx.phase.handing_over)
+    sync_handover_finalizer(ctx, want=task_alive and ctx.phase.handing_over)
     if not task_alive:
         _stop(ctx)
         _mirror_executors(ctx)
@@ -253,12 +256,20 @@ def _reconcile_active(ctx: ShardContext) -> None:
     stops only once both children are ready, so they run until it has handed the range over)."""
     if observe_merge_partner(ctx):  # a merge accepted by the left neighbour goes on, even while suspended
         return
+    if merge_abort_step(ctx):  # a merged shard whose merge is being withdrawn: its pod fences it
+        return
     if ctx.spec.suspend and not _standby_parent(ctx):
         _suspend(ctx)
         return
     merge = observe_merge_request(ctx)
-    if merge or (merge is not None and observe_split_request(ctx)):
-        return  # (a waiting merge, None, leaves the generation unobserved: spec.split is not requested then)
+    if merge:
+        return
+    if merge is not None:  # (a waiting merge, None, leaves the generation unobserved: spec.split is not requested)
+        claim = claimed_waits(ctx)
+        if claim is not None:  # one hand-over per shard: a neighbour's merge claims this one
+            split_waits(ctx, f"{claim.describe()}; the split starts once that merge has ended or was withdrawn")
+        elif observe_split_request(ctx):
+            return
     if not _ensure_config(ctx):
         return
     if _replace_orcreate_pod(ctx):
@@ -326,7 +337,7 @@ def _replace_orcreate_pod(ctx: ShardContext) -> bool:
     overlapping TaskShard): those key groups would be processed twice. True when the pass ends here."""
     pod = ctx.pod
     if not pod.exists:
-        if _refuse_overlap(ctx):
+        if _refuse_unnamed(ctx) or _refuse_overlap(ctx):
             return True
         replacement = ctx.status.get("pod") is not None
         restarts = int(ctx.status.get("restarts") or 0) + (1 if replacement else 0)
@@ -553,6 +564,40 @@ def _standby_parent(ctx: ShardContext) -> str | None:
     return None
 
 
+def _refuse_unnamed(ctx: ShardContext) -> bool:
+    """True (and status says why) when this shard restores from parents that do not name it as their successor
+    (:func:`taskshard_operator.handover.successor_standing`): a TaskShard made by hand that names a running shard
+    in ``restoreFrom``/``mergeFrom`` gets no pod (``NotAChild``), so it cannot make that shard hand over; a
+    successor of a hand-over accepted a moment ago waits until the parent's next step names it."""
+    parents = [ctx.restore_from["parent"]] if ctx.restore_from else [p["parent"] for p in ctx.merge_from or []]
+    if not parents:
+        return False
+    standing, why = successor_standing(
+        ctx.shard,
+        {name: ctx.observed.shard(ctx.namespace, name) for name in parents},
+        split_children=lambda parent: split_children_of(ctx.task_name, parent),
+    )
+    if standing == Standing.NAMED:
+        return False
+    if standing == Standing.SOON:
+        ctx.write({"conditions": [ctx.cond(st.READY, False, "PodStarting", why)]}, phase=_keep_phase(ctx))
+        ctx.decision.again_in(2.0)
+        return True
+    message = f"not starting: {why}; delete this TaskShard (kubectl delete taskshard {ctx.name})"
+    if not _degraded_shows(ctx, "NotAChild", why):
+        ctx.event("Warning", "NotAChild", message)
+    ctx.write(
+        {
+            "conditions": [
+                ctx.cond(st.READY, False, "NotAChild", message),
+                ctx.cond(st.DEGRADED, True, "NotAChild", message),
+            ]
+        },
+        phase=_keep_phase(ctx),
+    )
+    return True
+
+
 def _refuse_overlap(ctx: ShardContext) -> bool:
     """True (and status says why) when another shard of the Task owns key groups of this shard's range, so no pod
     may start for it (:func:`taskshard_operator.planner.range_conflicts`). Checked only before creating a pod."""
@@ -691,6 +736,7 @@ STEPS = {
     P.SPLIT: keep_split,
     P.MERGE_REQUESTED: step_create_merged,
     P.MERGING: step_merging,
+    P.ABORTING_MERGE: step_aborting_merge,
     P.MERGED: keep_merged,
     P.STOPPED: _nothing,
     P.SUSPENDED: _keep_suspended,

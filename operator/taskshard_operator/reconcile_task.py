@@ -329,6 +329,8 @@ class _Groups:
     failed: list[str]
     not_running: list[str]
     suspending: list[str]
+    stalled: list[str]
+    """Shards whose merge takes longer than the Task's bound (Degraded reason MergeStalled)."""
 
     @property
     def total(self) -> int:
@@ -347,6 +349,7 @@ def _summarise(decision, views, plan, spec, target, cond, generation, scaled) ->
         failed=[v.name for v in active if v.phase == ShardPhase.FAILED],
         not_running=[v.name for v in active if v.phase != ShardPhase.RUNNING] + creating,
         suspending=[v.name for v in active if spec.suspend and v.phase != ShardPhase.SUSPENDED],
+        stalled=[v.name for v in views if v.degraded_reason == "MergeStalled"],
     )
     phase = planner.task_phase(views, tiling_error=plan.tiling_error, suspended=spec.suspend)
     if creating and phase == TaskPhase.RUNNING:
@@ -396,6 +399,18 @@ def _sum_live(decision: Decision, observed: Observed, namespace: str, active: se
         decision.again_in(wait)
 
 
+def _degraded(cond, tiling_error: str | None, g: _Groups) -> dict[str, Any]:
+    """Degraded: failed shards first, then broken tiling, then stalled merges (each names the shards)."""
+    if g.failed:
+        return cond(st.DEGRADED, True, "ShardsFailed", f"failed: {_names(g.failed)}")
+    if tiling_error:
+        return cond(st.DEGRADED, True, "TilingBroken", tiling_error)
+    if g.stalled:
+        message = f"merge stalled: {_names(g.stalled)} (see their Degraded condition for what it waits for)"
+        return cond(st.DEGRADED, True, "MergeStalled", message)
+    return cond(st.DEGRADED, False, "Healthy", "")
+
+
 def _conditions(cond, spec: TaskSpec, tiling_error: str | None, g: _Groups, target: str) -> list[dict[str, Any]]:
     """The Task's conditions: Tiled, Ready, Progressing, Splitting, Degraded."""
     progress = "; ".join(
@@ -430,12 +445,7 @@ def _conditions(cond, spec: TaskSpec, tiling_error: str | None, g: _Groups, targ
             "ShardsSplitting" if g.splitting else "NotSplitting",
             f"splitting: {', '.join(g.splitting)}" if g.splitting else "",
         ),
-        cond(
-            st.DEGRADED,
-            bool(g.failed or tiling_error),
-            "ShardsFailed" if g.failed else ("TilingBroken" if tiling_error else "Healthy"),
-            tiling_error or (f"failed: {_names(g.failed)}" if g.failed else ""),
-        ),
+        _degraded(cond, tiling_error, g),
     ]
 
 

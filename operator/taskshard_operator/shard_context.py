@@ -129,8 +129,12 @@ class ShardContext:
         self.decision.actions.append(action)
 
 
-def create_pod(ctx: ShardContext, *, restarts_base: int, abort_split: tuple[str, ...] = ()) -> None:
-    if builders.executor_instances(ctx.spec) > 0 and not abort_split:
+def create_pod(
+    ctx: ShardContext, *, restarts_base: int, abort_split: tuple[str, ...] = (), abort_merge: bool = False
+) -> None:
+    """Create the shard's driver pod (and, with executors, its Service): to process, or only to undo a split
+    (``abort_split``: its children) or a merge (``abort_merge``) in storage."""
+    if builders.executor_instances(ctx.spec) > 0 and not (abort_split or abort_merge):
         svc = builders.build_executor_service(task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups)
         kopf.adopt(svc, owner=ctx.shard)
         ctx.do(Create("services", svc))
@@ -143,10 +147,11 @@ def create_pod(ctx: ShardContext, *, restarts_base: int, abort_split: tuple[str,
         restarts_base=restarts_base,
         log_format=SHARD_LOG_FORMAT,
         abort_split=abort_split,
+        abort_merge=abort_merge,
     )
     kopf.adopt(pod, owner=ctx.shard)
     name = pod["metadata"]["name"]
-    what = "pod" if not abort_split else "pod to undo the split"
+    what = "pod to undo the split" if abort_split else ("pod to undo the merge" if abort_merge else "pod")
     ctx.do(Create("pods", pod, announce=Event("Normal", "PodCreated", f"created driver {what} {name}")))
 
 

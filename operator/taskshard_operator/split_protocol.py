@@ -69,27 +69,25 @@ from typing import Any
 
 import kopf
 
+from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import builders, naming, planner
 from taskshard_operator import status as st
-from taskshard_operator.act import Create, Delete, Event, Patch
+from taskshard_operator.act import Create, Delete, Event
+from taskshard_operator.handover import await_drain, drained_status, split_waits
 from taskshard_operator.models.shard import ShardPhase, SplitBy
-from taskshard_operator.shard_context import ShardContext, create_pod, ended_live, remove_own_pod
+from taskshard_operator.shard_context import ShardContext, create_pod, remove_own_pod
 
 P = ShardPhase
 
 __all__ = [
-    "await_drain",
-    "drained_status",
-    "finalizers",
     "keep_split",
+    "split_children_of",
     "observe_split_request",
-    "split_waits",
     "step_abort",
     "step_await_drain",
     "step_create_children",
     "step_finish_split",
     "step_request_drain",
-    "sync_split_finalizer",
 ]
 
 
@@ -187,40 +185,6 @@ def _state_map(ctx: ShardContext) -> tuple[dict[tuple[int, int], float] | None, 
     return scraped.state, scraped.state_batch
 
 
-def split_waits(ctx: ShardContext, why: str) -> None:
-    """A split requested while the Task is suspended, or before the shard runs, is not taken yet (its generation
-    stays unobserved) and says so: condition SplitRejected=False reason SplitWaiting, and one event."""
-    if ctx.generation == ctx.status.get("observedGeneration") or not planner.split_requested(
-        ctx.shard["spec"].get("split")
-    ):
-        return
-    message = f"spec.split of {ctx.name} waits: {why}"
-    shown = st.get_condition((ctx.shard.get("status") or {}).get("conditions"), st.SPLIT_REJECTED) or {}
-    if shown.get("reason") != "SplitWaiting" or shown.get("message") != message:
-        ctx.event("Normal", "SplitWaiting", message)
-    ctx.write({"conditions": [ctx.cond(st.SPLIT_REJECTED, False, "SplitWaiting", message)]})
-
-
-# ---------------------------------------------------------------- the split finalizer
-
-
-def finalizers(obj: dict[str, Any]) -> list[str]:
-    return list(obj["metadata"].get("finalizers") or [])
-
-
-def sync_split_finalizer(ctx: ShardContext, *, want: bool) -> None:
-    """``taskshard.io/split`` on the shard while a split of it is in progress (and its Task lives): a deletion then
-    waits until the split finished or was undone, so children never wait for a parent that is gone. Patched only
-    when it differs, conditional on the observed version; never added to a shard being deleted (the API refuses
-    that, and a shard deleted before its split started has no children to strand)."""
-    have = finalizers(ctx.shard)
-    if want == (naming.SPLIT_FINALIZER in have) or (want and ctx.shard["metadata"].get("deletionTimestamp")):
-        return
-    wanted = [*have, naming.SPLIT_FINALIZER] if want else [f for f in have if f != naming.SPLIT_FINALIZER]
-    version = ctx.shard["metadata"].get("resourceVersion")
-    ctx.do(Patch(naming.SHARD_PLURAL, ctx.name, {"metadata": {"finalizers": wanted, "resourceVersion": version}}))
-
-
 # ---------------------------------------------------------------- steps 2-5
 
 
@@ -263,6 +227,16 @@ def _split_children(ctx: ShardContext) -> list[str]:
     return planner.child_names(ctx.task_name, ctx.key_groups.split(int(ctx.status["split"]["at"])), ctx.family)
 
 
+def split_children_of(task: str, parent: dict[str, Any]) -> list[str]:
+    """The children's names of ``parent``'s accepted split (``status.split.at``), lower first; [] without one."""
+    at = ((parent.get("status") or {}).get("split") or {}).get("at")
+    if at is None:
+        return []
+    kg = parent["spec"]["keyGroups"]
+    family = (parent["metadata"].get("labels") or {}).get(naming.LABEL_FAMILY)
+    return planner.child_names(task, KeyGroupRange(kg["start"], kg["end"]).split(int(at)), family)
+
+
 def step_request_drain(ctx: ShardContext) -> None:
     """Step 2: SplitRequested -> (create the children) -> Draining. The parent's pod keeps processing; the
     children and the parent's runtime hand over through storage (``spark_runtime.handover``)."""
@@ -296,58 +270,6 @@ def step_await_drain(ctx: ShardContext) -> None:
     if _split_request_changed(ctx) or _ensure_children(ctx) is None:
         return
     await_drain(ctx, lambda term: _record_drained(ctx, term))
-
-
-def await_drain(ctx: ShardContext, on_drained: Any) -> None:
-    """A parent's pod while it hands its range over (a split's Draining, a merge's Merging): a missing pod is
-    created (it resumes from its recovery log and drains once its children are ready), a failing one is reported
-    (``restartPolicy: OnFailure`` restarts it in place), one that exited 0 without a snapshot manifest is deleted
-    to drain again; once it exited drained, ``on_drained(termination)``."""
-    pod = ctx.pod
-    if not pod.exists:
-        create_pod(ctx, restarts_base=int(ctx.status.get("restarts") or 0) + 1)
-        return
-    if pod.deleting:
-        return
-    term = pod.terminated
-    if term is None:
-        if pod.failed:
-            message = (
-                f"driver pod {pod.name} failed while draining ({pod.waiting_reason}); it is restarted and drains again"
-            )
-            ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "DrainRetry", message)]})
-        return
-    if term.drained:
-        on_drained(term)
-        return
-    if term.exit_code == 0 or pod.phase in ("Failed", "Succeeded"):
-        # Ended without a snapshot manifest: nothing to restore from; run the drain again from the recovery log.
-        message = (
-            f"driver pod {pod.name} ended (exit code {term.exit_code}) without a snapshot manifest in its "
-            f"termination message {term.message!r}; recreating it to drain again"
-        )
-        ctx.do(Delete("pods", pod.name, grace=0))
-        ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "DrainWithoutManifest", message)]})
-        ctx.event("Warning", "DrainWithoutManifest", message)
-
-
-def drained_status(ctx: ShardContext, term: st.Termination, *, note: str = "") -> tuple[dict[str, Any], str]:
-    """The status patch (``finalCheckpoint``, ``lastCheckpoint``, the live fields, conditions) and the message of
-    a parent whose runtime ended its final drain (``term``, its pod's termination)."""
-    final = term.checkpoint(with_manifest=True) or {"manifest": term.manifest}
-    final.setdefault("batchId", 0)
-    message = f"drained at batch {final['batchId']}; snapshot manifest {term.manifest}{note}"
-    patch = {
-        "finalCheckpoint": final,
-        "lastCheckpoint": final,
-        **ended_live(ctx, final),
-        "restarts": ctx.pod.restarts,
-        "conditions": [
-            ctx.cond(st.PROGRESSING, True, "Drained", message),
-            ctx.cond(st.DEGRADED, False, "Healthy", ""),
-        ],
-    }
-    return patch, message
 
 
 def _record_drained(ctx: ShardContext, term: st.Termination, *, note: str = "") -> None:

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from spark_runtime.protocol import DrainSummary, SplitAbortSummary, SummaryEvent
+from spark_runtime.protocol import DrainSummary, FailureSummary, MergeAbortSummary, SplitAbortSummary, SummaryEvent
 from taskshard_operator import naming
 from taskshard_operator.models import ConditionType
 
@@ -174,18 +174,40 @@ class Termination:
             return None
 
     @property
-    def failure(self) -> RuntimeFailure | None:
-        """The runtime's failure report (event ``failed`` with a non-empty ``error``), else None."""
-        m = self.message or {}
-        error = m.get("error")
-        if m.get("event") != "failed" or not isinstance(error, str) or not error.strip():
+    def merge_abort(self) -> MergeAbortSummary | None:
+        """Exited 0 after fencing its merged shard (``run --abort-merge``), else None."""
+        if self.exit_code != 0 or (self.message or {}).get("event") != SummaryEvent.MERGE_ABORT:
             return None
-        reason, field = m.get("reason"), m.get("field")
-        return RuntimeFailure(
-            error=error,
-            reason=reason if isinstance(reason, str) else None,
-            field=field if isinstance(field, str) and field else None,
-        )
+        try:
+            return MergeAbortSummary.from_json(self.message or {})
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @property
+    def reported(self) -> FailureSummary | None:
+        """The runtime's failure or fencing report (:class:`~spark_runtime.protocol.FailureSummary`: event
+        ``failed`` or ``fenced`` with a non-empty ``error``), else None."""
+        m = self.message or {}
+        if m.get("event") not in (SummaryEvent.FAILED, SummaryEvent.FENCED):
+            return None
+        try:
+            return FailureSummary.from_json(m)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @property
+    def fenced(self) -> FailureSummary | None:
+        """The runtime stopped because a later writer epoch of its shard exists (exit 0, event ``fenced``)."""
+        report = self.reported
+        return report if report is not None and report.event == SummaryEvent.FENCED else None
+
+    @property
+    def failure(self) -> RuntimeFailure | None:
+        """The runtime's failure report (event ``failed``, or ``fenced``, with a non-empty ``error``), else None."""
+        report = self.reported
+        if report is None:
+            return None
+        return RuntimeFailure(error=report.error, reason=report.reason, field=report.field)
 
     @property
     def drained(self) -> bool:
@@ -253,6 +275,8 @@ class PodView:
     template_hash: str | None = None
     aborts_split: bool = False
     """Started to abort its shard's split (``naming.ANNOTATION_ABORT_SPLIT``), not to process."""
+    aborts_merge: bool = False
+    """Started to abort the merge into its (merged) shard (``naming.ANNOTATION_ABORT_MERGE``), not to process."""
     pod_ip: str | None = None
     """``status.podIP``: where the driver's metrics endpoint answers (``taskshard_operator.live``)."""
     terminated: Termination | None = None
@@ -341,6 +365,7 @@ def pod_view(pod: dict[str, Any] | None) -> PodView:
         restarts_base=base,
         template_hash=annotations.get(naming.ANNOTATION_TEMPLATE_HASH),
         aborts_split=bool(annotations.get(naming.ANNOTATION_ABORT_SPLIT)),
+        aborts_merge=bool(annotations.get(naming.ANNOTATION_ABORT_MERGE)),
         pod_ip=status.get("podIP") or None,
         terminated=_termination(state),
         last_terminated=_termination(cs.get("lastState")),

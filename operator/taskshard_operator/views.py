@@ -31,7 +31,15 @@ def shard_view(shard: dict[str, Any], pod: PodView) -> planner.ShardView:
         parent=(shard["spec"].get("restoreFrom") or {}).get("parent"),
         merge_parents=tuple(p["parent"] for p in shard["spec"].get("mergeFrom") or ()),
         drained_for_merge=drained_for_merge(shard),
+        degraded_reason=_degraded_reason(shard),
     )
+
+
+def _degraded_reason(shard: dict[str, Any]) -> str | None:
+    for cond in (shard.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Degraded" and cond.get("status") == "True":
+            return cond.get("reason") or None
+    return None
 
 
 def drained_for_merge(shard: dict[str, Any]) -> bool:

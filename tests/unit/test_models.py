@@ -52,6 +52,7 @@ CONTRACT_SHARD_PHASES = [
     "MergeRequested",
     "Merging",
     "Merged",
+    "AbortingMerge",
 ]
 
 
@@ -147,6 +148,7 @@ def test_shard_phases_match_the_contract_and_ownership():
         "AbortingSplit",
         "MergeRequested",
         "Merging",
+        "AbortingMerge",
     }
     for phase in ShardPhase:
         assert phase.value in ShardPhase.__doc__

@@ -140,7 +140,7 @@ def add_shard(
     if phase in ("Split", "Stopped"):
         body["metadata"]["labels"][naming.LABEL_ACTIVE] = "false"
     if phase is not None and ShardPhase(phase).splitting:  # as the operator keeps it during a split
-        body["metadata"]["finalizers"] = [naming.SPLIT_FINALIZER]
+        body["metadata"]["finalizers"] = [naming.HANDOVER_FINALIZER]
     if split is not None:
         body["spec"]["split"] = split
     full_status: dict[str, Any] = {}

@@ -70,7 +70,7 @@ def test_merge_protocol_end_to_end():
     assert owner_ranges(kube) == [KeyGroupRange(0, 8), KeyGroupRange(8, 16)], "the parents own until both drained"
     assert kube.objects[("tasks", "t")]["status"]["phase"] == "Merging"
     for name in ("t-0-8", "t-8-16"):
-        assert naming.SPLIT_FINALIZER in kube.shards()[name]["metadata"]["finalizers"], "a deletion waits"
+        assert naming.HANDOVER_FINALIZER in kube.shards()[name]["metadata"]["finalizers"], "a deletion waits"
 
     converge(kube, events)
     assert phases(kube) == {"t-0-8": "Merged", "t-8-16": "Merged", MERGED: "Running"}
@@ -94,7 +94,7 @@ def test_merge_protocol_end_to_end():
         assert status["finalCheckpoint"]["manifest"].endswith("/manifest.json")
         assert status["lineage"]["children"] == [MERGED]
         assert kube.shards()[name]["metadata"]["labels"][naming.LABEL_ACTIVE] == "false"
-        assert naming.SPLIT_FINALIZER not in (kube.shards()[name]["metadata"].get("finalizers") or [])
+        assert naming.HANDOVER_FINALIZER not in (kube.shards()[name]["metadata"].get("finalizers") or [])
     assert set(kube.pods()) == {f"{MERGED}-driver"}
     assert not any(k == "configmaps" and n in ("t-0-8-config", "t-8-16-config") for k, n in kube.objects)
     assert owner_ranges(kube) == [KeyGroupRange(0, 16)]
@@ -177,19 +177,138 @@ def test_a_merge_with_a_shard_that_is_not_running_or_asks_for_more_is_refused():
     assert "t-8-16 asks for a merge with 't-16-32' (spec.merge) itself" in rejected["message"], rejected
 
 
-def test_an_accepted_merge_cannot_be_withdrawn():
+def withdraw_merge(kube: FakeKube, left: str) -> None:
+    kube.patch_custom("taskshards", NS, left, {"spec": {"merge": None}})
+
+
+def test_a_merge_withdrawn_before_the_merged_shard_exists_is_undone_at_once():
     kube = two_shards()
     events: list = []
     request_merge(kube, "t-0-8", "t-8-16")
-    for _ in range(3):
+    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    assert phases(kube)["t-0-8"] == "MergeRequested"
+    assert kube.shards()["t-8-16"]["metadata"]["annotations"][naming.ANNOTATION_MERGE_LEFT] == "t-0-8", "claimed"
+    withdraw_merge(kube, "t-0-8")
+    converge(kube, events)
+    assert phases(kube) == {"t-0-8": "Running", "t-8-16": "Running"}
+    assert MERGED not in kube.shards() and "merge" not in kube.shards()["t-0-8"]["status"]
+    assert naming.ANNOTATION_MERGE_LEFT not in (kube.shards()["t-8-16"]["metadata"].get("annotations") or {})
+    assert "MergeWithdrawn" in [e[2] for e in events]
+
+
+def test_a_merge_withdrawn_while_no_parent_drained_is_undone_and_can_be_asked_again():
+    """Merging, the merged shard warm on standby, neither parent drained: AbortingMerge; the merged shard's pod is
+    replaced by one that fences it (its ready notes become void) and reports Aborted; the merged shard is deleted
+    and both parents go on Running, their pods never stopped."""
+    kube = two_shards()
+    events: list = []
+    request_merge(kube, "t-0-8", "t-8-16")
+    for _ in range(4):
         one_round(kube, events, hand_over=False)
-    assert phases(kube)["t-0-8"] == "Merging"
-    kube.patch_custom("taskshards", NS, "t-0-8", {"spec": {"merge": None}})
+    assert phases(kube) == {"t-0-8": "Merging", "t-8-16": "Merging", MERGED: "Pending"}
+    parent_pods = {n: kube.pods()[f"{n}-driver"]["metadata"]["uid"] for n in ("t-0-8", "t-8-16")}
+    withdraw_merge(kube, "t-0-8")
     one_round(kube, events, hand_over=False)
-    rejected = condition(kube, "t-0-8", "MergeRejected")
-    assert rejected["reason"] == "MergeInProgress" and "cannot be withdrawn" in rejected["message"]
+    assert phases(kube)["t-0-8"] == "AbortingMerge"
+    for _ in range(8):
+        one_round(kube, events, hand_over=True)  # the parents would drain for a ready merged shard: it is fenced
+    assert phases(kube) == {"t-0-8": "Running", "t-8-16": "Running"}, phases(kube)
+    assert not kube.drained, "no parent drained for the withdrawn merge"
+    assert {n: kube.pods()[f"{n}-driver"]["metadata"]["uid"] for n in parent_pods} == parent_pods, "never stopped"
+    for name in ("t-0-8", "t-8-16"):
+        status = kube.shards()[name]["status"]
+        assert "merge" not in status and not (status.get("lineage") or {}).get("children")
+        assert naming.HANDOVER_FINALIZER not in (kube.shards()[name]["metadata"].get("finalizers") or [])
+    reasons = [e[2] for e in events]
+    assert {"MergeAborting", "MergeAbortChecked", "MergeAborted"} <= set(reasons), reasons
+
+    request_merge(kube, "t-0-8", "t-8-16")  # asked again: a new merged shard, a fresh writer epoch
     converge(kube, events)
     assert phases(kube) == {"t-0-8": "Merged", "t-8-16": "Merged", MERGED: "Running"}
+
+
+def test_a_merge_withdrawn_after_its_parents_drained_completes():
+    kube = two_shards()
+    events: list = []
+    request_merge(kube, "t-0-8", "t-8-16")
+    for _ in range(4):
+        one_round(kube, events, hand_over=False)
+    world_step(kube, {}, hand_over=True)  # both parents drain for the ready merged shard
+    withdraw_merge(kube, "t-0-8")
+    converge(kube, events)
+    assert phases(kube) == {"t-0-8": "Merged", "t-8-16": "Merged", MERGED: "Running"}
+    assert "MergeAbortTooLate" in [e[2] for e in events]
+
+
+def test_a_merge_withdrawn_while_its_parents_drain_completes():
+    """The withdrawal is taken (AbortingMerge) while the parents drain for the still-ready merged shard: their
+    drain is recorded and the merge completes (AbortingMerge -> Merging -> Merged); the merged shard never keeps
+    an abort record. (A drain the operator cannot see yet is the abort pod's to find: the spark tier.)"""
+    kube = two_shards()
+    events: list = []
+    request_merge(kube, "t-0-8", "t-8-16")
+    for _ in range(4):
+        one_round(kube, events, hand_over=False)
+    withdraw_merge(kube, "t-0-8")
+    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    assert phases(kube)["t-0-8"] == "AbortingMerge"
+    world_step(kube, {}, hand_over=True)  # the merged shard's pod still ran: both parents drained for it
+    converge(kube, events)
+    assert phases(kube) == {"t-0-8": "Merged", "t-8-16": "Merged", MERGED: "Running"}
+    assert kube.shards()[MERGED].get("status", {}).get("mergeAbort") is None
+    assert "MergeAbortTooLate" in [e[2] for e in events]
+
+
+def test_a_merge_that_does_not_finish_shows_merge_stalled_with_what_it_waits_for():
+    kube = two_shards()
+    events: list = []
+    request_merge(kube, "t-0-8", "t-8-16")
+    for _ in range(4):
+        one_round(kube, events, hand_over=False)
+    kube.delete_pod(NS, f"{MERGED}-driver")  # the merged shard never gets ready (say, no node has room)
+    long_ago = "2020-01-01T00:00:00Z"
+    for name in ("t-0-8", "t-8-16"):
+        kube.patch_custom_status("taskshards", NS, name, {"merge": {"acceptedTime": long_ago}})
+    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    degraded = condition(kube, "t-0-8", "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "MergeStalled"), degraded
+    assert "bound 600s" in degraded["message"] and f"{MERGED} is not running on standby" in degraded["message"]
+    assert "t-0-8 has not drained" in degraded["message"] and "spec" in degraded["message"]
+    reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
+    task = {c["type"]: c for c in kube.objects[("tasks", "t")]["status"]["conditions"]}
+    assert (task["Degraded"]["status"], task["Degraded"]["reason"]) == ("True", "MergeStalled"), task["Degraded"]
+    assert [e[2] for e in events].count("MergeStalled") == 1
+    converge(kube, events)  # the merged shard's pod is created again and the merge completes
+    assert phases(kube) == {"t-0-8": "Merged", "t-8-16": "Merged", MERGED: "Running"}
+    assert condition(kube, "t-0-8", "Degraded")["status"] == "False"
+
+
+def test_a_hand_made_successor_gets_no_pod_and_forces_no_hand_over():
+    """A TaskShard made by hand that names two running shards in mergeFrom (or one in restoreFrom) is not a
+    successor their status names: it gets no pod (NotAChild), so it can never make them hand over."""
+    kube = two_shards()
+    events: list = []
+    for name, spec in (
+        ("fake-merge", {"mergeFrom": [{"parent": "t-0-8", "manifest": "/m"}, {"parent": "t-8-16", "manifest": "/n"}]}),
+        ("fake-child", {"restoreFrom": {"parent": "t-8-16", "manifest": "/data/state/t/shards/t-8-16/drained.json"}}),
+    ):
+        kube._new(
+            "taskshards",
+            {
+                "apiVersion": "taskshard.io/v1alpha1",
+                "kind": "TaskShard",
+                "metadata": {"name": name},
+                "spec": {"taskRef": {"name": "t"}, "keyGroups": {"start": 0, "end": 16}, **spec},
+            },
+        )
+    converge(kube, events, owners_tile=False)
+    assert set(kube.pods()) == {"t-0-8-driver", "t-8-16-driver"} and not kube.drained
+    assert phases(kube)["t-0-8"] == "Running" and phases(kube)["t-8-16"] == "Running"
+    for name in ("fake-merge", "fake-child"):
+        degraded = condition(kube, name, "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "NotAChild"), degraded
+        assert "does not name it as its successor" in degraded["message"]
+    assert [e[2] for e in events].count("NotAChild") == 2, "one event each"
 
 
 def test_a_merge_waits_while_a_shard_restarts_then_starts():

@@ -1,11 +1,14 @@
-"""The phase machine: allowed and forbidden transitions."""
+"""The phase machine: allowed and forbidden transitions, and its one drawing."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as s
 
+from taskshard_operator import phases
 from taskshard_operator.models.shard import ShardPhase as P
 from taskshard_operator.phases import (
     ALLOWED,
@@ -43,6 +46,11 @@ def test_every_phase_has_a_row():
         (P.DRAINING, P.ABORTING_SPLIT),
         (P.ABORTING_SPLIT, P.PENDING),  # undone: the shard resumes
         (P.ABORTING_SPLIT, P.DRAINED),  # too late: the parent had drained
+        (P.MERGE_REQUESTED, P.RUNNING),  # withdrawn before the merged shard exists
+        (P.MERGING, P.ABORTING_MERGE),
+        (P.ABORTING_MERGE, P.RUNNING),  # undone: no parent had drained
+        (P.ABORTING_MERGE, P.MERGING),  # too late: the merge completes
+        (P.MERGING, P.RUNNING),  # the right shard follows a merge its left neighbour undid
     ],
 )
 def test_allowed(old, new):
@@ -64,6 +72,9 @@ def test_allowed(old, new):
         (P.RUNNING, P.DRAINING),
         (P.PENDING, P.SPLIT),
         (P.FAILED, P.SPLIT_REQUESTED),  # only a Running shard is split
+        (P.MERGED, P.RUNNING),
+        (P.ABORTING_MERGE, P.MERGED),  # an abort that finds a drained parent goes back to Merging first
+        (P.MERGE_REQUESTED, P.ABORTING_MERGE),  # before the merged shard exists a withdrawal needs no abort
     ],
 )
 def test_forbidden(old, new):
@@ -116,3 +127,33 @@ def test_helpers():
     assert parse_phase("Draining") == P.DRAINING
     assert is_splitting(P.DRAINED) and not is_splitting(P.SPLIT) and not is_splitting(P.RUNNING)
     assert is_splitting(P.ABORTING_SPLIT) and P.ABORTING_SPLIT.owns_range and P.ABORTING_SPLIT.holds_range_for_children
+
+
+ARROW = re.compile(r"\s*──.*?──>\s*")
+
+
+def drawn_transitions(doc: str) -> set[tuple[P, P]]:
+    """The transitions of the drawing in ``doc``: on each line ``sources ──what──> target ──what──> target ...``,
+    every phase of one part leads to every phase of the next (``|`` separates alternatives)."""
+    names = {p.value: p for p in P}
+    edges: set[tuple[P, P]] = set()
+    for line in doc.splitlines():
+        if "──>" not in line:
+            continue
+        parts = [{names[n.strip()] for n in part.split("|") if n.strip() in names} for part in ARROW.split(line)]
+        for sources, targets in zip(parts, parts[1:], strict=False):
+            edges |= {(a, b) for a in sources for b in targets}
+    return edges
+
+
+def test_the_one_drawing_shows_exactly_the_allowed_transitions():
+    drawn = drawn_transitions(phases.__doc__)
+    allowed = {(old, new) for old, targets in ALLOWED.items() for new in targets}
+    assert allowed - drawn == set(), f"allowed but not drawn in phases.py: {sorted(allowed - drawn)}"
+    assert drawn - allowed == set(), f"drawn but not allowed: {sorted(drawn - allowed)}"
+
+
+def test_the_drawing_test_sees_a_missing_arrow():
+    assert (P.MERGING, P.MERGED) in drawn_transitions(phases.__doc__)
+    without = phases.__doc__.replace("Merging ──the pod drained, and the other parent too──> Merged", "")
+    assert (P.MERGING, P.MERGED) not in drawn_transitions(without)

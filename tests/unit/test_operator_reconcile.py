@@ -18,7 +18,7 @@ import kopf
 import pytest
 
 from spark_runtime.keygroups import KeyGroupRange
-from spark_runtime.protocol import DrainSummary, SummaryEvent
+from spark_runtime.protocol import DrainSummary, MergeAbortOutcome, MergeAbortSummary, SummaryEvent
 from taskshard_operator import naming
 from taskshard_operator import status as st
 from taskshard_operator.cache import data_digest, parse_task
@@ -68,6 +68,10 @@ class FakeKube:
         self.created: list[tuple[str, str]] = []
         self.drained: set[str] = set()
         """Shards whose runtime wrote its drain summary (the world's state, not the API's)."""
+        self.successors: dict[str, list[str]] = {}
+        """The successors each drained shard's summary names."""
+        self.fenced: set[str] = set()
+        """Merged shards whose latest writer epoch is an abort's barrier (their ready notes are void)."""
         self.pod_patches: list[tuple[str, dict]] = []
         """Every patch of a pod (the split protocol makes none: the hand-over goes through storage)."""
         self.versions = itertools.count(1)
@@ -120,7 +124,7 @@ class FakeKube:
         obj = self.objects[(plural, name)]
         expected = (patch.get("metadata") or {}).get("resourceVersion")
         if expected is not None and expected != obj["metadata"]["resourceVersion"]:
-            raise Conflict(f"{plural} {name} changed since {expected}")
+            raise Conflict(f"{plural} {name} changed since {expected}", plural, name)
         _merge(obj, patch)
         if "spec" in patch:
             obj["metadata"]["generation"] += 1
@@ -131,12 +135,29 @@ class FakeKube:
     def patch_custom_status(self, plural, namespace, name, status, *, resource_version=None):
         obj = self.objects[(plural, name)]
         if resource_version is not None and resource_version != obj["metadata"]["resourceVersion"]:
-            raise Conflict(f"{plural} {name} changed since {resource_version}")
+            raise Conflict(f"{plural} {name} changed since {resource_version}", plural, name)
         obj.setdefault("status", {})
         _merge(obj["status"], status)
         self._bump(obj)
         self._mutated()
         return copy.deepcopy(obj)
+
+    def delete_custom(self, plural, namespace, name, *, uid=None):
+        """Delete a TaskShard: with finalizers it gets a deletionTimestamp, else it goes with the objects it owns
+        (its pod and ConfigMap: background propagation)."""
+        obj = self.objects.get((plural, name))
+        if obj is None or (uid is not None and obj["metadata"].get("uid") != uid):
+            return
+        if obj["metadata"].get("finalizers"):
+            obj["metadata"].setdefault("deletionTimestamp", "2026-01-01T00:00:00Z")
+            self._bump(obj)
+        else:
+            owner = obj["metadata"]["uid"]
+            del self.objects[(plural, name)]
+            for key, other in list(self.objects.items()):
+                if any(ref.get("uid") == owner for ref in other["metadata"].get("ownerReferences") or []):
+                    del self.objects[key]
+        self._mutated()
 
     # pods
     def get_pod(self, namespace, name):
@@ -218,40 +239,63 @@ class FakeKube:
         return {o["metadata"]["name"]: o for (k, _), o in self.objects.items() if k == "pods"}
 
 
-def children_ready(kube: FakeKube, shard: str) -> bool:
-    """Both split children of ``shard``, or the shard it merges into, run (in the simulated world: they caught up
-    or warmed up, and wrote ready notes)."""
+def _runs(kube: FakeKube, shard: str, *, aborting: bool = False) -> bool:
+    """The shard's driver pod runs (``aborting``: a pod started to abort a merge, else one that processes)."""
+    pod = kube.pods().get(naming.pod_name(shard))
+    state = (((pod or {}).get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {})
+    annotations = (pod or {}).get("metadata", {}).get("annotations") or {}
+    return "running" in state and bool(annotations.get(naming.ANNOTATION_ABORT_MERGE)) == aborting
+
+
+def ready_successors(kube: FakeKube, shard: str) -> list[list[str]]:
+    """The hand-overs whose successors of ``shard`` are all ready (in the simulated world: their pods run, so they
+    caught up or warmed up and wrote ready notes whose writer epoch is current): at most one split (both children)
+    and one merge (the merged shard). A merged shard fenced by a merge abort has void notes until it runs again."""
     children = [
         name for name, s in kube.shards().items() if (s.get("spec", {}).get("restoreFrom") or {}).get("parent") == shard
     ]
-    merged = [n for n, s in kube.shards().items() if shard in merge_parents(s)]
-    if merged:
-        children = merged
-    elif len(children) != 2:
-        return False
-    for child in children:
-        pod = kube.pods().get(naming.pod_name(child))
-        state = (((pod or {}).get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {})
-        if "running" not in state:
-            return False
-    return True
+    found = []
+    if len(children) == 2 and all(_runs(kube, c) for c in children):
+        found.append(sorted(children))
+    for name, s in kube.shards().items():
+        if shard in merge_parents(s) and _runs(kube, name) and name not in kube.fenced:
+            found.append([name])
+    return found
+
+
+def children_ready(kube: FakeKube, shard: str) -> bool:
+    """One hand-over's successors of ``shard`` are ready and no other's are (the runtime drains for exactly one
+    set of successors; ready notes of two hand-overs are a conflict it refuses to act on)."""
+    return len(ready_successors(kube, shard)) == 1
 
 
 def world_step(kube: FakeKube, batch: dict[str, int], *, hand_over: bool = True) -> None:
-    """What the kubelet and the runtime do between operator passes: a running parent whose children are ready
-    stops by itself with a drain summary (``hand_over=False``: it keeps running, a hand-over in progress)."""
+    """What the kubelet and the runtime do between operator passes: a running parent whose successors are ready
+    stops by itself with a drain summary naming them (``hand_over=False``: it keeps running, a hand-over in
+    progress); a pod started to abort a merge fences the merged shard and reports whether a parent drained."""
     for _name, pod in kube.pods().items():
         status = pod.setdefault("status", {})
         state = (status.get("containerStatuses") or [{}])[0].get("state", {})
+        shard = pod["metadata"]["labels"][naming.LABEL_SHARD]
         if not status.get("phase"):
             status.update(
                 phase="Running",
                 containerStatuses=[{"name": "driver", "restartCount": 0, "state": {"running": {}}, "ready": True}],
             )
-        elif hand_over and "running" in state and children_ready(kube, pod["metadata"]["labels"][naming.LABEL_SHARD]):
-            shard = pod["metadata"]["labels"][naming.LABEL_SHARD]
+            if (pod["metadata"].get("annotations") or {}).get(naming.ANNOTATION_ABORT_MERGE):
+                kube.fenced.add(shard)  # the abort claimed a barrier epoch: the merged shard's notes are void
+            else:
+                kube.fenced.discard(shard)  # a new runtime: new epoch, new notes
+        elif _runs(kube, shard, aborting=True):
+            drained = [p for p in merge_parents(kube.shards()[shard]) if p in kube.drained]
+            outcome = MergeAbortOutcome.TOO_LATE if drained else MergeAbortOutcome.ABORTED
+            message = MergeAbortSummary("t", shard, outcome, tuple(drained)).to_json()
+            _terminate(status, message)
+        elif hand_over and "running" in state and children_ready(kube, shard):
+            (successors,) = ready_successors(kube, shard)
             batch[shard] = batch.get(shard, 0) + 3
             kube.drained.add(shard)  # the runtime wrote drained.json, then exited
+            kube.successors[shard] = successors
             message = DrainSummary(
                 SummaryEvent.DRAINED,
                 "t",
@@ -259,31 +303,37 @@ def world_step(kube: FakeKube, batch: dict[str, int], *, hand_over: bool = True)
                 batch[shard],
                 f"/data/state/t/shards/{shard}/snapshots/batch-{batch[shard]}/manifest.json",
             ).to_json()
-            status.update(
-                phase="Succeeded",
-                containerStatuses=[
-                    {
-                        "name": "driver",
-                        "restartCount": 0,
-                        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": json.dumps(message)}},
-                    }
-                ],
-            )
+            _terminate(status, message)
+
+
+def _terminate(status: dict, message: dict) -> None:
+    status.update(
+        phase="Succeeded",
+        containerStatuses=[
+            {
+                "name": "driver",
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": json.dumps(message)}},
+            }
+        ],
+    )
 
 
 def running_ranges(kube: FakeKube) -> list[KeyGroupRange]:
-    """The ranges of pods that emit (or may any moment): running or just created, except a split child whose
-    parent has not written its drain summary yet (such a child may build state but emits nothing)."""
+    """The ranges of pods that emit (or may any moment): running or just created, except a successor whose
+    parents have not all written a drain summary naming it (such a successor may build state but emits nothing:
+    its runtime refuses to restore a summary that names another)."""
     out = []
     for pod in kube.pods().values():
         state = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {})
+        if (pod["metadata"].get("annotations") or {}).get(naming.ANNOTATION_ABORT_MERGE):
+            continue  # fences and reports; processes nothing
         if "running" in state or not (pod.get("status") or {}).get("phase"):  # created = may start any moment
-            shard = kube.shards().get(pod["metadata"]["labels"][naming.LABEL_SHARD]) or {}
+            name = pod["metadata"]["labels"][naming.LABEL_SHARD]
+            shard = kube.shards().get(name) or {}
             parent = (shard.get("spec", {}).get("restoreFrom") or {}).get("parent")
-            merging = merge_parents(shard)
-            if merging and not set(merging) <= kube.drained:
-                continue  # a merged shard emits once both parents wrote their drain summaries
-            if parent is None or parent in kube.drained:
+            parents = merge_parents(shard) or ([parent] if parent else [])
+            if all(p in kube.drained and name in kube.successors.get(p, [name]) for p in parents):
                 out.append(KeyGroupRange.from_label(pod["metadata"]["labels"][naming.LABEL_KEY_GROUPS]))
     return out
 
@@ -291,6 +341,25 @@ def running_ranges(kube: FakeKube) -> list[KeyGroupRange]:
 def merge_parents(shard: dict) -> list[str]:
     """A merged shard's parents (``spec.mergeFrom``), or []."""
     return [p["parent"] for p in (shard.get("spec") or {}).get("mergeFrom") or []]
+
+
+def successor_sets(kube: FakeKube) -> dict[str, list[list[str]]]:
+    """Per shard, the hand-overs whose successors the operator created (a split's two children, a merged shard;
+    TaskShards made by hand do not count: they get no pod): one hand-over per shard means never two at once."""
+    made = {n: s for n, s in kube.shards().items() if s["metadata"].get("ownerReferences")}
+    out: dict[str, list[list[str]]] = {}
+    for name in kube.shards():
+        children = [n for n, s in made.items() if (s.get("spec", {}).get("restoreFrom") or {}).get("parent") == name]
+        merged = [[n] for n, s in made.items() if name in merge_parents(s)]
+        sets = ([sorted(children)] if children else []) + merged
+        if sets:
+            out[name] = sets
+    return out
+
+
+def assert_one_handover_per_shard(kube: FakeKube) -> None:
+    for name, sets in successor_sets(kube).items():
+        assert len(sets) <= 1, f"{name} has successors of two hand-overs at once: {sets}"
 
 
 def owner_ranges(kube: FakeKube) -> list[KeyGroupRange]:
@@ -318,6 +387,7 @@ def converge(
         for name in list(kube.shards()):
             reconcile_shard(kube, kube, NS, name, emit=lambda *a: events.append(a), backoff=backoff)
             assert_no_overlap(running_ranges(kube))
+            assert_one_handover_per_shard(kube)
             if owners_tile:
                 assert_no_overlap(owner_ranges(kube))
         assert kube.reads == reads, "a pass read through the API instead of the cache"

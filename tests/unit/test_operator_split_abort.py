@@ -213,7 +213,7 @@ def test_a_shard_entering_its_split_gets_the_finalizer_first():
     world.pods[PARENT] = make_pod(PARENT, phase="Running", state=running())
     decision = decide(world, PARENT)
     assert kinds(decision)[0] == "Patch(taskshards)", "before the children exist"
-    assert finalizer_patches(decision) == [["example.com/other", naming.SPLIT_FINALIZER]]
+    assert finalizer_patches(decision) == [["example.com/other", naming.HANDOVER_FINALIZER]]
     assert decision.actions[0].patch["metadata"]["resourceVersion"] == "10", "conditional on the observed version"
 
 
@@ -221,7 +221,7 @@ def test_a_shard_entering_its_split_gets_the_finalizer_first():
 def test_the_finalizer_goes_once_the_split_is_over_or_undone(phase):
     world = World()
     add_shard(world, PARENT, phase=phase, status=drained_status() if phase == "Split" else {})
-    world.shards[PARENT]["metadata"]["finalizers"] = [naming.SPLIT_FINALIZER, "example.com/other"]
+    world.shards[PARENT]["metadata"]["finalizers"] = [naming.HANDOVER_FINALIZER, "example.com/other"]
     decision = decide(world, PARENT)
     assert finalizer_patches(decision) == [["example.com/other"]]
 

@@ -1,8 +1,9 @@
 """TaskShard handlers: every trigger enqueues a pass (``reconcile_shard``) for the shard it concerns.
 
 - ``taskshard_event``: any watch event of the shard (spec edits such as ``spec.split``, its own status writes,
-  so each protocol step is followed at once by the next pass); a split parent's hand-over also enqueues each
-  child (standby -> Running);
+  so each protocol step is followed at once by the next pass); outside Running and Failed it also enqueues every
+  other participant of its hand-over (:func:`taskshard_operator.handover.related_shards`: parents, children, the
+  merged shard, the merge partner), so no phase waits for the resync;
 - ``pod_event`` / ``configmap_event``: any event of a shard's driver pod (started, crashed, drained, deleted) or
   ConfigMap (edited or deleted by hand: re-applied);
 - ``executor_event``: any event of an executor pod the shard's driver created (scheduled or not, running, gone):
@@ -16,18 +17,21 @@ import kopf
 from taskshard_operator import naming
 from taskshard_operator.handlers.indexes import EXECUTOR_PODS, SHARD_OBJECTS
 from taskshard_operator.handlers.runtime import RUNTIME
+from taskshard_operator.handover import related_shards
+from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.phases import parse_phase
 
 
 @kopf.on.event(naming.DOMAIN, naming.API_VERSION, naming.SHARD_PLURAL)
-async def taskshard_event(type: str, name: str, namespace: str, status: dict, **_) -> None:
-    if type == "DELETED":
-        return
-    RUNTIME.enqueue(("shard", namespace, name))
-    # Children on standby show Running as soon as their parent hands the range over.
-    if parse_phase((status or {}).get("phase")).handed_over:
-        for child in ((status or {}).get("lineage") or {}).get("children") or []:
-            RUNTIME.enqueue(("shard", namespace, child))
+async def taskshard_event(type: str, name: str, namespace: str, body: dict, status: dict, **_) -> None:
+    if type != "DELETED":
+        RUNTIME.enqueue(("shard", namespace, name))
+    # Every other participant of a hand-over follows at once (a parent drained: its successors; a merged shard's
+    # abort reported: its left parent; the left shard undid its merge: the right one; ...), not at the resync.
+    # A Running or Failed shard's own changes (its live status every few seconds) concern nobody else.
+    if type == "DELETED" or parse_phase((status or {}).get("phase")) not in (ShardPhase.RUNNING, ShardPhase.FAILED):
+        for other in related_shards(body):
+            RUNTIME.enqueue(("shard", namespace, other))
 
 
 @kopf.on.event("", "v1", "pods", labels=SHARD_OBJECTS)

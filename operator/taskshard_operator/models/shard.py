@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
+from spark_runtime.protocol import MergeAbortOutcome
 
 from .base import API_GROUP, API_VERSION, DNS_SUBDOMAIN_PATTERN, K8sModel, cel, validations
 from .common import SHARD_CONDITION_TYPES, Condition, KeyGroups, LiveCommon, LocalObjectRef, enumerate_values
@@ -23,6 +24,8 @@ __all__ = [
     "CheckpointRef",
     "ExecutorsStatus",
     "Lineage",
+    "MergeAbortOutcome",
+    "MergeAbortStatus",
     "MergeRequest",
     "MergeRole",
     "MergeStatus",
@@ -40,41 +43,19 @@ MANIFEST_PATTERN = r"^(/|s3a?://)\S*$"
 
 
 class ShardPhase(StrEnum):
-    """Lifecycle of a TaskShard (``status.phase``). Every transition is written to status before acting.
+    """Lifecycle of a TaskShard (``status.phase``). Every transition is written to status before acting on it.
 
-    ::
-
-        Pending ──pod runs──> Running ──spec.split.requested (valid)──> SplitRequested  (status.split.at)
-          ▲  │                  ▲  │                                        │ both children created
-          │  │                  │  │                                        ▼
-          │  │   restart (last- │  │                                    Draining
-          │  │   state recovery)┘  │                                        │ pod exits 0 with a snapshot
-          │  ▼                     ▼                                        ▼
-          └─ Failed <──────────────┘ (pod or restore failed)            Drained  (status.finalCheckpoint)
-                                                                            │ parent pod deleted
-        Any phase ──Task deleted──> Stopped (terminal)                      ▼
-        Pending/Running/Failed ──Task suspended, pod gone──> Suspended ──resumed──> Pending
-        SplitRequested/Draining ──spec.split withdrawn──> AbortingSplit ──undone──> Pending
-                                                                      └─too late (drained)──> Drained
-                                                                      ChildrenCreated (status.lineage.children)
-                                                                            │ both children observed
-                                                                            ▼
-                                                                          Split  (terminal)
-        Running ──spec.merge (valid; this is the left shard)──> MergeRequested ──merged shard created──> Merging
-        Pending/Running/Failed ──the merged shard names it (right shard)──> Merging
-        Merging ──pod exits 0 with a snapshot (status.finalCheckpoint)──> Merged  (terminal)
+    The machine is drawn once, in :mod:`taskshard_operator.phases`, next to its transition table. The phases:
+    Pending, Running, Failed, Suspended and Stopped (a shard's life); SplitRequested, Draining, Drained,
+    ChildrenCreated, Split and AbortingSplit (a split of it); MergeRequested, Merging, AbortingMerge and Merged (a
+    merge of it). Each value's docstring says what it means.
 
     Ownership: a shard owns its range (counts in the Task's tiling) in Pending, Running, SplitRequested,
-    Draining, Drained, Failed, Suspended, MergeRequested and Merging; from ChildrenCreated on its two children own
-    the halves instead, and from Merged on the merged shard owns both parents' ranges.
-    The children are created when the split is accepted and wait on **standby** (phase Pending, condition
-    Ready=False reason Standby): their pods warm up and catch up with the parent, which keeps processing and
-    emitting, but emit nothing for its range. Parent and children hand over through storage only; the parent's
-    runtime stops at a batch boundary by itself once both children are ready, and writes its drain summary. So
-    a range's output is never emitted by parent and child at once, and the children's cold start and catch-up
-    overlap the parent's processing. An invalid split request changes no phase (condition SplitRejected
-    instead). Failed goes back to Pending when the operator retries; Running goes back to Pending when its pod
-    is replaced (a template roll or a deleted pod), and the new pod resumes from the recovery log.
+    Draining, Drained, Failed, Suspended, AbortingSplit, MergeRequested, Merging and AbortingMerge; from
+    ChildrenCreated on its two children own the halves instead, and from Merged on the merged shard owns both
+    parents' ranges. Successors are created when the hand-over is accepted and wait on **standby** (phase
+    Pending, condition Ready=False reason Standby): their pods warm up (and a split's children catch up with the
+    parent, which keeps processing and emitting) but emit nothing for the range until the parent drained.
     """
 
     PENDING = "Pending"
@@ -113,6 +94,10 @@ class ShardPhase(StrEnum):
     MERGED = "Merged"
     """Terminal: the pod drained (``status.finalCheckpoint``) and the merged child took over; this shard owns no
     key groups any more."""
+    ABORTING_MERGE = "AbortingMerge"
+    """The left shard's ``spec.merge`` was withdrawn: the merged shard's pod fences the merged shard in storage and
+    says whether a parent drained already. If neither did, the merge is undone (both shards go on Running, the
+    merged shard is deleted); else it completes (back to Merging). The shard keeps processing meanwhile."""
 
     @property
     def owns_range(self) -> bool:
@@ -126,8 +111,9 @@ class ShardPhase(StrEnum):
 
     @property
     def merging(self) -> bool:
-        """An accepted merge not finished yet: MergeRequested, Merging (the hand-over finalizer holds a deletion)."""
-        return self in (ShardPhase.MERGE_REQUESTED, ShardPhase.MERGING)
+        """An accepted merge not finished or undone yet: MergeRequested, Merging, AbortingMerge (the hand-over
+        finalizer holds a deletion)."""
+        return self in (ShardPhase.MERGE_REQUESTED, ShardPhase.MERGING, ShardPhase.ABORTING_MERGE)
 
     @property
     def handing_over(self) -> bool:
@@ -170,6 +156,7 @@ _ACTIVE_PHASES = frozenset(
         ShardPhase.SUSPENDED,
         ShardPhase.MERGE_REQUESTED,
         ShardPhase.MERGING,
+        ShardPhase.ABORTING_MERGE,
     }
 )
 
@@ -440,6 +427,16 @@ class MergeStatus(K8sModel):
     )
 
 
+class MergeAbortStatus(K8sModel):
+    """On a merged shard: the outcome of the withdrawal of its merge (written before its parents act on it)."""
+
+    outcome: MergeAbortOutcome = Field(description=f"{enumerate_values(MergeAbortOutcome)}.")
+    drained: list[Annotated[str, Field(max_length=253, description="A parent that drained.")]] = Field(
+        default_factory=list, max_length=2, description="The parents that had drained or begun a final drain."
+    )
+    time: datetime | None = Field(default=None, description="When the outcome was recorded (RFC 3339 date-time).")
+
+
 class Lineage(K8sModel):
     """Where this shard comes from and what it split into."""
 
@@ -517,6 +514,9 @@ class TaskShardStatus(K8sModel):
     )
     merge: MergeStatus | None = Field(
         default=None, description="The merge the operator accepted (set in MergeRequested or Merging)."
+    )
+    merge_abort: MergeAbortStatus | None = Field(
+        default=None, description="A merged shard whose merge was withdrawn: what its abort found."
     )
     restarts: int = Field(default=0, ge=0, description="How often the driver pod was restarted.")
     pod: str | None = Field(default=None, max_length=253, description="Name of the current driver pod of this shard.")

@@ -55,6 +55,7 @@ __all__ = [
     "ResourceRequirements",
     "PersistentVolumeClaimRef",
     "EnvVar",
+    "HandoverSpec",
     "S3Storage",
     "AutoscaleSpec",
     "ScaleUpRate",
@@ -554,6 +555,23 @@ class AutoscaleSpec(K8sModel):
         return self
 
 
+MERGE_STALL_SECONDS = 600
+
+
+class HandoverSpec(K8sModel):
+    """``spec.handover``: bounds of the Task's hand-overs (splits and merges)."""
+
+    merge_stall_seconds: int = Field(
+        default=MERGE_STALL_SECONDS,
+        ge=30,
+        le=AUTOSCALE_SECONDS_LIMIT,
+        description="How long an accepted merge may take before its shards and the Task show Degraded=True, reason "
+        "MergeStalled, naming what it waits for (default 600). While one parent has drained and the other has "
+        "not, the first one's range has no output; with Kafka retention a merge that never ends loses input. A "
+        "merge stays withdrawable (remove spec.merge) until a parent has drained.",
+    )
+
+
 AUTOSCALE_EXCLUDES_SHARDS = (
     "spec.shards and spec.autoscale exclude each other: with spec.autoscale the operator chooses the shard count "
     "itself (status.autoscale.desiredShards); remove spec.shards, or spec.autoscale to set the count by hand "
@@ -650,6 +668,9 @@ class TaskSpec(K8sModel):
         "above targetLagSeconds, one merge of the coldest adjacent pair when the Task stays cold past the "
         "cooldown, within [minShards, maxShards]; every decision is an event and in status.autoscale. Excludes "
         "spec.shards.",
+    )
+    handover: HandoverSpec | None = Field(
+        default=None, description="Bounds of the Task's hand-overs (defaults apply when unset)."
     )
     key_field: str = Field(
         default="key",
