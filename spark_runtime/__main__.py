@@ -2,13 +2,17 @@
 
 Subcommands::
 
-    run --config shard.json      run one shard until the drain-request file says true (a final drain) or a
-                                 SIGTERM (a resumable stop); exit 0 after either, 1 when the query fails,
-                                 2 for a bad config, 3 when the source, sink or storage cannot be used
-                                 (missing topic, wrong credentials, unreachable bucket or broker)
+    run --config shard.json      run one shard until its successors are ready (a final drain) or a SIGTERM
+                                 (a resumable stop); exit 0 after either, and 0 when a later writer epoch
+                                 fenced it (event "fenced": the kubelet does not restart it); 1 when the query
+                                 fails, 2 for a bad config or a restore it must refuse, 3 when the source, sink
+                                 or storage cannot be used (missing topic, wrong credentials, unreachable bucket
+                                 or broker)
         [--abort-split A,B]      instead: undo the shard's split into children A and B (fence them, clear
                                  their storage and the hand-over) and exit 0 with an "aborted" summary, or
                                  with the drain summary when the hand-over happened already
+        [--abort-merge]          instead (a merged shard): fence it and report whether a parent drained for it
+                                 (event "merge-abort", outcome Aborted or TooLate)
     produce ...                  append events to a journal (same as taskshard-produce)
     results --sink DIR --storage DIR --task NAME
                                  print the final per-key results across the shard lineage as JSON lines
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -65,19 +70,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
             runner.request_drain("SIGTERM", final=False)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    from spark_runtime.fencing import WriterFenced
     from spark_runtime.problems import EXIT_ENVIRONMENT, EnvironmentProblem
     from spark_runtime.processor import ProcessorError
+    from spark_runtime.protocol import POD_UID_ENV, FailureSummary, SummaryEvent
     from spark_runtime.shard import ShardFailed, ShardRunner
     from spark_runtime.snapshot import RestoreError
+
+    def failed(error: Any, reason: str | None = None, code: int = 1) -> int:
+        _write_termination_message(
+            config.termination_message_path, FailureSummary(config.shard, str(error), reason=reason).to_json()
+        )
+        return code
 
     try:
         runner = ShardRunner(config)
     except (ProcessorError, NotImplementedError, ConfigError) as exc:
         print(f"invalid shard config: {exc}", file=sys.stderr)
-        _write_termination_message(
-            config.termination_message_path, {"event": "failed", "shard": config.shard, "error": str(exc)}
-        )
-        return 2
+        return failed(exc, code=2)
     if early_sigterm:
         runner.request_drain("SIGTERM", final=False)
     try:
@@ -85,25 +95,37 @@ def _cmd_run(args: argparse.Namespace) -> int:
             from spark_runtime.handover import abort_split
 
             summary = abort_split(runner, [c for c in args.abort_split.split(",") if c])
+        elif args.abort_merge:
+            from spark_runtime.merge import abort_merge
+
+            summary = abort_merge(runner)
         else:
             summary = runner.run()
+    except WriterFenced as exc:
+        # Exit 0: a restart would claim yet another epoch and fence the current runtime in turn.
+        log.error("fenced: %s", exc)
+        report = FailureSummary(
+            config.shard,
+            str(exc),
+            reason=exc.reason,
+            field=exc.field,
+            event=SummaryEvent.FENCED,
+            pod=os.environ.get("POD_NAME") or None,
+            pod_uid=os.environ.get(POD_UID_ENV) or None,
+            writer_epoch=runner.fence.epoch,
+        )
+        _write_termination_message(config.termination_message_path, report.to_json())
+        return 0
     except EnvironmentProblem as exc:
         log.error("cannot run: %s", exc)
         _write_termination_message(config.termination_message_path, exc.termination(config.shard))
         return EXIT_ENVIRONMENT
     except RestoreError as exc:
         log.error("cannot restore: %s", exc)
-        _write_termination_message(
-            config.termination_message_path,
-            {"event": "failed", "shard": config.shard, "reason": exc.reason, "error": str(exc)},
-        )
-        return 2
+        return failed(exc, exc.reason, code=2)
     except ShardFailed as exc:
         log.error("%s", exc)
-        _write_termination_message(
-            config.termination_message_path, {"event": "failed", "shard": config.shard, "error": str(exc)}
-        )
-        return 1
+        return failed(exc)
     _write_termination_message(config.termination_message_path, summary)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return 0
@@ -165,6 +187,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="CHILD,CHILD",
         help="undo this shard's split into these children instead of running (the operator starts the pod so "
         "once the split request was withdrawn and the children's pods are gone)",
+    )
+    run.add_argument(
+        "--abort-merge",
+        action="store_true",
+        help="(a merged shard) fence it and report whether a parent drained for it instead of running (the "
+        "operator starts the pod so once the merge was withdrawn and the merged shard's own pod is gone)",
     )
     run.set_defaults(func=_cmd_run)
     produce = sub.add_parser("produce", help="append events to a journal", add_help=False)

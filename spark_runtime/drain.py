@@ -26,6 +26,7 @@ SIGTERM cannot turn it into a stop, because the children own the key groups from
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -33,19 +34,38 @@ from typing import Any
 
 from spark_runtime import faults
 from spark_runtime.checkpoint import last_committed_batch, last_planned_batch
+from spark_runtime.handover import own_drain_summary
 from spark_runtime.logs import set_phase as set_log_phase
-from spark_runtime.protocol import DrainSummary, HandoverMode, SummaryEvent
+from spark_runtime.protocol import DrainSummary, HandoverMode, HandoverNote, SummaryEvent
 from spark_runtime.sink import DirectorySinkWriter
 from spark_runtime.snapshot import load_manifest, utc_now
 from spark_runtime.sources import RecountsBatches
 from spark_runtime.storage import location
 
-__all__ = ["Drain", "wait_until"]
+__all__ = ["Drain", "marker_successors", "marker_text", "wait_until"]
 
 log = logging.getLogger("taskshard.shard")
 
 STOP_SOON_SECONDS = 10.0
 """The boundary wait of a source that cannot hold back new data (Kafka): stop soon, the children redo the rest."""
+
+
+def marker_text(kind: str, successors: list[HandoverNote]) -> str:
+    """The drain marker's content: ``final`` or ``stop``, the time, and the ready notes of the successors a final
+    drain is for (JSON), so a restart can check them again."""
+    notes = json.dumps([n.to_json() for n in successors], separators=(",", ":"))
+    return f"{kind} {utc_now()} {notes}\n"
+
+
+def marker_successors(text: str) -> list[HandoverNote]:
+    """The successors a drain marker names ([] for a stop, a drain called directly, or an older runtime's)."""
+    parts = text.strip().split(" ", 2)
+    if len(parts) < 3:
+        return []
+    try:
+        return [HandoverNote.from_json(n) for n in json.loads(parts[2])]
+    except (ValueError, KeyError, TypeError):
+        return []
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.2) -> bool:
@@ -88,6 +108,29 @@ class Drain:
         marker = self.runner.paths.drain_marker
         return marker.exists() and marker.read_text().startswith("final")
 
+    def withdraw(self) -> None:
+        """Forget a drain request whose successors are no longer current (see :meth:`run`): the shard goes on."""
+        self._requested.clear()
+        self._final = False
+        self.reason = ""
+
+    def back_out_of_earlier(self) -> bool:
+        """A final drain an earlier run began (its marker) for successors that are no longer current (an abort
+        fenced one since): remove the marker and return True, so the shard starts as before; False otherwise."""
+        marker = self.runner.paths.drain_marker
+        successors = marker_successors(marker.read_text()) if marker.exists() else []
+        if not successors or self.runner.as_parent.confirm(successors):
+            return False
+        log.warning(
+            "shard %s: the final drain an earlier run began was for %s, no longer current (fenced by an abort): "
+            "backing out, the shard goes on",
+            self.runner.config.shard,
+            ", ".join(n.describe() for n in successors),
+        )
+        self.runner.fence.check("removing the drain marker")
+        marker.unlink()
+        return True
+
     def requested(self) -> bool:
         """A drain is due: requested in this process, or begun by an earlier run (its marker exists)."""
         if self._requested.is_set():
@@ -99,23 +142,40 @@ class Drain:
 
     # ---------------------------------------------------------------- the steps
 
-    def run(self) -> dict[str, Any]:
-        """Drain (see the module docstring); returns the summary. Idempotent. A superseded runtime raises
-        :class:`~spark_runtime.fencing.WriterFenced` even when a summary exists (its successor wrote it)."""
+    def run(self) -> dict[str, Any] | None:
+        """Drain (see the module docstring); returns the summary, or None when a final drain for successors backed
+        out (an abort fenced one of them before the marker was written: the shard goes on). Idempotent. A
+        superseded runtime raises :class:`~spark_runtime.fencing.WriterFenced` even when a summary exists (its
+        successor wrote it)."""
         r = self.runner
         r.fence.check("the drain")
-        if r.paths.drained.exists():
-            return r.paths.drained.read_json()
+        found = own_drain_summary(r.paths)
+        if found is not None:
+            return found
         t0 = time.monotonic()
         # called directly it is final, and so is one a restart found begun (a SIGTERM cannot make it a stop)
         final = self._final or not self._requested.is_set() or self.final_pending()
         kind = "final" if final else "stop"
         set_log_phase("draining")
         log.info("shard %s draining (%s, %s)", r.config.shard, self.reason or "request", kind)
-        # Step 1: persist the request; the source stops admitting data.
+        # Step 1: persist the request; the source stops admitting data. A final drain for successors names them
+        # in the marker and then checks them once more: an abort that fenced one before the marker exists makes
+        # it back out; one after it finds the marker (spark_runtime.merge, abort_merge).
         r.fence.check("the drain marker")
         r.paths.shard_dir.mkdir()
-        r.paths.drain_marker.write_text(f"{kind} {utc_now()}\n")
+        marker = r.paths.drain_marker
+        if self.final_pending():  # begun by an earlier run: for the successors its marker names
+            successors = marker_successors(marker.read_text())
+            r.as_parent.successors = successors
+        else:
+            successors = r.as_parent.successors if final else []
+            marker.write_text(marker_text(kind, successors))
+        if successors and not r.as_parent.confirm(successors):
+            log.warning("shard %s: a successor was fenced before the drain began; backing out", r.config.shard)
+            marker.unlink()
+            self.withdraw()
+            r.as_parent.successors = []
+            return None
         faults.crash_point("marker")  # crash tests only (spark_runtime.faults), as at each step below
         # Steps 2-3: the micro-batch boundary, then stop.
         self.stop_at_boundary()
@@ -136,8 +196,8 @@ class Drain:
             manifest_uri, snapshot_batch = precopy["manifest"], int(precopy["batchId"])
             manifest = load_manifest(location(manifest_uri, r.s3))
         else:
-            manifest = r.snapshots.write(batch_id, in_drain=True)
-            manifest_uri, snapshot_batch = r.paths.manifest(batch_id).uri(), batch_id
+            manifest, where = r.snapshots.write(batch_id, in_drain=True)
+            manifest_uri, snapshot_batch = where.uri(), batch_id
         faults.crash_point("manifest")
         # Step 7: the summary.
         summary = self._summary(
@@ -145,9 +205,13 @@ class Drain:
         )
         if final:
             r.fence.check("the drain summary")
-            if not r.paths.drained.create_exclusive_json(summary):  # never replaces a summary once written
-                summary = r.paths.drained.read_json()
-                log.warning("shard %s: a drain summary was already written; keeping it: %s", r.config.shard, summary)
+            if not r.paths.drained.create_exclusive_json(summary):  # never replaces a valid summary once written
+                kept = own_drain_summary(r.paths)  # (a void one, written late by a fenced runtime, is removed)
+                if kept is not None:
+                    summary = kept
+                    log.warning("shard %s: a drain summary was already written; keeping it: %s", r.config.shard, kept)
+                elif not r.paths.drained.create_exclusive_json(summary):
+                    summary = r.paths.drained.read_json()
             faults.crash_point("summary")
         else:
             r.paths.drain_marker.unlink()
@@ -184,6 +248,9 @@ class Drain:
             handover=(HandoverMode.CATCH_UP if caught_up else HandoverMode.RESTORE) if final else None,
             snapshot_batch_id=snapshot_batch,
             writer_epoch=r.fence.epoch,
+            successors=tuple((n.child, n.start, n.end) for n in r.as_parent.successors)
+            if final and r.as_parent.successors
+            else None,
         ).to_json()
 
     def at_boundary(self) -> bool:

@@ -37,7 +37,7 @@ from spark_runtime.layout import ShardPaths
 from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.protocol import WriterEpoch, parse_epoch_name
 
-__all__ = ["WriterFence", "WriterFenced"]
+__all__ = ["WriterFence", "WriterFenced", "barrier_after", "is_current"]
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,10 @@ class WriterFence:
         found = [parse_epoch_name(child.name) for child in self.dir.iterdir()]
         return max((e for e in found if e is not None), default=0)
 
-    def claim(self) -> int:
-        """Take the next epoch (idempotent: a runtime claims once). Fences every runtime holding an earlier one."""
+    def claim(self, *, barrier: bool = False) -> int:
+        """Take the next epoch (idempotent: a runtime claims once). Fences every runtime holding an earlier one;
+        ``barrier`` (an abort claiming another shard's epoch) also voids every file an earlier epoch wrote
+        (:func:`barrier_after`)."""
         if self.epoch is not None:
             return self.epoch
         for _ in range(CLAIM_ATTEMPTS):
@@ -82,6 +84,7 @@ class WriterFence:
                 pod=os.environ.get("HOSTNAME") or socket.gethostname(),
                 pid=os.getpid(),
                 started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                barrier=barrier,
             )
             if self.paths.epoch(epoch).create_exclusive_json(holder.to_json()):
                 self.epoch = epoch
@@ -115,3 +118,30 @@ class WriterFence:
     @property
     def fenced(self) -> bool:
         return self._fenced_by is not None
+
+
+def is_current(paths: ShardPaths, epoch: int | None) -> bool:
+    """Whether ``epoch`` is still the latest writer epoch of the shard at ``paths`` (no ``epochs/<epoch+1>.json``:
+    one lookup, epochs being dense). A note or file of an older runtime (``epoch`` None) cannot be checked and
+    counts as current."""
+    return epoch is None or not paths.epoch(epoch + 1).exists()
+
+
+def barrier_after(paths: ShardPaths, epoch: int | None) -> int | None:
+    """The latest barrier epoch (an abort's claim, :attr:`WriterEpoch.barrier`) of the shard at ``paths`` later than
+    ``epoch``, or None: a file written by ``epoch`` is void when one exists. Reads the epochs after ``epoch`` only
+    (usually none or a few)."""
+    if epoch is None:
+        return None
+    found = None
+    at = epoch + 1
+    while True:
+        loc = paths.epoch(at)
+        if not loc.exists():
+            return found
+        try:
+            if WriterEpoch.from_json(loc.read_json()).barrier:
+                found = at
+        except (OSError, ValueError, KeyError):
+            pass
+        at += 1

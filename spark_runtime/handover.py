@@ -66,21 +66,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from spark_runtime.checkpoint import last_committed_batch
+from spark_runtime.fencing import barrier_after, is_current
 from spark_runtime.logs import set_phase as set_log_phase
 from spark_runtime.protocol import (
     DRAIN_SUMMARY,
     CatchUpPhase,
     CatchUpState,
     DrainSummary,
+    HandoverConflict,
     HandoverMode,
     HandoverNote,
     SplitAbortSummary,
     SummaryEvent,
     at_or_after,
-    covers,
+    choose_successors,
+    parse_note_name,
 )
 from spark_runtime.snapshot import RestoreError, utc_now
 from spark_runtime.storage import Loc, location
@@ -114,7 +118,9 @@ class StandbyStopped(RuntimeError):
 
 class ParentHandover:
     """A shard as a parent: answers catch-up requests with a pre-copy snapshot and asks for its own final drain
-    once every key group has a ready child. ``runner`` is the :class:`spark_runtime.shard.ShardRunner`."""
+    once one hand-over's successors are all ready (:func:`spark_runtime.protocol.choose_successors`); ready notes
+    of two hand-overs are a conflict it refuses to act on. ``runner`` is the
+    :class:`spark_runtime.shard.ShardRunner`."""
 
     def __init__(self, runner: Any) -> None:
         self.runner = runner
@@ -122,23 +128,34 @@ class ParentHandover:
         self._looked_at = 0.0
         self._precopy: dict[str, Any] | None = None
         self._exporting: threading.Thread | None = None
+        self.successors: list[HandoverNote] = []
+        """The ready notes of the successors this shard drains (or drained) for; [] before that."""
+        self._conflict: str | None = None
 
     def notes(self) -> tuple[list[HandoverNote], list[HandoverNote]]:
-        """The children's requests and ready notes."""
+        """The successors' requests and ready notes that this shard honours: those no abort voided since they
+        were written (no barrier epoch of the successor after the note's: :func:`spark_runtime.fencing.barrier_after`;
+        a successor's plain restart writes its notes again under its new epoch, and the newest one counts)."""
         requests: list[HandoverNote] = []
         ready: list[HandoverNote] = []
         directory = self.paths.handover_dir
         if not directory.exists():
             return requests, ready
         for f in directory.iterdir():
-            kind = f.name.split("-", 1)[0]
-            if kind in ("request", "ready") and f.name.endswith(".json"):
-                (requests if kind == "request" else ready).append(HandoverNote.from_json(f.read_json()))
+            parsed = parse_note_name(f.name)
+            if parsed is None:
+                continue
+            try:
+                note = HandoverNote.from_json(f.read_json())
+            except FileNotFoundError:  # removed meanwhile (an abort clearing stale notes)
+                continue
+            if barrier_after(self.paths.shard_path(note.child), note.epoch) is None:
+                (requests if parsed[0] == "request" else ready).append(note)
         return requests, ready
 
     def tick(self) -> str | None:
         """One look (throttled on S3): export the pre-copy when a catch-up child asked for one; return why to
-        drain finally once the ready notes cover this shard's range, else None."""
+        drain finally once one hand-over's successors are all ready (recorded in :attr:`successors`), else None."""
         now = time.monotonic()
         if self.runner.storage.is_s3 and now - self._looked_at < PARENT_LOOK_SECONDS_S3:
             return None
@@ -150,10 +167,29 @@ class ParentHandover:
         if any(r.mode == HandoverMode.CATCH_UP for r in requests):
             self._start_precopy()
         cfg = self.runner.config
-        if ready and covers(ready, cfg.key_groups.start, cfg.key_groups.end):
-            names = ", ".join(f"{n.child} ({n.mode})" for n in sorted(ready, key=lambda n: n.start))
-            return f"children ready: {names}"
-        return None
+        chosen = choose_successors(ready, cfg.key_groups.start, cfg.key_groups.end)
+        if isinstance(chosen, HandoverConflict):
+            described = chosen.describe()
+            if described != self._conflict:
+                self._conflict = described
+                log.error(
+                    "shard %s: ready notes of two hand-overs overlap (%s); it hands over to neither and keeps "
+                    "processing: one hand-over per shard (the operator accepts only one)",
+                    cfg.shard,
+                    described,
+                )
+            return None
+        if not chosen:
+            return None
+        self.successors = chosen
+        names = ", ".join(f"{n.child} ({n.mode})" for n in chosen)
+        return f"successors ready: {names}"
+
+    def confirm(self, successors: list[HandoverNote]) -> bool:
+        """Whether no abort voided any of ``successors`` (the notes a final drain began for) since: checked after
+        the drain marker is written, so an abort that fenced a successor before that moment (its barrier epoch)
+        makes the drain back out, and one after it sees the marker."""
+        return all(barrier_after(self.paths.shard_path(n.child), n.epoch) is None for n in successors)
 
     @property
     def handing_over(self) -> bool:
@@ -161,11 +197,8 @@ class ParentHandover:
         return self._exporting is not None or self._precopy is not None
 
     def catch_up_only(self) -> bool:
-        """Whether every key group's ready child caught up (the final drain then exports nothing)."""
-        _, ready = self.notes()
-        cfg = self.runner.config
-        caught_up = [n for n in ready if n.mode == HandoverMode.CATCH_UP]
-        return bool(caught_up) and covers(caught_up, cfg.key_groups.start, cfg.key_groups.end)
+        """Whether every successor this shard drains for caught up (the final drain then exports nothing)."""
+        return bool(self.successors) and all(n.mode == HandoverMode.CATCH_UP for n in self.successors)
 
     def precopy(self) -> dict[str, Any] | None:
         if self._precopy is None and self.paths.precopy.exists():
@@ -198,9 +231,9 @@ class ParentHandover:
             return found
         t0 = time.monotonic()
         batch_id = last_committed_batch(self.paths.checkpoint)
-        manifest = self.runner.write_snapshot(batch_id)
+        manifest, where = self.runner.write_snapshot(batch_id)
         pointer = {
-            "manifest": self.paths.manifest(batch_id).uri(),
+            "manifest": where.uri(),
             "batchId": batch_id,
             "positions": manifest["positions"],
             "stateRows": manifest["snapshot"].get("rows", 0),
@@ -251,10 +284,21 @@ class ChildHandover:
         if self.pointer.name != DRAIN_SUMMARY:
             return self.pointer
         if self.paths.catch_up.exists():  # a restart: the same snapshot, the same cap
-            self.state = CatchUpState.from_json(self.paths.catch_up.read_json())
-            log.info("shard %s resumes its catch-up (%s)", self.runner.config.shard, self.state.phase)
-            return location(self.state.manifest, self.runner.s3)
-        if not self.pointer.exists():
+            state = CatchUpState.from_json(self.paths.catch_up.read_json())
+            barrier = barrier_after(self.paths, state.writer_epoch)
+            if barrier is None:
+                self.state = state
+                log.info("shard %s resumes its catch-up (%s)", self.runner.config.shard, state.phase)
+                return location(state.manifest, self.runner.s3)
+            log.warning(
+                "shard %s: its catch-up state was written by writer epoch %s, before the abort that claimed epoch %s: "
+                "void; starting afresh",
+                self.runner.config.shard,
+                state.writer_epoch,
+                barrier,
+            )
+            clear_shard_dir(self.paths)
+        if self._drained() is None:
             self._standby()
         if self.state is not None:
             return location(self.state.manifest, self.runner.s3)
@@ -275,22 +319,26 @@ class ChildHandover:
 
     def _note(self) -> HandoverNote:
         cfg = self.runner.config
-        return HandoverNote(cfg.shard, cfg.key_groups.start, cfg.key_groups.end, self.mode, utc_now())
+        start, end = cfg.key_groups.start, cfg.key_groups.end
+        return HandoverNote(cfg.shard, start, end, self.mode, utc_now(), self.runner.fence.epoch)
 
     def _standby(self) -> None:
         runner = self.runner
         precopy = self.parent_paths.precopy
-        wait_for = [self.pointer] + ([precopy] if self.mode == HandoverMode.CATCH_UP else [])
+
+        def answered() -> bool:
+            return (self.mode == HandoverMode.CATCH_UP and precopy.exists()) or self._drained() is not None
+
         began, warm = announce_and_wait(
             runner,
             [self.parent_paths],
-            self._note(),
+            self._note,
             describe=f"parent {self.parent}",
-            answered=lambda: any(f.exists() for f in wait_for),
+            answered=answered,
             rehearse=self.mode == HandoverMode.RESTORE,
             ready_at_once=self.mode == HandoverMode.RESTORE,
         )
-        if self.mode == HandoverMode.CATCH_UP and not self.pointer.exists():
+        if self.mode == HandoverMode.CATCH_UP and self._drained() is None:
             answer = precopy.read_json()
             self.state = CatchUpState(
                 self.parent, str(answer["manifest"]), CatchUpPhase.SHADOW, limit=dict(answer["positions"])
@@ -299,7 +347,20 @@ class ChildHandover:
         record_standby(runner, self.parent, began, warm)
 
     def _drain_summary(self) -> DrainSummary:
-        return read_drain_summary(self.pointer, self.parent)
+        summary = self._drained()
+        if summary is None:
+            raise RestoreError(
+                f"restoreFrom.manifest: {self.pointer.uri()!r} is not a drain summary of the current writer of "
+                f"{self.parent}",
+                reason="DrainSummaryVoid",
+            )
+        return summary
+
+    def _drained(self) -> DrainSummary | None:
+        """The parent's drain summary once it exists and is valid for this shard (see :func:`parent_drained`)."""
+        cfg = self.runner.config
+        me = (cfg.shard, cfg.key_groups.start, cfg.key_groups.end)
+        return parent_drained(self.pointer, self.parent_paths, self.parent, me)
 
     # ---------------------------------------------------------------- while the query runs
 
@@ -307,6 +368,7 @@ class ChildHandover:
         assert self.state is not None
         self.paths.shard_dir.mkdir()
         self.runner.fence.check("catch-up.json")
+        self.state = replace(self.state, writer_epoch=self.runner.fence.epoch)
         self.paths.catch_up.write_json(self.state.to_json())
 
     def _own(self, positions: dict[str, Any]) -> dict[str, Any]:
@@ -322,7 +384,7 @@ class ChildHandover:
         committed = last_committed_batch(self.paths.checkpoint)
         end = self.runner.positions_at(committed) if committed >= 0 else None
         if state.phase == CatchUpPhase.SHADOW:
-            if self.pointer.exists():
+            if self._drained() is not None:
                 final = self._own(self._drain_summary().positions)
                 state = self.state = CatchUpState(
                     state.parent, state.manifest, CatchUpPhase.FINAL, limit=final, final=final, ready=state.ready
@@ -353,7 +415,8 @@ class ChildHandover:
         the *current* limit instead would depend on luck whenever the parent commits faster than the child."""
         if not state.ready and end is not None and any(end == own for own in self._limits_given):
             self.runner.fence.check("its ready note")
-            self.parent_paths.handover_ready(self.runner.config.shard).write_json(self._note().to_json())
+            note = self._note()
+            self.parent_paths.handover_ready(note.child, note.epoch).write_json(note.to_json())
             state = self.state = CatchUpState(state.parent, state.manifest, state.phase, limit=state.limit, ready=True)
             self._save()
             log.info("shard %s caught up with parent %s: ready", self.runner.config.shard, self.parent)
@@ -384,7 +447,7 @@ class ChildHandover:
 def announce_and_wait(
     runner: Any,
     parents: list[Any],
-    note: HandoverNote,
+    make_note: Any,
     *,
     describe: str,
     answered: Any,
@@ -392,22 +455,24 @@ def announce_and_wait(
     ready_at_once: bool,
 ) -> tuple[float, float]:
     """A child's standby: warm up (until ``answered()``), write its request (and with ``ready_at_once`` its ready
-    note) into each parent's ``handover/`` (``parents``: their :class:`~spark_runtime.layout.ShardPaths`), then
-    wait until ``answered()``; raises :class:`StandbyStopped` on a stop request. Returns when it began and when
-    it was warm (epoch seconds); sets ``runner.standby_seconds``."""
+    note), ``make_note()``, scoped to its writer epoch, into each parent's ``handover/`` (``parents``: their
+    :class:`~spark_runtime.layout.ShardPaths`), then wait until ``answered()``; raises :class:`StandbyStopped` on a
+    stop request. Returns when it began and when it was warm (epoch seconds); sets ``runner.standby_seconds``."""
     cfg = runner.config
     t0, began = time.monotonic(), time.time()
     set_log_phase("standby")
     owns = "still owns the range" if len(parents) == 1 else "still own their ranges"
+    note = make_note()
     log.info("shard %s on standby: %s %s; warming up (%s)", cfg.shard, describe, owns, note.mode)
     runner.warm_up(rehearse=rehearse, should_stop=lambda: runner.stop_requested() or answered())
     warm = time.time()
+    note = make_note()
     for parent in parents:
         parent.handover_dir.mkdir()
         runner.fence.check("its hand-over request")
-        parent.handover_request(cfg.shard).write_json(note.to_json())
+        parent.handover_request(note.child, note.epoch).write_json(note.to_json())
         if ready_at_once:
-            parent.handover_ready(cfg.shard).write_json(note.to_json())
+            parent.handover_ready(note.child, note.epoch).write_json(note.to_json())
     logged = time.monotonic()
     poll = POLL_SECONDS_S3 if runner.storage.is_s3 else POLL_SECONDS
     while not answered():
@@ -457,6 +522,66 @@ def read_drain_summary(pointer: Loc, parent: str) -> DrainSummary:
     return DrainSummary.from_json(data)
 
 
+def parent_drained(pointer: Loc, parent_paths: Any, parent: str, me: tuple[str, int, int]) -> DrainSummary | None:
+    """The drain summary at ``pointer`` (``parent``'s ``drained.json``) once it exists and is valid, else None:
+    it counts only while its writer epoch is still the parent's latest (a summary a fenced parent runtime wrote
+    late, after a newer runtime of it or an abort claimed a later epoch, is void). Raises :class:`RestoreError`
+    ``HandedToAnother`` when the parent handed over to successors that do not include ``me`` (``(shard, start,
+    end)``): this shard must not restore what another successor took over."""
+    if not pointer.exists():
+        return None
+    summary = read_drain_summary(pointer, parent)
+    if not is_current(parent_paths, summary.writer_epoch):
+        log.warning(
+            "%s was written by writer epoch %s of %s, which a later one superseded: void",
+            pointer.uri(),
+            summary.writer_epoch,
+            parent,
+        )
+        return None
+    if not summary.hands_to(*me):
+        named = ", ".join(f"{n} [{a}, {b})" for n, a, b in summary.successors or ())
+        raise RestoreError(
+            f"{parent} handed its range over to {named} at batch {summary.batch_id}, not to {me[0]} "
+            f"[{me[1]}, {me[2]}): one hand-over per shard, so {me[0]} must not restore it (delete this TaskShard)",
+            reason="HandedToAnother",
+        )
+    return summary
+
+
+def own_drain_summary(paths: Any) -> dict[str, Any] | None:
+    """A shard's own ``drained.json`` while it is valid (its writer epoch is the shard's latest), else None; a void
+    one (a fenced runtime wrote it late, after a newer runtime or an abort claimed a later epoch) is removed, so
+    the current runtime can drain and write its own."""
+    if not paths.drained.exists():
+        return None
+    summary = paths.drained.read_json()
+    epoch = summary.get("writerEpoch") if isinstance(summary, dict) else None
+    if is_current(paths, epoch if isinstance(epoch, int) else None):
+        return summary
+    log.warning(
+        "%s was written by writer epoch %s, which a later one superseded: void, removed", paths.drained.uri(), epoch
+    )
+    paths.drained.unlink()
+    return None
+
+
+def clear_shard_dir(paths: Any) -> list[str]:
+    """Remove everything in a shard's directory but ``epochs/`` (its writer epochs must stay dense); returns the
+    names removed."""
+    removed = []
+    if paths.shard_dir.exists():
+        for entry in paths.shard_dir.iterdir():
+            if entry.name == paths.epochs.name:
+                continue
+            if entry.is_dir():
+                entry.rmtree()
+            else:
+                entry.unlink()
+            removed.append(entry.name)
+    return removed
+
+
 def abort_split(runner: Any, children: list[str]) -> dict[str, Any]:
     """Undo ``runner``'s shard's split (see the module docstring) and return the termination message: a
     :class:`~spark_runtime.protocol.SplitAbortSummary`, or the drain summary when the hand-over happened already.
@@ -465,31 +590,21 @@ def abort_split(runner: Any, children: list[str]) -> dict[str, Any]:
 
     cfg, paths = runner.config, runner.paths
     runner.check_environment()
-    if runner.already_drained:
-        summary = paths.drained.read_json()
+    summary = own_drain_summary(paths)
+    if summary is not None:
         log.warning(
             "shard %s: the split cannot be aborted, the hand-over happened at batch %s",
             cfg.shard,
             summary.get("batchId"),
         )
         return summary
-    runner.fence.claim()
-    if paths.drained.exists():  # written by an earlier runtime between the look above and the claim
-        return paths.drained.read_json()
+    runner.fence.claim(barrier=True)  # from here on a drain summary an earlier runtime writes late is void
+    own_drain_summary(paths)  # removes one written between the look above and the claim (void now)
     for child in children:
         child_paths = paths.shard_path(child)
         fence = WriterFence(child_paths)
-        fence.claim()  # a child runtime still running (a partitioned node) is fenced from here on
-        removed = []
-        if child_paths.shard_dir.exists():
-            for entry in child_paths.shard_dir.iterdir():
-                if entry.name == fence.dir.name:
-                    continue
-                if entry.is_dir():
-                    entry.rmtree()
-                else:
-                    entry.unlink()
-                removed.append(entry.name)
+        fence.claim(barrier=True)  # a child runtime still running is fenced, and all it wrote void, from here on
+        removed = clear_shard_dir(child_paths)
         removed_names = ", ".join(sorted(removed)) or "nothing"
         log.info("shard %s: child %s fenced at epoch %s; removed %s", cfg.shard, child, fence.epoch, removed_names)
     runner.fence.check("clearing its hand-over")

@@ -13,13 +13,14 @@ docs/design-contracts.md::
         drain-requested                 drain marker: the journal source admits no new data once it exists
         drained.json                    the termination summary of a finished drain (a drained shard never
                                         processes again; a restart re-reports this and exits 0)
-        handover/                       a split in progress, as the parent: its children's requests and
-                                        readiness notes, the pre-copy pointer (spark_runtime.protocol)
+        handover/                       a hand-over in progress, as the parent: its successors' requests and
+                                        readiness notes (request-<child>.<epoch>.json, ready-<child>.<epoch>.json:
+                                        scoped to the successor's writer epoch), the pre-copy pointer
         catch-up.json                   a split child catching up: its cap and its parent's final positions
         epochs/<epoch>.json             writer epochs, one per runtime start, created only if absent: a runtime
                                         stops writing once a later epoch exists (spark_runtime.fencing)
         restore/kg-<n>.json             what the seed reader opened for key group n (files, bytes, rows)
-        snapshots/batch-<id>/
+        snapshots/batch-<id>.<epoch>/   a snapshot of batch <id>, written by writer epoch <epoch> alone
             state/key_group=<n>/*.parquet   the key-group-indexed state snapshot
             manifest.json                   written last: its presence marks the snapshot complete
 
@@ -27,8 +28,9 @@ Sink directory (``sink.directory.path``)::
 
     <sink>/shard=<shard>/batch-<id>.jsonl | .parquet           results of micro-batch <id> of <shard>, published
                                                                (renamed into place) only once <id> is committed
-    <sink>/shard=<shard>/_pending/batch-<id>.jsonl | .parquet  written by foreachBatch before the commit; hidden
-                                                               from readers (a leading "_"), see spark_runtime.sink
+    <sink>/shard=<shard>/_pending/<epoch>/batch-<id>.jsonl     written by foreachBatch before the commit, in the
+                                                               writer epoch's own directory; hidden from readers
+                                                               (a leading "_"), see spark_runtime.sink
     <sink>/_dead_letters/shard=<shard>/p<N>-<start>-<end>.jsonl dead letters of journal partition N,
                                                                byte range [start, end)
 """
@@ -56,9 +58,27 @@ __all__ = [
 ]
 
 
-def snapshot_name(batch_id: int) -> str:
-    """``batch-7``; ``batch-initial`` for a drain before the first committed batch (id -1)."""
-    return f"batch-{batch_id}" if batch_id >= 0 else "batch-initial"
+def snapshot_name(batch_id: int, epoch: int | None = None) -> str:
+    """``batch-7.3``: the snapshot of batch 7 written by writer epoch 3 (``batch-initial.3`` for a drain before the
+    first committed batch, id -1); without an epoch the name an older runtime used (``batch-7``)."""
+    name = f"batch-{batch_id}" if batch_id >= 0 else "batch-initial"
+    return name if epoch is None else f"{name}.{epoch}"
+
+
+def parse_snapshot_name(name: str) -> tuple[int, int | None] | None:
+    """``(batch_id, epoch)`` of a snapshot directory's name (:func:`snapshot_name`), None for any other name."""
+    if not name.startswith("batch-"):
+        return None
+    stem, dot, epoch = name[len("batch-") :].partition(".")
+    if dot and not epoch.isdigit():
+        return None
+    if stem == "initial":
+        batch = -1
+    elif stem.isdigit():
+        batch = int(stem)
+    else:
+        return None
+    return batch, int(epoch) if dot else None
 
 
 @dataclass(frozen=True)
@@ -105,11 +125,13 @@ class ShardPaths:
     def handover_dir(self) -> Loc:
         return self.shard_dir / protocol.HANDOVER_DIR
 
-    def handover_request(self, child: str) -> Loc:
-        return self.handover_dir / protocol.request_name(child)
+    def handover_request(self, child: str, epoch: int | None = None) -> Loc:
+        """A successor's request note, scoped to the successor's writer epoch."""
+        return self.handover_dir / protocol.request_name(child, epoch)
 
-    def handover_ready(self, child: str) -> Loc:
-        return self.handover_dir / protocol.ready_name(child)
+    def handover_ready(self, child: str, epoch: int | None = None) -> Loc:
+        """A successor's ready note, scoped to the successor's writer epoch."""
+        return self.handover_dir / protocol.ready_name(child, epoch)
 
     @property
     def precopy(self) -> Loc:
@@ -142,14 +164,27 @@ class ShardPaths:
     def snapshots(self) -> Loc:
         return self.shard_dir / "snapshots"
 
-    def snapshot_dir(self, batch_id: int) -> Loc:
-        return self.snapshots / snapshot_name(batch_id)
+    def snapshot_dir(self, batch_id: int, epoch: int | None = None) -> Loc:
+        """``snapshots/batch-<id>.<epoch>/``: one writer epoch's snapshot of a batch (only that epoch's runtime
+        writes or removes anything in it)."""
+        return self.snapshots / snapshot_name(batch_id, epoch)
 
-    def state_dir(self, batch_id: int) -> Loc:
-        return self.snapshot_dir(batch_id) / "state"
+    def state_dir(self, batch_id: int, epoch: int | None = None) -> Loc:
+        return self.snapshot_dir(batch_id, epoch) / "state"
 
-    def manifest(self, batch_id: int) -> Loc:
-        return self.snapshot_dir(batch_id) / "manifest.json"
+    def manifest(self, batch_id: int, epoch: int | None = None) -> Loc:
+        return self.snapshot_dir(batch_id, epoch) / "manifest.json"
+
+    def complete_snapshots(self, batch_id: int) -> dict[int | None, Loc]:
+        """``{epoch: manifest}`` of every complete snapshot of ``batch_id`` (its manifest exists: written last)."""
+        found: dict[int | None, Loc] = {}
+        if not self.snapshots.exists():
+            return found
+        for d in self.snapshots.child_dirs():
+            parsed = parse_snapshot_name(d.name)
+            if parsed is not None and parsed[0] == batch_id and (d / "manifest.json").exists():
+                found[parsed[1]] = d / "manifest.json"
+        return found
 
     def shard_path(self, name: str) -> ShardPaths:
         """Paths of another shard of the same task (a parent or a child)."""
@@ -191,11 +226,32 @@ class SinkPaths:
 
     @property
     def pending_dir(self) -> Path:
-        """Batches written but not known committed yet; Spark, Hadoop and pyarrow skip ``_``-prefixed paths."""
+        """Batches written but not known committed yet; Spark, Hadoop and pyarrow skip ``_``-prefixed paths. Each
+        writer epoch writes into a directory of its own below it (:meth:`epoch_pending_dir`); files right in it
+        are an older runtime's."""
         return self.results_dir / "_pending"
 
-    def pending_file(self, batch_id: int, fmt: str) -> Path:
-        return self.pending_dir / batch_file_name(batch_id, fmt)
+    def epoch_pending_dir(self, epoch: int | None) -> Path:
+        """``_pending/<epoch>/``: the pending batches of one writer epoch (``_pending/`` itself for None)."""
+        return self.pending_dir if epoch is None else self.pending_dir / str(epoch)
+
+    def pending_file(self, batch_id: int, fmt: str, epoch: int | None = None) -> Path:
+        return self.epoch_pending_dir(epoch) / batch_file_name(batch_id, fmt)
+
+    def pending_epochs(self) -> dict[int | None, Path]:
+        """Every directory of pending batches: ``{epoch: dir}`` (None: files of an older runtime right in
+        ``_pending/``)."""
+        found: dict[int | None, Path] = {}
+        try:
+            entries = list(os.scandir(self.pending_dir))
+        except FileNotFoundError:
+            return found
+        if any(e.is_file() for e in entries):
+            found[None] = self.pending_dir
+        for e in entries:
+            if e.is_dir() and e.name.isdigit():
+                found[int(e.name)] = Path(e.path)
+        return found
 
     @property
     def dead_letter_dir(self) -> Path:

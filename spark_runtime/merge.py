@@ -37,12 +37,21 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from spark_runtime.handover import announce_and_wait, read_drain_summary, record_standby
-from spark_runtime.protocol import DRAIN_SUMMARY, HandoverMode, HandoverNote
+from spark_runtime.fencing import is_current
+from spark_runtime.handover import announce_and_wait, clear_shard_dir, parent_drained, record_standby
+from spark_runtime.protocol import (
+    DRAIN_SUMMARY,
+    DrainSummary,
+    HandoverMode,
+    HandoverNote,
+    MergeAbortOutcome,
+    MergeAbortSummary,
+    parse_note_name,
+)
 from spark_runtime.snapshot import RestoreError, utc_now
 from spark_runtime.storage import Loc, location
 
-__all__ = ["MergeHandover"]
+__all__ = ["MergeHandover", "abort_merge"]
 
 log = logging.getLogger("taskshard.handover")
 
@@ -66,12 +75,10 @@ class MergeHandover:
         """``[(parent, manifest)]`` for both parents; on standby until both answered (raises
         :class:`~spark_runtime.handover.StandbyStopped` on a stop request)."""
         if not self._answered():
-            cfg = self.runner.config
-            note = HandoverNote(cfg.shard, cfg.key_groups.start, cfg.key_groups.end, self.mode, utc_now())
             began, warm = announce_and_wait(
                 self.runner,
                 [self.runner.paths.shard_path(p) for p in self.parents],
-                note,
+                self._note,
                 describe=f"parents {' and '.join(self.parents)}",
                 answered=self._answered,
                 rehearse=True,
@@ -83,13 +90,32 @@ class MergeHandover:
             for parent, pointer in zip(self.parents, self.pointers, strict=True)
         ]
 
+    def _note(self) -> HandoverNote:
+        cfg = self.runner.config
+        start, end = cfg.key_groups.start, cfg.key_groups.end
+        return HandoverNote(cfg.shard, start, end, self.mode, utc_now(), self.runner.fence.epoch)
+
+    def _summary(self, parent: str, pointer: Loc) -> DrainSummary | None:
+        """The parent's valid drain summary naming this shard (:func:`spark_runtime.handover.parent_drained`)."""
+        cfg = self.runner.config
+        me = (cfg.shard, cfg.key_groups.start, cfg.key_groups.end)
+        return parent_drained(pointer, self.runner.paths.shard_path(parent), parent, me)
+
     def _answered(self) -> bool:
-        return all(p.exists() for p in self.pointers)
+        return all(
+            p.name != DRAIN_SUMMARY or self._summary(parent, p) is not None
+            for parent, p in zip(self.parents, self.pointers, strict=True)
+        )
 
     def _manifest(self, parent: str, pointer: Loc) -> Loc:
         if pointer.name != DRAIN_SUMMARY:
             return pointer
-        summary = read_drain_summary(pointer, parent)
+        summary = self._summary(parent, pointer)
+        if summary is None:
+            raise RestoreError(
+                f"mergeFrom: {pointer.uri()!r} is not a drain summary of the current writer of {parent}",
+                reason="DrainSummaryVoid",
+            )
         if summary.handover == HandoverMode.CATCH_UP:
             raise RestoreError(
                 f"mergeFrom: parent {parent} handed over to catch-up children at batch {summary.batch_id}, not to "
@@ -104,3 +130,49 @@ class MergeHandover:
 
     def emits(self, batch_id: int) -> bool:
         return True
+
+
+def abort_merge(runner: Any) -> dict[str, Any]:
+    """Withdraw the merge into ``runner``'s (merged) shard (``run --abort-merge``; the operator runs it once the
+    left parent's ``spec.merge`` was withdrawn and the merged shard's own pod is gone) and return the termination
+    message, a :class:`~spark_runtime.protocol.MergeAbortSummary`:
+
+    1. claim the merged shard's next writer epoch as a **barrier**: a merged-shard runtime still alive is fenced,
+       and its ready notes are void for every parent from this moment on;
+    2. look at each parent: a valid drain summary, or a ``final`` drain marker (a final drain is sticky), means
+       it drained or drains for this merge: **TooLate**, the merge completes (the merged shard's next runtime
+       claims a later epoch and writes fresh notes);
+    3. else **Aborted**: remove the merged shard's notes from both parents' ``handover/`` and clear its own
+       directory (but ``epochs/``); both parents go on.
+
+    Exact: a parent writes its final drain marker and only then checks that its successors' notes are still
+    current (:meth:`spark_runtime.drain.Drain.run`). If that check came after step 1 the parent backs out; if it
+    came before, so did its marker, and step 2 (after step 1) sees it. Idempotent: a rerun claims another barrier
+    and finds the same."""
+    cfg = runner.config
+    runner.check_environment()
+    epoch = runner.fence.claim(barrier=True)
+    parents = [p.parent for p in cfg.merge_from or ()]
+    drained = []
+    for parent in parents:
+        paths = runner.paths.shard_path(parent)
+        summary = paths.drained.read_json() if paths.drained.exists() else None
+        marker = paths.drain_marker
+        if (summary is not None and is_current(paths, summary.get("writerEpoch"))) or (
+            marker.exists() and marker.read_text().startswith("final")
+        ):
+            drained.append(parent)
+    if drained:
+        outcome = MergeAbortOutcome.TOO_LATE
+        log.warning("shard %s: the merge cannot be withdrawn, %s drained for it", cfg.shard, " and ".join(drained))
+    else:
+        outcome = MergeAbortOutcome.ABORTED
+        for parent in parents:
+            handover = runner.paths.shard_path(parent).handover_dir
+            for f in handover.iterdir() if handover.exists() else []:
+                parsed = parse_note_name(f.name)
+                if parsed is not None and parsed[1] == cfg.shard:
+                    f.unlink()
+        removed = clear_shard_dir(runner.paths)
+        log.info("shard %s: merge withdrawn; fenced at epoch %s, removed %s", cfg.shard, epoch, removed or "nothing")
+    return MergeAbortSummary(cfg.task, cfg.shard, outcome, tuple(drained), epoch, utc_now()).to_json()

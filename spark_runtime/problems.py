@@ -10,6 +10,8 @@ the topic, correcting the Secret) resumes the shard exactly where it was.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["EXIT_ENVIRONMENT", "EnvironmentProblem"]
 
 EXIT_ENVIRONMENT = 3
@@ -25,6 +27,8 @@ class EnvironmentProblem(RuntimeError):
         self.reason = reason
         self.field = field
 
-    def termination(self, shard: str) -> dict[str, str]:
-        """The termination-message payload."""
-        return {"event": "failed", "shard": shard, "reason": self.reason, "field": self.field, "error": str(self)}
+    def termination(self, shard: str) -> dict[str, Any]:
+        """The termination-message payload (:class:`spark_runtime.protocol.FailureSummary`)."""
+        from spark_runtime.protocol import FailureSummary
+
+        return FailureSummary(shard, str(self), reason=self.reason, field=self.field).to_json()

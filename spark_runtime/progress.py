@@ -22,11 +22,12 @@ from typing import Any
 
 from spark_runtime.checkpoint import read_offsets
 from spark_runtime.metrics import JOURNAL_LAG_INTERVAL_SECONDS, journal_lag
+from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.snapshot import utc_now
 from spark_runtime.sources import NamesFixedPositions
 from spark_runtime.sources.seed import is_seed_offset
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "offsets_mismatch"]
 
 log = logging.getLogger("taskshard.shard")
 
@@ -48,6 +49,8 @@ class Progress:
         self._lag_positions: tuple[int, dict[str, Any]] | None = None
         """(batch id, its committed positions) behind the journal's lag, read again when the batch changes."""
         self._lag_failed = False
+        self._verified = False
+        """Whether this runner compared its first committed batch with the offset log (:meth:`verify_offset_log`)."""
 
     def reported(self, batch_id: int) -> bool:
         """Whether ``batch_id``'s progress (and so its source metrics) was counted by this runner."""
@@ -71,6 +74,8 @@ class Progress:
             if not ran or bid in self._seen:
                 continue
             batches.append(data)
+            if not self._verified:
+                self.verify_offset_log(data)
             self.runner.metrics.on_batch(data)
             observed = (data.get("observedMetrics") or {}).get("taskshard_source") or {}
             self.add_source_metrics(bid, observed)
@@ -84,6 +89,30 @@ class Progress:
                     extra={"batch": bid},
                 )
         return batches, dead
+
+    def verify_offset_log(self, progress: dict[str, Any]) -> None:
+        """After this runner's first committed batch: the offset log entry of that batch must hold the end offsets
+        its own query reported (its progress event, posted after the commit), else another writer of this shard
+        wrote the log (a fenced runtime that planned a batch before it noticed; on S3, Spark's "no overwrite" of a
+        log entry is a check, then a copy). Raises :class:`~spark_runtime.problems.EnvironmentProblem`
+        ``OffsetLogMismatch``: the shard stops before it writes anything more, rather than go on from positions it
+        did not choose."""
+        self._verified = True
+        bid = int(progress.get("batchId", -1))
+        try:
+            logged = read_offsets(self.runner.paths.checkpoint, bid)
+        except (OSError, ValueError):
+            return  # gone (a later batch's cleanup) or unreadable: nothing to compare
+        mismatch = offsets_mismatch([s.get("endOffset") for s in progress.get("sources") or []], logged)
+        if mismatch is not None:
+            raise EnvironmentProblem(
+                "OffsetLogMismatch",
+                "storage",
+                f"storage: the offset log of batch {bid} ({self.runner.paths.checkpoint}/offsets/{bid}) does not "
+                f"hold the positions this runtime's query committed it with ({mismatch}): another runtime of shard "
+                f"{self.runner.config.shard} wrote it. The shard stops rather than continue from positions it did "
+                "not choose; check for a second runtime of this shard (its writer epochs are in epochs/)",
+            )
 
     def log_batches(self, batches: list[dict[str, Any]]) -> None:
         for data in batches:
@@ -158,3 +187,22 @@ class Progress:
             if not self._lag_failed:
                 log.warning("could not measure the journal's lag (the metric stays as it was)", exc_info=True)
             self._lag_failed = True
+
+
+def offsets_mismatch(reported: list[Any], logged: list[Any]) -> str | None:
+    """How the end offsets a query reported for a batch (its progress event's ``sources[].endOffset``, JSON text
+    or objects, in source order) differ from the batch's offset log entry (:func:`read_offsets`), or None when
+    they are the same."""
+    if len(reported) != len(logged):
+        return f"{len(reported)} sources reported, {len(logged)} logged"
+    for i, (mine, theirs) in enumerate(zip(reported, logged, strict=True)):
+        if isinstance(mine, str):
+            try:
+                mine = json.loads(mine)
+            except ValueError:
+                continue  # a source whose offset is not JSON: not comparable
+        if mine is not None and theirs is not None and mine != theirs:
+            return (
+                f"source {i}: reported {json.dumps(mine, sort_keys=True)}, logged {json.dumps(theirs, sort_keys=True)}"
+            )
+    return None

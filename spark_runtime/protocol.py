@@ -50,14 +50,18 @@ __all__ = [
     "DrainSummary",
     "EPOCHS_DIR",
     "FailureSummary",
+    "POD_UID_ENV",
     "MergeAbortOutcome",
     "MergeAbortSummary",
     "StandbyStopSummary",
     "WriterEpoch",
     "epoch_name",
     "parse_epoch_name",
+    "HandoverConflict",
     "HandoverMode",
     "HandoverNote",
+    "choose_successors",
+    "parse_note_name",
     "SkipRule",
     "SplitAbortSummary",
     "SummaryEvent",
@@ -69,6 +73,8 @@ __all__ = [
     "request_name",
 ]
 
+POD_UID_ENV = "POD_UID"
+"""The driver pod's UID (downward API), which a fenced runtime reports (:class:`FailureSummary`)."""
 SHARDS_DIR = "shards"
 DRAIN_SUMMARY = "drained.json"
 """A final drain's summary, in the parent's shard directory."""
@@ -107,15 +113,22 @@ class WriterEpoch:
     pod: str
     pid: int
     started_at: str
+    barrier: bool = False
+    """Claimed by an abort (of a split, for its children and the parent; of a merge, for the merged shard), not by
+    a runtime that writes: every file an earlier epoch wrote is void from here on (a fenced runtime's late drain
+    summary, a stale successor's catch-up state, its ready notes)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "epoch": self.epoch,
             "shard": self.shard,
             "pod": self.pod,
             "pid": self.pid,
             "startedAt": self.started_at,
         }
+        if self.barrier:
+            out["barrier"] = True
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> WriterEpoch:
@@ -125,15 +138,32 @@ class WriterEpoch:
             pod=str(data.get("pod") or ""),
             pid=int(data.get("pid") or 0),
             started_at=str(data.get("startedAt") or ""),
+            barrier=bool(data.get("barrier")),
         )
 
 
-def request_name(child: str) -> str:
-    return f"request-{child}.json"
+def request_name(child: str, epoch: int | None = None) -> str:
+    """``request-<child>.<epoch>.json``: a successor's request, scoped to its writer epoch (so a fenced runtime of
+    the successor never replaces its current runtime's note); without an epoch the name of an older runtime."""
+    return f"request-{child}.json" if epoch is None else f"request-{child}.{epoch}.json"
 
 
-def ready_name(child: str) -> str:
-    return f"ready-{child}.json"
+def ready_name(child: str, epoch: int | None = None) -> str:
+    """``ready-<child>.<epoch>.json``: a successor's ready note, scoped to its writer epoch (:func:`request_name`)."""
+    return f"ready-{child}.json" if epoch is None else f"ready-{child}.{epoch}.json"
+
+
+def parse_note_name(name: str) -> tuple[str, str, int | None] | None:
+    """``(kind, child, epoch)`` of a note's file name (kind ``request`` or ``ready``; epoch None for the unscoped
+    name of an older runtime); None for any other name (the pre-copy pointer, a temporary file)."""
+    kind, dash, rest = name.partition("-")
+    if not dash or kind not in ("request", "ready") or not rest.endswith(".json"):
+        return None
+    stem = rest[: -len(".json")]
+    child, dot, epoch = stem.rpartition(".")
+    if dot and epoch.isdigit() and child:
+        return kind, child, int(epoch)
+    return (kind, stem, None) if "." not in stem and stem else None
 
 
 def shard_dir_uri(task_root: str, shard: str) -> str:
@@ -340,32 +370,43 @@ class CatchUpPhase(StrEnum):
 
 @dataclass(frozen=True)
 class HandoverNote:
-    """A child's request or readiness note in its parent's ``handover/`` directory."""
+    """A successor's request or readiness note in its parent's ``handover/`` directory. ``epoch``: the writer
+    epoch of the successor runtime that wrote it (None: an older runtime); a parent honours a note only while no
+    abort claimed a later (barrier) epoch of the successor (:attr:`WriterEpoch.barrier`)."""
 
     child: str
     start: int
     end: int
     mode: HandoverMode
     time: str = ""
+    epoch: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "child": self.child,
             "keyGroups": {"start": self.start, "end": self.end},
             "mode": str(self.mode),
             "time": self.time,
         }
+        if self.epoch is not None:
+            out["writerEpoch"] = self.epoch
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> HandoverNote:
         kg = data["keyGroups"]
+        epoch = data.get("writerEpoch")
         return cls(
             str(data["child"]),
             int(kg["start"]),
             int(kg["end"]),
             HandoverMode(data["mode"]),
             str(data.get("time") or ""),
+            int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
         )
+
+    def describe(self) -> str:
+        return f"{self.child} [{self.start}, {self.end})"
 
 
 def covers(notes: list[HandoverNote], start: int, end: int) -> bool:
@@ -376,6 +417,37 @@ def covers(notes: list[HandoverNote], start: int, end: int) -> bool:
             return False
         at = max(at, note.end)
     return at >= end
+
+
+@dataclass(frozen=True)
+class HandoverConflict:
+    """Ready notes of two hand-overs in one parent's ``handover/`` (a split's child and a merged shard, or two
+    merged shards): their ranges overlap inside the parent's. The parent hands over to neither (it keeps
+    processing and says why); the operator lets only one hand-over per shard be accepted, so this is a backstop."""
+
+    notes: tuple[HandoverNote, ...]
+
+    def describe(self) -> str:
+        return ", ".join(n.describe() for n in self.notes)
+
+
+def choose_successors(ready: list[HandoverNote], start: int, end: int) -> list[HandoverNote] | HandoverConflict | None:
+    """The successors a parent over ``[start, end)`` hands over to, from the ready notes it honours (none an abort
+    voided, see :class:`HandoverNote`): one note per successor (its latest epoch), whose ranges, clipped to
+    the parent's, tile it without overlap (a split's two children, or one merged shard). None while they do not
+    cover it; :class:`HandoverConflict` when two of them overlap."""
+    latest: dict[str, HandoverNote] = {}
+    for note in ready:
+        if note.end <= start or note.start >= end:
+            continue
+        kept = latest.get(note.child)
+        if kept is None or (note.epoch or 0) >= (kept.epoch or 0):
+            latest[note.child] = note
+    notes = sorted(latest.values(), key=lambda n: (max(n.start, start), n.child))
+    for a, b in zip(notes, notes[1:], strict=False):
+        if min(a.end, end) > max(b.start, start):
+            return HandoverConflict(tuple(notes))
+    return notes if notes and covers(notes, start, end) else None
 
 
 @dataclass(frozen=True)
@@ -392,12 +464,15 @@ class CatchUpState:
     """The parent's final positions (FINAL, LIVE): a batch starting at or after them emits."""
     ready: bool = False
     """Whether the ready note was written to the parent."""
+    writer_epoch: int | None = None
+    """The epoch of the runtime that wrote it: void once an abort claimed a later barrier epoch of this child."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "phase": str(self.phase)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CatchUpState:
+        epoch = data.get("writer_epoch")
         return cls(
             parent=str(data["parent"]),
             manifest=str(data["manifest"]),
@@ -405,6 +480,7 @@ class CatchUpState:
             limit=data.get("limit"),
             final=data.get("final"),
             ready=bool(data.get("ready")),
+            writer_epoch=int(epoch) if isinstance(epoch, int) else None,
         )
 
     def emits_from(self, start: Mapping[str, Any]) -> bool:
@@ -530,6 +606,14 @@ class DrainSummary:
     """The batch of the snapshot ``manifest`` names (before ``batch_id`` after a catch-up hand-over)."""
     writer_epoch: int | None = None
     """The writer epoch of the runtime that wrote it (None: an older runtime, or no fence)."""
+    successors: tuple[tuple[str, int, int], ...] | None = None
+    """A final drain for a hand-over: the successors it handed over to, ``(shard, start, end)`` (the ready notes
+    it drained for); a successor not named here refuses to restore (``HandedToAnother``). None: no hand-over
+    (a drain called directly) or an older runtime."""
+
+    def hands_to(self, shard: str, start: int, end: int) -> bool:
+        """Whether this drain handed over to ``shard`` over ``[start, end)`` (True when it names no successors)."""
+        return self.successors is None or (shard, start, end) in self.successors
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -551,11 +635,16 @@ class DrainSummary:
             out["snapshotBatchId"] = self.snapshot_batch_id
         if self.writer_epoch is not None:
             out["writerEpoch"] = self.writer_epoch
+        if self.successors is not None:
+            out["successors"] = [
+                {"shard": name, "keyGroups": {"start": start, "end": end}} for name, start, end in self.successors
+            ]
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DrainSummary:
         handover = data.get("handover")
+        successors = data.get("successors")
         return cls(
             event=SummaryEvent(data["event"]),
             task=str(data.get("task") or ""),
@@ -572,4 +661,7 @@ class DrainSummary:
             handover=HandoverMode(handover) if handover else None,
             snapshot_batch_id=data.get("snapshotBatchId"),
             writer_epoch=data.get("writerEpoch"),
+            successors=None
+            if successors is None
+            else tuple((str(s["shard"]), int(s["keyGroups"]["start"]), int(s["keyGroups"]["end"])) for s in successors),
         )

@@ -89,11 +89,11 @@ def read_sink(sink: str | os.PathLike[str], committed: Mapping[str, int] | None 
         # Pending before published: a batch renamed in between is then found at least once (and read once).
         files: dict[str, Path] = {}
         last = (committed or {}).get(shard, -1)
-        pending_dir = SinkPaths(root, shard).pending_dir
-        if last >= 0 and pending_dir.is_dir():
-            for f in pending_dir.iterdir():
+        pending = SinkPaths(root, shard).pending_epochs() if last >= 0 else {}
+        for epoch in sorted(pending, key=lambda e: -1 if e is None else e):  # a later epoch's file wins
+            for f in pending[epoch].iterdir():
                 parsed = parse_batch_file_name(f.name)
-                if parsed is not None and parsed[0] <= last:
+                if f.is_file() and parsed is not None and parsed[0] <= last:
                     files[f.name] = f
         for f in shard_dir.iterdir():
             if f.is_file() and not f.name.startswith((".", "_")):

@@ -45,7 +45,7 @@ from spark_runtime.checkpoint import last_committed_batch
 from spark_runtime.config import ConfigError, ShardConfig
 from spark_runtime.drain import Drain, wait_until
 from spark_runtime.fencing import WriterFence
-from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped
+from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped, own_drain_summary
 from spark_runtime.identity import claim_task_storage
 from spark_runtime.layout import ShardPaths, SinkPaths
 from spark_runtime.live import METRICS_HOST_ENV, state_map_seconds
@@ -55,7 +55,7 @@ from spark_runtime.metrics import ShardMetrics
 from spark_runtime.pipeline import Plan, build_output_frame, make_plan
 from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.progress import Progress
-from spark_runtime.protocol import HandoverMode
+from spark_runtime.protocol import HandoverMode, StandbyStopSummary
 from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter, KafkaSinkWriter
 from spark_runtime.snapshot import utc_now
 from spark_runtime.snapshot.export import SnapshotWriter
@@ -230,7 +230,8 @@ class ShardRunner:
 
     @property
     def already_drained(self) -> bool:
-        return self.paths.drained.exists()
+        """A valid drain summary of this shard exists (:func:`spark_runtime.handover.own_drain_summary`)."""
+        return own_drain_summary(self.paths) is not None
 
     @property
     def dead_letter_total(self) -> int:
@@ -270,8 +271,9 @@ class ShardRunner:
         """Everything before Spark: the drained check, the restore checks, ``lineage.json``. Returns False for
         a shard that drained before (its summary is then in ``self.summary``). Idempotent."""
         self.check_environment()
-        if self.already_drained:
-            self.summary = self.paths.drained.read_json()
+        drained = own_drain_summary(self.paths)
+        if drained is not None:
+            self.summary = drained
             log.info(
                 "shard %s drained before (manifest %s); not processing again",
                 self.config.shard,
@@ -281,6 +283,8 @@ class ShardRunner:
         cfg = self.config
         self.fence.claim()  # before anything is written: a runtime still writing this shard is fenced from here on
         self.metrics.set_writer_epoch(self.fence.epoch)
+        if isinstance(self.sink, DirectorySinkWriter):
+            self.sink.epoch = self.fence.epoch  # its pending batches in a directory of this epoch's own
         self.check_recovery_log()
         if cfg.ready_file:  # a container restarted in place keeps /tmp: not emitting until this run does
             Path(cfg.ready_file).unlink(missing_ok=True)
@@ -323,7 +327,7 @@ class ShardRunner:
         a poison record): it drains from the last committed batch without processing anything again."""
         if not self.prepare():
             return
-        if self.drainer.final_pending():
+        if self.drainer.final_pending() and not self.drainer.back_out_of_earlier():
             log.warning(
                 "shard %s: its final drain began before this start; draining from the last committed batch "
                 "without starting the query",
@@ -350,6 +354,7 @@ class ShardRunner:
 
     def _start_query(self) -> None:
         cfg = self.config
+        self.fence.check("starting its query")  # also every in-process restart: Spark writes its offset log
         self.session()
         self._preflight()
         self.pin_start_positions()
@@ -584,26 +589,27 @@ class ShardRunner:
         except StandbyStopped as stopped:
             cfg = self.config
             log.info("shard %s: %s", cfg.shard, stopped)
-            self.summary = {"event": "stopped", "task": cfg.task, "shard": cfg.shard, "batchId": -1, "standby": True}
+            self.summary = StandbyStopSummary(cfg.task, cfg.shard).to_json()
             return self.summary
         if self.summary is not None:
             return self.summary
         set_log_phase("running")
         while True:
             # A requested drain comes first: it needs no healthy query (it exports the last committed batch).
-            if self.drain_requested():
-                break
-            self.poll()
-            self.follow_split()
-            if self.drain_requested():
-                break
-            self.count_state_map()
-            if self.available_now and not self.query.isActive:
+            if not self.drain_requested():
                 self.poll()
-                self.request_drain("caught up (availableNow)")
-                break
+                self.follow_split()
+            if not self.drain_requested():
+                self.count_state_map()
+                if self.available_now and not self.query.isActive:
+                    self.poll()
+                    self.request_drain("caught up (availableNow)")
+            if self.drain_requested():
+                summary = self.drain()
+                if summary is not None:
+                    return summary
+                set_log_phase("running")  # the drain backed out (a successor was fenced): go on
             time.sleep(poll_interval)
-        return self.drain()
 
     def follow_split(self) -> None:
         """One step of a split in progress (:mod:`spark_runtime.handover`): as a catch-up child, follow the
@@ -634,16 +640,17 @@ class ShardRunner:
 
     # ---------------------------------------------------------------- drain (spark_runtime.drain)
 
-    def drain(self) -> dict[str, Any]:
-        """Drain (:mod:`spark_runtime.drain`); returns the summary and keeps it in ``summary``. Idempotent."""
+    def drain(self) -> dict[str, Any] | None:
+        """Drain (:mod:`spark_runtime.drain`); returns the summary and keeps it in ``summary`` (None: a final drain
+        for successors backed out, the shard goes on). Idempotent."""
         self.summary = self.drainer.run()
         return self.summary
 
     def wait_until(self, predicate: Any, timeout: float, interval: float = 0.2) -> bool:
         return wait_until(predicate, timeout, interval)
 
-    def write_snapshot(self, batch_id: int, *, in_drain: bool = False) -> dict[str, Any]:
-        """The snapshot of committed ``batch_id`` and its manifest (:mod:`spark_runtime.snapshot.export`);
+    def write_snapshot(self, batch_id: int, *, in_drain: bool = False) -> tuple[dict[str, Any], Loc]:
+        """The snapshot of committed ``batch_id``: its manifest and where it is (:mod:`spark_runtime.snapshot.export`);
         also a parent's pre-copy while its query runs. Idempotent."""
         return self.snapshots.write(batch_id, in_drain=in_drain)
 

@@ -9,8 +9,9 @@ from the parent's last committed positions; a crash, after which Spark replays i
 results, or a plain ``spark.read.json(<sink>)`` / pandas read counts its records twice. So the writer keeps two
 names per batch (:class:`spark_runtime.layout.SinkPaths`)::
 
-    <sink>/shard=<shard>/_pending/batch-<N>.<jsonl|parquet>   written by foreachBatch(N): hidden, not yet committed
-    <sink>/shard=<shard>/batch-<N>.<jsonl|parquet>            published: batch N is committed
+    <sink>/shard=<shard>/_pending/<epoch>/batch-<N>.<jsonl|parquet>   written by foreachBatch(N): hidden, not yet
+                                                                      committed (one directory per writer epoch)
+    <sink>/shard=<shard>/batch-<N>.<jsonl|parquet>                    published: batch N is committed
 
 and the directory holds only published batches, each once. Each record is
 ``{"key", "key_group", "shard", "result", "batch"}``.
@@ -19,8 +20,11 @@ and the directory holds only published batches, each once. Each record is
 
 1. Publish: Spark starts batch ``N`` of a query only after committing ``N - 1``, so every pending batch ``< N``
    is committed: rename it into ``batch-<id>``. Pending files ``>= N`` are dropped (an earlier, interrupted
-   attempt of ``N``, rewritten in step 2; nothing later can exist).
-2. Write ``_pending/batch-N`` all-or-nothing (a temporary file and a rename), if the batch updated any key.
+   attempt of ``N``, rewritten in step 2; nothing later can exist). Earlier writer epochs' directories are
+   adopted the same way and removed; a later epoch's is never touched (this runtime is fenced then: a paused
+   runtime that wakes up after its replacement started cannot delete the replacement's committed batches).
+2. Write ``_pending/<epoch>/batch-N`` all-or-nothing (a temporary file and a rename), if the batch updated any
+   key.
 
 When the shard stops (step 4 of a drain, and :meth:`spark_runtime.shard.ShardRunner.stop`), the runner calls
 :meth:`DirectorySinkWriter.publish_committed` with the last batch in the commit log: pending batches up to it
@@ -90,12 +94,14 @@ def _maybe_fault(kill_after: int | None, batch_id: int) -> None:
 
 class DirectorySinkWriter:
     """The ``foreachBatch`` function of the directory sink, and the publisher of its committed batches (see the
-    module docstring)."""
+    module docstring). ``epoch``: the writer epoch of the runtime (set once claimed): its pending batches live in
+    ``_pending/<epoch>/``, and it never touches a later epoch's."""
 
-    def __init__(self, paths: SinkPaths, fmt: str, shard: str) -> None:
+    def __init__(self, paths: SinkPaths, fmt: str, shard: str, epoch: int | None = None) -> None:
         self.paths = paths
         self.fmt = fmt
         self.shard = shard
+        self.epoch = epoch
         self.rows_written = 0
         self._kill_after = _fault_batch()
 
@@ -112,19 +118,33 @@ class DirectorySinkWriter:
         _maybe_fault(self._kill_after, batch_id)
 
     def publish_committed(self, last_committed: int) -> list[int]:
-        """Publish every pending batch ``<= last_committed`` (rename ``_pending/batch-<id>`` to ``batch-<id>``)
-        and delete the pending files of later batches, which were never committed (a replay or the children
-        redo them). Also removes temporary files a killed write left. Idempotent; returns the published ids.
+        """Publish every pending batch ``<= last_committed`` of this writer epoch and of earlier ones (rename
+        ``_pending/<epoch>/batch-<id>`` to ``batch-<id>``; this epoch's file wins over an earlier epoch's of the
+        same batch, a replay with the same content) and delete the pending files of later batches, which were
+        never committed (a replay or the children redo them); also removes temporary files a killed write left.
+        A later epoch's directory (a newer runtime of this shard: this one is fenced) is never touched.
+        Idempotent; returns the published ids.
 
         ``last_committed`` must come from the commit log (or be ``N - 1`` inside ``foreachBatch(N)``), and no
-        write of this shard may be running (``foreachBatch`` calls of one query are sequential, and
+        write of this epoch may be running (``foreachBatch`` calls of one query are sequential, and
         ``query.stop()`` waits for the running one)."""
-        pending_dir = self.paths.pending_dir
+        own = self.epoch
+        dirs = {e: d for e, d in self.paths.pending_epochs().items() if own is None or e is None or e <= own}
+        published: set[int] = set()
+        for epoch in sorted(dirs, key=lambda e: -1 if e is None else e, reverse=True):  # this epoch's first
+            published |= self._publish_dir(dirs[epoch], last_committed, published)
+            if epoch != own and dirs[epoch] != self.paths.pending_dir:
+                shutil.rmtree(dirs[epoch], ignore_errors=True)  # an earlier runtime's: adopted, then removed
+        if published:
+            log.debug("shard %s: published sink batches %s", self.shard, sorted(published))
+        return sorted(published)
+
+    def _publish_dir(self, pending_dir: Path, last_committed: int, done: set[int]) -> set[int]:
+        published = set()
         try:
-            names = sorted(os.listdir(pending_dir))
+            names = sorted(n for n in os.listdir(pending_dir) if not (pending_dir / n).is_dir() or n.startswith("."))
         except FileNotFoundError:
-            return []
-        published = []
+            return published
         for name in names:
             path = pending_dir / name
             parsed = parse_batch_file_name(name)
@@ -136,13 +156,14 @@ class DirectorySinkWriter:
                         path.unlink(missing_ok=True)
                 continue
             batch_id, fmt = parsed
-            if batch_id <= last_committed:
-                os.replace(path, self.paths.batch_file(batch_id, fmt))
-                published.append(batch_id)
+            if batch_id <= last_committed and batch_id not in done:
+                try:
+                    os.replace(path, self.paths.batch_file(batch_id, fmt))
+                except FileNotFoundError:  # an earlier runtime of the shard published or dropped it meanwhile
+                    continue
+                published.add(batch_id)
             else:
                 path.unlink(missing_ok=True)
-        if published:
-            log.debug("shard %s: published sink batches %s", self.shard, published)
         return published
 
     def _with_columns(self, df: Any, batch_id: int) -> Any:
@@ -155,7 +176,7 @@ class DirectorySinkWriter:
     def write_jsonl(self, df: Any, batch_id: int) -> int:
         """Spark's JSON writer (parallel, native) into a temporary directory, then its part files concatenated
         into one file that replaces ``_pending/batch-<id>.jsonl`` atomically."""
-        tmp_dir = self.paths.pending_dir / f".batch-{batch_id}-{uuid.uuid4().hex[:8]}"
+        tmp_dir = self.paths.epoch_pending_dir(self.epoch) / f".batch-{batch_id}-{uuid.uuid4().hex[:8]}"
         self._with_columns(df, batch_id).write.option("ignoreNullFields", "false").json(str(tmp_dir))
         try:
             parts = sorted(p for p in tmp_dir.iterdir() if p.name.startswith("part-"))
@@ -164,7 +185,7 @@ class DirectorySinkWriter:
                 data += b"\n"
             rows = data.count(b"\n")
             if rows:
-                write_atomic(self.paths.pending_file(batch_id, "jsonl"), data)
+                write_atomic(self.paths.pending_file(batch_id, "jsonl", self.epoch), data)
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
         return rows
@@ -177,7 +198,7 @@ class DirectorySinkWriter:
         if table.num_rows:
             buf = io.BytesIO()
             pq.write_table(table, buf)
-            write_atomic(self.paths.pending_file(batch_id, "parquet"), buf.getvalue())
+            write_atomic(self.paths.pending_file(batch_id, "parquet", self.epoch), buf.getvalue())
         return table.num_rows
 
 

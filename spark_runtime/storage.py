@@ -447,6 +447,7 @@ def check_storage(root: Loc) -> None:
         if probe.read_bytes() != b"ok":
             raise OSError("the probe object read back different bytes")
         probe.unlink()
+        _check_conditional_writes(root, where)
     except OSError as exc:
         text = str(exc)
         compact = re.sub(r"[\s_]", "", text.lower())
@@ -468,3 +469,25 @@ def check_storage(root: Loc) -> None:
             "storage.s3.endpoint",
             f"storage.s3.endpoint: cannot reach {where}: {text}",
         ) from None
+
+
+def _check_conditional_writes(root: Loc, where: str) -> None:
+    """The writer fence's claim, manifests and drain summaries are exclusive creates (a ``PUT`` with
+    ``If-None-Match: *``): a store that ignores the condition lets two runtimes hold one writer epoch and replace
+    each other's summaries. Create a probe object twice; the second create must be refused, else raise
+    ``ConditionalWritesUnsupported`` naming the endpoint before anything is written."""
+    probe = root / f".taskshard-probe-conditional-{uuid.uuid4().hex[:8]}"
+    try:
+        first = probe.create_exclusive(b"1")
+        second = probe.create_exclusive(b"2")
+    finally:
+        probe.unlink()
+    if first and not second:
+        return
+    raise StorageProblem(
+        "ConditionalWritesUnsupported",
+        "storage.s3.endpoint",
+        f"storage.s3.endpoint: {where} accepted a second conditional create of one object (PUT with If-None-Match: "
+        "*), so it cannot refuse a second writer of a shard; the runtime needs an S3-compatible store that "
+        "honours conditional writes, as AWS S3 and the MinIO the integration tier builds do",
+    )

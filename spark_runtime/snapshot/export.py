@@ -1,7 +1,8 @@
 """Writing a key-group-indexed snapshot of a shard's state, and its manifest.
 
-A snapshot of committed batch ``N`` is ``snapshots/batch-N/`` in the shard's directory
-(:class:`spark_runtime.layout.ShardPaths`)::
+A snapshot of committed batch ``N`` is ``snapshots/batch-N.<epoch>/`` in the shard's directory
+(:class:`spark_runtime.layout.ShardPaths`), written (and, for a partial export of a crashed run, removed) only by
+the runtime holding that writer epoch, so a fenced runtime can never empty a directory a successor restores::
 
     state/key_group=<n>/*.parquet     the state rows of key group n (:mod:`spark_runtime.snapshot.layout`)
     manifest.json                     written last, exclusively: its presence marks the snapshot complete
@@ -39,15 +40,20 @@ class SnapshotWriter:
     def __init__(self, runner: Any) -> None:
         self.runner = runner
 
-    def write(self, batch_id: int, *, in_drain: bool = False) -> dict[str, Any]:
-        """Export the state of committed ``batch_id``, then write the manifest. Returns the manifest.
-        ``in_drain``: a drain's export (only that one has crash points, :mod:`spark_runtime.faults`)."""
+    def write(self, batch_id: int, *, in_drain: bool = False) -> tuple[dict[str, Any], Loc]:
+        """Export the state of committed ``batch_id``, then write the manifest. Returns the manifest and where it
+        is. A complete snapshot of the batch that exists already (this epoch's, else the latest epoch's: each is
+        written and removed by its own epoch's runtime alone, so a complete one never changes) is returned as it
+        is. ``in_drain``: a drain's export (only that one has crash points, :mod:`spark_runtime.faults`)."""
         r = self.runner
-        manifest_path = r.paths.manifest(batch_id)
-        if manifest_path.exists():
-            return manifest_path.read_json()
-        state_dir = r.paths.state_dir(batch_id)
-        self._export(batch_id, r.paths.snapshot_dir(batch_id), state_dir, in_drain=in_drain)
+        epoch = r.fence.epoch
+        complete = r.paths.complete_snapshots(batch_id)
+        if complete:
+            found = complete.get(epoch) or complete[max(complete, key=lambda e: -1 if e is None else e)]
+            return found.read_json(), found
+        manifest_path = r.paths.manifest(batch_id, epoch)
+        state_dir = r.paths.state_dir(batch_id, epoch)
+        self._export(batch_id, r.paths.snapshot_dir(batch_id, epoch), state_dir, in_drain=in_drain)
         if in_drain:
             faults.crash_point("exported")
         positions = r.positions_at(batch_id)
@@ -68,8 +74,8 @@ class SnapshotWriter:
         )
         r.fence.check(f"the manifest of snapshot {batch_id}")
         if not manifest_path.create_exclusive_json(manifest):  # another export of this batch finished first
-            return manifest_path.read_json()
-        return manifest
+            return manifest_path.read_json(), manifest_path
+        return manifest, manifest_path
 
     def _export(self, batch_id: int, snap_dir: Loc, state_dir: Loc, *, in_drain: bool) -> None:
         """Write the state of committed ``batch_id`` into ``state_dir`` (in place: the manifest, written after,

@@ -25,6 +25,7 @@ from typing import Any
 
 from spark_runtime.protocol import SkipRule, lowest_positions
 from spark_runtime.snapshot.manifest import RestoreError, check_restore, load_manifest, verify_snapshot
+from spark_runtime.sources import GainsPartitions
 from spark_runtime.storage import Loc, S3Settings, location
 
 __all__ = ["ParentSlice", "RestorePlan", "counted_up_to", "plan_restore", "start_and_skip"]
@@ -129,14 +130,17 @@ def start_and_skip(source: Any, slices: list[ParentSlice]) -> tuple[dict[str, An
     The child starts each partition at the lowest of its parents' final positions and skips, per key group, the
     rows below ``C_owner(g, p)`` (:class:`~spark_runtime.protocol.SkipRule`). A split child of a parent without a
     rule starts at ``F_P`` and skips nothing."""
-    start = source.validate_positions(lowest_positions([s.manifest["positions"] for s in slices]))
+    finals = [s.manifest["positions"] for s in slices]
+    if isinstance(source, GainsPartitions):  # a partition a parent never read: it counted nothing there
+        finals = source.counted_nothing_filled(finals)
+    start = source.validate_positions(lowest_positions(finals))
     owners: list[tuple[int, dict[int, int]]] = []
-    for s in slices:
+    for s, positions in zip(slices, finals, strict=True):
         inherited = s.manifest.get("skip")
         owners += counted_up_to(
             s.start,
             s.end,
-            source.partition_offsets(s.manifest["positions"]),
+            source.partition_offsets(positions),
             SkipRule.from_json(inherited) if inherited else None,
         )
     rule = SkipRule.of(owners, source.partition_offsets(start))

@@ -6,6 +6,7 @@ from typing import Any
 
 from spark_runtime.sources.base import (
     ChecksEnvironment,
+    GainsPartitions,
     GuardsBatches,
     NamesFixedPositions,
     RecountsBatches,
@@ -16,6 +17,7 @@ from spark_runtime.sources.base import (
 
 __all__ = [
     "ChecksEnvironment",
+    "GainsPartitions",
     "GuardsBatches",
     "NamesFixedPositions",
     "RecountsBatches",

@@ -173,3 +173,18 @@ class NamesFixedPositions(Protocol):
     positions of batch -1 (nothing committed yet) are 0 for each."""
 
     def positions_names(self) -> list[str]: ...
+
+
+@runtime_checkable
+class GainsPartitions(Protocol):
+    """A source whose partitions can appear while shards run (a Kafka topic read with ``subscribe``): a
+    partition a shard never read is not named in its positions. For a successor that means the shard **counted
+    nothing** there: its records in that partition are read from the partition's first offset (0), never from
+    where another parent happened to be."""
+
+    def counted_nothing_filled(
+        self, every: list[dict[str, Any]], partitions: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Each of ``every`` (positions, one per parent) with the partitions it does not name (but another one
+        does, or below ``partitions``) at offset 0."""
+        ...

@@ -305,6 +305,22 @@ class KafkaReader:
         )
         return {self.topic: offsets}
 
+    def counted_nothing_filled(
+        self, every: list[dict[str, Any]], partitions: int | None = None
+    ) -> list[dict[str, Any]]:
+        """See :class:`spark_runtime.sources.GainsPartitions`: with ``subscribe`` (every shard reads every partition),
+        a partition one parent's positions lack, which another parent's name (or which exists, below
+        ``partitions``), appeared after that parent stopped: it counted nothing there, so its key groups' records
+        in it start at offset 0. With ``assign`` (key groups nested in partitions) a shard names exactly its own
+        partitions: unchanged."""
+        if self.read_partitions is not None:
+            return [dict(p) for p in every]
+        names = {str(n) for p in every for n in (p.get(self.topic) or {})}
+        names |= {str(n) for n in range(partitions or 0)}
+        return [
+            {self.topic: {n: int((p.get(self.topic) or {}).get(n, 0)) for n in sorted(names, key=int)}} for p in every
+        ]
+
     def owns_offset(self, offset: dict[str, Any]) -> bool:
         return isinstance(offset, dict) and set(offset) == {self.topic}
 
@@ -361,7 +377,10 @@ class KafkaReader:
         }
         # Only a query's first start uses these; afterwards its checkpoint holds the positions.
         if ctx.start_positions is not None:  # the parent's committed offsets, or this shard's resolved start
-            options["startingOffsets"] = json.dumps(ctx.start_positions)
+            # Spark wants every partition of a subscribed topic named: one that appeared after the parent stopped
+            # was counted by nobody yet (GainsPartitions).
+            (start,) = self.counted_nothing_filled([ctx.start_positions], self.partitions)
+            options["startingOffsets"] = json.dumps(start)
         elif self.starting_offsets == "latest" and self.starting_timestamp is not None:
             # Every shard of the task from the same instant (the Task's creation), not from its own start.
             options["startingTimestamp"] = str(self.starting_timestamp)

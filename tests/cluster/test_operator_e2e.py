@@ -43,29 +43,19 @@ pytestmark = pytest.mark.cluster
 START = 300  # seconds: JVM start, restore, first batches on a loaded 2-core machine
 
 
-PARENT_OWNS_RANGE = {"SplitRequested", "Draining", "Drained", "AbortingSplit", "MergeRequested", "Merging"}
-"""A parent's phases while its split children or merged shard wait on standby (they emit nothing yet)."""
-
-
-def parents_of(shard: dict) -> list[str]:
-    """A split child's parent or a merged shard's two parents (none for an initial shard)."""
-    spec = shard["spec"]
-    split_parent = (spec.get("restoreFrom") or {}).get("parent")
-    return ([split_parent] if split_parent else []) + [p["parent"] for p in spec.get("mergeFrom") or []]
-
-
 class OverlapWatcher(threading.Thread):
-    """Polls the shard pods; records any instant at which two running pods own overlapping key groups.
+    """Polls the shard pods; records any instant at which two shards **emit** key groups of one range.
 
-    A split child's pod runs while its parent still owns the range (it catches up but emits nothing until the
-    parent's drain summary exists; :func:`assert_single_hand_over` checks that from the files), so a child whose
-    parent's phase still owns the range (a merged shard: either parent's) is not counted; nor is a pod whose
-    TaskShard is gone (an aborted split's
-    child, being garbage-collected) unless it is Ready, i.e. emitting."""
+    "Emitting" is the runtime's truth, not the operator's phases: a pod counts while it runs and its container is
+    Ready (the readiness probe is the runtime's "emitting" file: a split child catching up, or a successor on
+    standby, is not Ready) and its shard has no drain summary in storage (``drained.json``: written as the last
+    step of a final drain, after which the runtime never processes again). :func:`assert_single_hand_over` checks
+    the order of the parent's last commit and the children's first output from the files as well."""
 
-    def __init__(self, kubectl) -> None:
+    def __init__(self, kubectl, data) -> None:
         super().__init__(daemon=True)
         self.kubectl = kubectl
+        self.data = data
         self.stop_event = threading.Event()
         self.violations: list[str] = []
         self.samples = 0
@@ -73,44 +63,32 @@ class OverlapWatcher(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.wait(0.5):
             try:
-                # Pods, then the shards, then the pods again: a pod counts as running only in both pod reads, so
-                # the shard phases are never older than the pod states they are compared with (two GETs are not
-                # one snapshot).
+                # Pods, then storage, then the pods again: a pod counts only if it was emitting in both reads.
                 before = get_json(self.kubectl, "pods", "-l", "taskshard.io/component=shard")["items"]
-                shards = get_json(self.kubectl, "taskshards")["items"]
+                drained = self._drained()
                 after = get_json(self.kubectl, "pods", "-l", "taskshard.io/component=shard")["items"]
             except Exception:  # noqa: BLE001 - keep watching
                 continue
-            was_running = {p["metadata"]["uid"] for p in before if (p.get("status") or {}).get("phase") == "Running"}
-            pods = [p for p in after if p["metadata"]["uid"] in was_running]
+            was = {p["metadata"]["uid"] for p in before if self._emitting(p, drained)}
             self.samples += 1
-            phase = {s["metadata"]["name"]: (s.get("status") or {}).get("phase") for s in shards}
-            standby = {
-                s["metadata"]["name"]
-                for s in shards
-                if any(phase.get(parent) in PARENT_OWNS_RANGE for parent in parents_of(s))
-            }
             ranges = sorted(
                 (KeyGroupRange.from_label(p["metadata"]["labels"]["taskshard.io/key-groups"]), p["metadata"]["name"])
-                for p in pods
-                if (p.get("status") or {}).get("phase") == "Running" and self._may_emit(p, phase, standby)
+                for p in after
+                if p["metadata"]["uid"] in was and self._emitting(p, drained)
             )
             for (a, na), (b, nb) in itertools.pairwise(ranges):
                 if a.end > b.start:
-                    self.violations.append(f"{na} {a} and {nb} {b} run at once")
+                    self.violations.append(f"{na} {a} and {nb} {b} emit at once")
+
+    def _drained(self) -> set[str]:
+        """The shards whose runtime wrote its final drain summary (any Task under the data directory)."""
+        return {f.parent.name for f in (self.data / "state").glob("*/shards/*/drained.json")}
 
     @staticmethod
-    def _may_emit(pod: dict, phase: dict, standby: set) -> bool:
-        """Whether a running pod counts as owning its range: not a child on standby, and, for a pod whose TaskShard
-        is gone (the garbage collector deletes it: an aborted split's child), only while it is Ready (the
-        readiness probe is the runtime's "emitting" file)."""
-        shard = pod["metadata"]["labels"].get("taskshard.io/shard")
-        if shard in standby:
-            return False
-        if shard not in phase:
-            statuses = (pod.get("status") or {}).get("containerStatuses") or []
-            return any(c.get("ready") for c in statuses)
-        return True
+    def _emitting(pod: dict, drained: set[str]) -> bool:
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        ready = (pod.get("status") or {}).get("phase") == "Running" and any(c.get("ready") for c in statuses)
+        return ready and pod["metadata"]["labels"].get("taskshard.io/shard") not in drained
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -248,7 +226,7 @@ def test_demo_splits_pod_kill_bad_requests_suspend_resume(kubectl, operator_proc
     data = tmp_path / "data"
     data.mkdir()
     op = operator_process
-    watcher = OverlapWatcher(kubectl)
+    watcher = OverlapWatcher(kubectl, data)
     watcher.start()
     try:
         write_events(data, "demo", start=0, count=400)
@@ -387,7 +365,7 @@ def test_operator_killed_mid_split_at_each_step(kubectl, operator_process, tmp_p
     data = tmp_path / "data"
     data.mkdir()
     op = operator_process
-    watcher = OverlapWatcher(kubectl)
+    watcher = OverlapWatcher(kubectl, data)
     watcher.start()
     produced = 0
     try:

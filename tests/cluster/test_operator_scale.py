@@ -69,7 +69,7 @@ def test_kubectl_scale_splits_the_busiest_shard_and_the_autoscaler_merges_to_max
     data = tmp_path / "data"
     data.mkdir()
     op = operator_process
-    watcher = OverlapWatcher(kubectl)
+    watcher = OverlapWatcher(kubectl, data)
     watcher.start()
     try:
         write_events(data, TASK, start=0, count=300)
@@ -166,16 +166,18 @@ def test_kubectl_scale_splits_the_busiest_shard_and_the_autoscaler_merges_to_max
         # merges; results stay exact.
         autoscale = {"minShards": 2, "maxShards": 2, "targetLagSeconds": 600, "stabilizationSeconds": 5}
         patch = json.dumps({"spec": {"shards": None, "autoscale": autoscale}})
-        # The operator dies right after it writes the merge's first Merging phase (the merged shard created, the
-        # right shard joined), and starts again: the merge goes on from its recorded step, nothing is created
+        # The operator dies right after it writes each of the merge's phases in turn: MergeRequested (the claim on
+        # the right shard patched, nothing created), Merging (the merged shard created) and Merged (the first
+        # parent done), and starts again each time: the merge goes on from its recorded step, nothing is created
         # twice. (Every other step, after every single API write: the unit tier's simulated world.)
         op.kill()
-        op.start(crash_after_phase="Merging")
+        op.start(crash_after_phase="MergeRequested")
         kubectl("patch", "task", TASK, "--type", "merge", "-p", patch)
-        code = op.wait_exit(timeout=START)
-        assert code == 137, f"the operator should have died after writing Merging; exit code {code}"
-        assert "Merging" in shard_phases(kubectl).values(), shard_phases(kubectl)
-        op.start()
+        for phase, then in (("MergeRequested", "Merging"), ("Merging", "Merged"), ("Merged", None)):
+            code = op.wait_exit(timeout=2 * START)
+            assert code == 137, f"the operator should have died after writing {phase}; exit code {code}"
+            assert phase in shard_phases(kubectl).values(), shard_phases(kubectl)
+            op.start(crash_after_phase=then)
 
         def two_running():
             write_events(data, TASK, start=produced[0], count=10)  # input keeps coming while the shards merge

@@ -80,7 +80,7 @@ def test_a_withdrawn_split_is_undone_and_a_parent_deleted_mid_split_finishes_it(
     data = tmp_path / "data"
     data.mkdir()
     op = operator_process
-    watcher = OverlapWatcher(kubectl)
+    watcher = OverlapWatcher(kubectl, data)
     watcher.start()
     frozen: list[int] = []
     try:

@@ -66,7 +66,8 @@ def test_a_child_sigkilled_on_standby_in_its_first_batch_and_after_taking_over_s
 
         # 1. On standby: the request is written, the parent has not answered.
         first = run_low("low-1")
-        wait_until((shard_dir(env, PARENT) / "handover" / f"request-{LOW}.json").exists, 240, "low's request")
+        handover = shard_dir(env, PARENT) / "handover"
+        wait_until(lambda: handover.exists() and any(handover.glob(f"request-{LOW}.*.json")), 240, "low's request")
         assert not (low_dir / "catch-up.json").exists() and not (low_dir / "checkpoint").exists()
         kill(first)
 

@@ -87,21 +87,23 @@ def test_a_sigkill_after_each_drain_step_keeps_the_split_exact(make_task, shard_
     produce()
     run3 = run("run3-mid-export", "mid-export")
     killed_at("mid-export", run3)
-    state = snapshots / f"batch-{batch}" / "state"
-    manifest_path = snapshots / f"batch-{batch}" / "manifest.json"
-    assert state.is_dir() and export_in_progress(location(state)), "part of the state written, not all of it"
-    assert not manifest_path.exists() and not drained.exists()
+    partial = snapshots / f"batch-{batch}.3" / "state"  # each writer epoch exports into a directory of its own
+    assert partial.is_dir() and export_in_progress(location(partial)), "part of the state written, not all of it"
+    assert not list(snapshots.glob("*/manifest.json")) and not drained.exists()
 
     run4 = run("run4-exported", "exported")
     killed_at("exported", run4)
+    state = snapshots / f"batch-{batch}.4" / "state"
     assert (state / "_SUCCESS").exists() and list(state.glob("key_group=*/*.parquet")), "the export is complete"
-    assert not (state / "_temporary").exists(), "the partial export was removed before the export again"
+    assert not (state / "_temporary").exists()
     assert all(len(list(d.glob("*.parquet"))) == 1 for d in state.glob("key_group=*")), "one export's files"
-    assert not manifest_path.exists() and not drained.exists()
+    assert export_in_progress(location(partial)), "a killed runtime's partial export is never touched by another"
+    assert not list(snapshots.glob("*/manifest.json")) and not drained.exists()
 
     produce()
     run5 = run("run5-manifest", "manifest")
     killed_at("manifest", run5)
+    manifest_path = snapshots / f"batch-{batch}.5" / "manifest.json"  # no complete snapshot yet: run 5 exports
     manifest_bytes = manifest_path.read_bytes()
     manifest = json.loads(manifest_bytes)
     assert manifest["batchId"] == batch and manifest["positions"] == positions
@@ -124,7 +126,9 @@ def test_a_sigkill_after_each_drain_step_keeps_the_split_exact(make_task, shard_
     assert drained.read_bytes() == summary_bytes and drained.stat().st_mtime_ns == summary_stat.st_mtime_ns
     assert drained.stat().st_ino == summary_stat.st_ino, "drained.json was written once"
     assert manifest_path.read_bytes() == manifest_bytes
-    assert sorted(p.name for p in snapshots.iterdir()) == [f"batch-{batch}"], "one snapshot, no second export"
+    assert [p.parent.name for p in snapshots.glob("*/manifest.json")] == [f"batch-{batch}.5"], (
+        "one complete snapshot; the killed runtimes' incomplete ones (no manifest) are never read"
+    )
     assert len(list((shard_dir / "epochs").iterdir())) == 6, "a drained shard claims no writer epoch"
     assert not list((env.sink / f"shard={SHARD}" / "_pending").glob("batch-*")), "committed batches published"
 

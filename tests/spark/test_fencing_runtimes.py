@@ -1,8 +1,10 @@
 """Two runtimes on one shard config (a zombie pod and its replacement): the later start fences the earlier one.
 
-Runtime A runs in this process, runtime B in its own (a second JVM, like a second pod). B's start claims writer
-epoch 2 (spark_runtime.fencing); A's next batch stops before writing anything, A cannot drain or write a
-summary any more, and B alone processes the rest. The results equal the reference: nothing lost, nothing twice.
+Runtime A runs in this process, runtimes B and C in their own (more JVMs, like more pods). B's start claims
+writer epoch 2 (spark_runtime.fencing); A's next batch stops before writing anything, A cannot drain or write a
+summary any more, and B alone processes the rest, until C claims epoch 3: B then ends with exit 0 and a "fenced"
+summary (no restart, no fencing contest) and C goes on. The results equal the reference: nothing lost, nothing
+twice.
 """
 
 from __future__ import annotations
@@ -74,14 +76,32 @@ def test_a_second_runtime_fences_the_first_and_results_stay_exact(make_task, sha
         shard_dir = env.storage / env.task / "shards" / shard
         assert not (shard_dir / "drained.json").exists() and not (shard_dir / "drain-requested").exists()
 
-        # B alone processes everything (what A never committed, and more), then stops on SIGTERM.
-        produce(events[600:])
+        # B alone processes everything A never committed, and more.
+        produce(events[600:750])
         wait_progress(env, shard, lambda p: p["positions"] == env.journal_ends(), timeout=300)
-        b.proc.send_signal(signal.SIGTERM)
-        assert b.wait(timeout=180) == 0, b.tail()
+        assert "fenced" not in b.tail().lower()
+
+        # C starts (epoch 3): B's next batch meets the fence, and B ends with exit 0 (event "fenced"), so a
+        # kubelet would not restart it into claiming epoch 4 and fencing C in turn.
+        c_termination = env.root / "termination-c.log"
+        c_config = env.root / "shard-c.json"
+        c_config.write_text(json.dumps(env.config_dict(0, 16, terminationMessagePath=str(c_termination))))
+        c = ShardProcess(env, c_config, "c")
+        epoch3 = epoch2.with_name("000000000003.json")
+        while not epoch3.exists() and c.proc.poll() is None and time.monotonic() < deadline + 300:
+            time.sleep(0.2)
+        assert epoch3.exists(), c.tail()
+        produce(events[750:])
+        assert b.wait(timeout=240) == 0, b.tail()
+        fenced_b = json.loads(termination.read_text())
+        assert (fenced_b["event"], fenced_b["reason"], fenced_b["writerEpoch"]) == ("fenced", "WriterFenced", 2)
+        wait_progress(env, shard, lambda p: p["positions"] == env.journal_ends(), timeout=300)
+        c.proc.send_signal(signal.SIGTERM)
+        assert c.wait(timeout=180) == 0, c.tail()
     finally:
         b.kill_group()
-    stopped = json.loads(termination.read_text())
-    assert stopped["event"] == "stopped" and stopped["writerEpoch"] == 2
-    assert "fenced" not in b.tail().lower()
+        if "c" in locals():
+            c.kill_group()
+    stopped = json.loads(c_termination.read_text())
+    assert stopped["event"] == "stopped" and stopped["writerEpoch"] == 3
     assert env.results() == ref.results

@@ -183,9 +183,14 @@ def test_a_parent_replaced_during_the_catch_up_hands_over_once_and_its_zombie_is
         for t in threads[1:]:
             t.start()
         # The children restored the zombie's pre-copy and caught up with its progress: both ready notes are there.
+        handover = shard_dir(env, PARENT) / "handover"
         for c in children:
-            ready = shard_dir(env, PARENT) / "handover" / f"ready-{c.config.shard}.json"
-            wait_progress(env, c.config.shard, lambda p, ready=ready: p["batchId"] >= 0 and ready.exists(), 240)
+            pattern = f"ready-{c.config.shard}.*.json"  # scoped to the child's writer epoch
+
+            def ready(p: dict, pattern: str = pattern) -> bool:
+                return p["batchId"] >= 0 and handover.exists() and any(handover.glob(pattern))
+
+            wait_progress(env, c.config.shard, ready, 240)
         assert not (shard_dir(env, PARENT) / "drained.json").exists()
         produce(events[300:600])
         threads.append(InThread(replacement.run, "run replacement parent"))

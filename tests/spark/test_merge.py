@@ -167,8 +167,17 @@ def test_the_merged_child_announces_itself_to_both_parents_and_they_drain(make_t
         assert [s["event"] for s in summaries] == ["drained", "drained"]
         for p in parents:
             paths = ShardPaths.of(env.storage, env.task, p.config.shard)
-            note = HandoverNote.from_json(paths.handover_ready("orders-0-16-m1").read_json())
+            (ready,) = [f for f in paths.handover_dir.iterdir() if f.name.startswith("ready-orders-0-16-m1.")]
+            note = HandoverNote.from_json(ready.read_json())
             assert (note.child, note.start, note.end, str(note.mode)) == ("orders-0-16-m1", 0, 16, "restore")
+            assert (
+                ready.name
+                == f"ready-orders-0-16-m1.{merged.fence.epoch}.json"
+                == f"ready-{note.child}.{note.epoch}.json"
+            )
+            assert summaries[parents.index(p)]["successors"] == [
+                {"shard": "orders-0-16-m1", "keyGroups": {"start": 0, "end": 16}}
+            ]
         assert merged.wait_until(lambda: merged.query is not None, 240), "the merged child never started its query"
         produce(events[300:])
         deadline_ok = merged.wait_until(

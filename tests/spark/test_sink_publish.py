@@ -107,12 +107,13 @@ def test_shard_output_read_plainly_equals_the_project_reader(make_task, shard_sp
     runner.query.stop()
     n = last_committed_batch(runner.paths.checkpoint)
     runner.sink(results_frame(shard_spark, [(k, 10**6) for k in ref.results]), n + 1)
-    assert paths.pending_file(n + 1, "jsonl").is_file()
+    assert paths.pending_file(n + 1, "jsonl", runner.fence.epoch).is_file(), "in its writer epoch's directory"
     assert max(int(r["batch"]) for r in plain_read(shard_spark, env.sink, "jsonl")) <= n
     summary = runner.drain()
     assert summary["batchId"] == n
-    assert not paths.pending_file(n + 1, "jsonl").exists() and not paths.batch_file(n + 1, "jsonl").exists()
-    assert not list(paths.pending_dir.iterdir()), "a drained shard leaves nothing pending"
+    assert not paths.pending_file(n + 1, "jsonl", runner.fence.epoch).exists()
+    assert not paths.batch_file(n + 1, "jsonl").exists()
+    assert not list(paths.pending_dir.glob("**/batch-*")), "a drained shard leaves nothing pending"
 
     plain = plain_read(shard_spark, env.sink, "jsonl")
     published = {int(f.stem.split("-")[1]) for f in paths.results_dir.glob("batch-*.jsonl")}

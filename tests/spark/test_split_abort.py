@@ -46,8 +46,12 @@ def test_an_aborted_split_resumes_the_parent_and_a_later_split_hands_over_exactl
             t.start()
         handover = shard_dir(env, PARENT) / "handover"
         for c in children:
-            ready = handover / f"ready-{c.config.shard}.json"
-            wait_progress(env, c.config.shard, lambda p, ready=ready: p["batchId"] >= 0 and ready.exists(), 240)
+            pattern = f"ready-{c.config.shard}.*.json"  # scoped to the child's writer epoch
+
+            def ready(p: dict, pattern: str = pattern) -> bool:
+                return p["batchId"] >= 0 and handover.exists() and any(handover.glob(pattern))
+
+            wait_progress(env, c.config.shard, ready, 240)
         produce(events[300:500])
         # The operator's abort: the children's pods go, the parent's pod is stopped (SIGTERM: non-final) ...
         release(children, threads[1:])

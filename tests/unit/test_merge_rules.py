@@ -184,3 +184,28 @@ def test_the_rehearsal_can_be_turned_off_and_a_bad_value_names_the_key():
     assert off.rehearse is False
     with pytest.raises(ConfigError, match=r"spark.conf.spark.taskshard.rehearse: 'maybe' is invalid: expected true or"):
         parse_config({**base, "spark": {"conf": {"spark.taskshard.rehearse": "maybe"}}})
+
+
+def test_a_kafka_partition_only_one_parent_read_is_read_from_its_start_for_the_other():
+    """Subscribe mode: partition 1 appeared during the merge gap and only the left parent read it (up to 7). The
+    right parent counted nothing there, so the merged child starts partition 1 at 0 and skips only the left
+    parent's rows below 7 (it once started at 7: the right parent's key groups' rows 0..6 were read by nobody).
+    With key groups nested in partitions (assign) each parent names exactly its own partitions: unchanged."""
+    from spark_runtime.sources.kafka import KafkaReader
+
+    subscribed = KafkaReader("kafka:9092", "t")
+    slices = [parent("L", 0, 8, {"t": {"0": 10, "1": 7}}), parent("R", 8, 16, {"t": {"0": 12}})]
+    start, rule = start_and_skip(subscribed, slices)
+    assert start == {"t": {"0": 10, "1": 0}}
+    assert rule is not None
+    for offset in range(12):
+        assert rule.keeps(3, 1, offset) is (offset >= 7), "the left parent counted partition 1 below 7"
+        assert rule.keeps(12, 1, offset), "the right parent counted nothing in partition 1"
+    for offset in range(10, 20):  # partition 0 starts at 10, the lower final position
+        assert rule.keeps(12, 0, offset) is (offset >= 12) and rule.keeps(3, 0, offset)
+    assert subscribed.counted_nothing_filled([{"t": {"0": 4}}], partitions=3) == [{"t": {"0": 4, "1": 0, "2": 0}}], (
+        "a split child of a parent that never read partitions 1 and 2 starts them at 0"
+    )
+    nested = KafkaReader("kafka:9092", "t", declared_partitions=2, read_partitions=[0, 1])
+    own = [{"t": {"0": 10}}, {"t": {"1": 12}}]
+    assert nested.counted_nothing_filled(own) == own

@@ -155,6 +155,7 @@ def test_build_pod_golden():
                         {"name": "TASKSHARD_SHARD", "value": "orders-0-64"},
                         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                        {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
                         {"name": "TASKSHARD_METRICS_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                     ],
                     "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},

@@ -11,6 +11,7 @@ from spark_runtime.protocol import (
     HandoverMode,
     HandoverNote,
     SummaryEvent,
+    WriterEpoch,
     at_or_after,
     clamp,
     covers,
@@ -93,4 +94,72 @@ def test_the_operator_and_the_runtime_name_the_drain_summary_alike():
     assert (
         drain_summary_uri("/data/state/orders/", "orders-0-64")
         == ShardPaths.of("/data/state", "orders", "orders-0-64").drained.uri()
+    )
+
+
+def test_a_parent_hands_over_to_one_set_of_successors_that_tiles_its_range():
+    from spark_runtime.protocol import HandoverConflict, choose_successors
+
+    split = [note(0, 8, HandoverMode.RESTORE), note(8, 16, HandoverMode.RESTORE)]
+    assert choose_successors(split, 0, 16) == split
+    assert choose_successors(split[:1], 0, 16) is None, "not covered yet"
+    merged = HandoverNote("t-0-32-m1", 0, 32, HandoverMode.RESTORE, epoch=2)
+    assert choose_successors([merged], 0, 16) == [merged], "a merged shard covers more than this parent"
+    assert choose_successors([merged], 16, 32) == [merged]
+    conflict = choose_successors([*split, merged], 0, 16)
+    assert isinstance(conflict, HandoverConflict) and "t-0-32-m1 [0, 32)" in conflict.describe()
+    assert isinstance(choose_successors([split[0], merged], 0, 16), HandoverConflict), "even before it covers"
+    older = HandoverNote("t-0-8", 0, 8, HandoverMode.RESTORE, epoch=1)
+    newer = HandoverNote("t-0-8", 0, 8, HandoverMode.CATCH_UP, epoch=3)
+    assert choose_successors([older, newer, split[1]], 0, 16) == [newer, split[1]], "one note per successor"
+    assert choose_successors([HandoverNote("x", 20, 30, HandoverMode.RESTORE)], 0, 16) is None, "outside"
+
+
+@pytest.mark.parametrize(
+    "name, parsed",
+    [
+        ("ready-t-0-8.json", ("ready", "t-0-8", None)),
+        ("ready-t-0-8.7.json", ("ready", "t-0-8", 7)),
+        ("request-t-0-32-m1a2b3c.12.json", ("request", "t-0-32-m1a2b3c", 12)),
+        ("precopy.json", None),
+        ("ready-t-0-8.json.tmp-1-abc", None),
+        (".ready-t-0-8.7.json.tmp-9", None),
+    ],
+)
+def test_note_names_carry_the_writer_epoch(name, parsed):
+    from spark_runtime.protocol import parse_note_name, ready_name, request_name
+
+    assert parse_note_name(name) == parsed
+    if parsed is not None:
+        kind, child, epoch = parsed
+        assert (ready_name if kind == "ready" else request_name)(child, epoch) == name
+
+
+def test_a_drain_summary_names_its_successors_and_the_summaries_round_trip():
+    from spark_runtime.protocol import (
+        FailureSummary,
+        MergeAbortOutcome,
+        MergeAbortSummary,
+        StandbyStopSummary,
+    )
+
+    summary = DrainSummary(
+        SummaryEvent.DRAINED, "t", "t-0-16", 4, "/m", successors=(("t-0-8", 0, 8), ("t-8-16", 8, 16))
+    )
+    back = DrainSummary.from_json(summary.to_json())
+    assert back == summary
+    assert back.hands_to("t-0-8", 0, 8) and not back.hands_to("t-0-16-m1", 0, 16)
+    assert not back.hands_to("t-0-8", 0, 16), "the range too"
+    legacy = DrainSummary.from_json({k: v for k, v in summary.to_json().items() if k != "successors"})
+    assert legacy.successors is None and legacy.hands_to("anyone", 0, 16), "an older runtime named none"
+    fenced = FailureSummary("s", "superseded", reason="WriterFenced", event=SummaryEvent.FENCED, pod_uid="u1")
+    assert FailureSummary.from_json(fenced.to_json()) == fenced
+    with pytest.raises(ValueError):
+        FailureSummary.from_json({"event": "failed", "error": " "})
+    aborted = MergeAbortSummary("t", "m", MergeAbortOutcome.TOO_LATE, ("l",), 5, "now")
+    assert MergeAbortSummary.from_json(aborted.to_json()) == aborted
+    assert StandbyStopSummary("t", "s").to_json()["standby"] is True
+    epoch = WriterEpoch(3, "s", "pod", 1, "now", barrier=True)
+    assert (
+        WriterEpoch.from_json(epoch.to_json()) == epoch and "barrier" not in WriterEpoch(1, "s", "p", 1, "n").to_json()
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from spark_runtime.checkpoint import last_committed_batch, last_planned_batch, read_offsets
-from spark_runtime.layout import ShardPaths, SinkPaths, write_json_atomic
+from spark_runtime.layout import ShardPaths, SinkPaths, parse_snapshot_name, write_json_atomic
 from spark_runtime.results import final_results, read_lineage
 from spark_runtime.sink import DeadLetterCounter
 from spark_runtime.snapshot import RestoreError, check_restore, load_manifest
@@ -166,10 +166,21 @@ def test_layout_matches_the_contract(tmp_path):
     p = ShardPaths.of(tmp_path, "orders", "orders-0-64")
     assert Path(p.checkpoint) == tmp_path / "orders" / "shards" / "orders-0-64" / "checkpoint"
     assert p.checkpoint.uri() == str(tmp_path / "orders" / "shards" / "orders-0-64" / "checkpoint")
-    assert Path(p.state_dir(7)) == tmp_path / "orders" / "shards" / "orders-0-64" / "snapshots" / "batch-7" / "state"
-    assert p.manifest(7).name == "manifest.json" and p.manifest(-1).parent.name == "batch-initial"
+    snapshots = tmp_path / "orders" / "shards" / "orders-0-64" / "snapshots"
+    assert Path(p.state_dir(7, 3)) == snapshots / "batch-7.3" / "state", "one directory per batch and writer epoch"
+    assert Path(p.state_dir(7)) == snapshots / "batch-7" / "state", "an older runtime's"
+    assert p.manifest(7, 2).name == "manifest.json" and p.manifest(-1, 2).parent.name == "batch-initial.2"
+    for name, parsed in (("batch-7.3", (7, 3)), ("batch-7", (7, None)), ("batch-initial.2", (-1, 2)), ("x", None)):
+        assert parse_snapshot_name(name) == parsed
     on_s3 = ShardPaths.of(location("s3a://bucket/pre/fix/"), "orders", "orders-0-64")
-    assert on_s3.manifest(7).uri() == "s3a://bucket/pre/fix/orders/shards/orders-0-64/snapshots/batch-7/manifest.json"
+    assert on_s3.manifest(7, 1).uri() == (
+        "s3a://bucket/pre/fix/orders/shards/orders-0-64/snapshots/batch-7.1/manifest.json"
+    )
+    assert p.complete_snapshots(7) == {}
+    for epoch in (1, 2):
+        p.state_dir(7, epoch).mkdir()
+    p.manifest(7, 2).write_json({})
+    assert p.complete_snapshots(7) == {2: p.manifest(7, 2)}, "a directory without a manifest is not complete"
     s = SinkPaths.of(tmp_path, "orders-0-64")
     assert s.batch_file(3, "jsonl") == tmp_path / "shard=orders-0-64" / "batch-3.jsonl"
     assert s.dead_letter_dir == tmp_path / "_dead_letters" / "shard=orders-0-64"

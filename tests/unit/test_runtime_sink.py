@@ -72,3 +72,34 @@ def test_reader_adds_committed_pending_batches_only(tmp_path):
     assert final_results(sink, lineage=lineage) == {"a": 1, "b": 1}, "without the recovery log: published only"
     writer.publish_committed(1)
     assert final_results(sink, storage, "t") == {"a": 2, "b": 1}, "publishing changes nothing for the reader"
+
+
+def test_a_fenced_writers_publish_never_touches_the_current_writers_pending_batches(tmp_path):
+    """A runtime paused across its replacement's start wakes up in foreachBatch(N) and publishes below N: its own
+    epoch's files only. The replacement's committed-but-pending batch N (and its in-flight N + 1) survive, and the
+    replacement adopts what the stale one left of earlier batches."""
+    paths = SinkPaths.of(tmp_path, SHARD)
+    stale = DirectorySinkWriter(paths, "jsonl", SHARD, epoch=1)
+    current = DirectorySinkWriter(paths, "jsonl", SHARD, epoch=2)
+    write_pending(paths, 3, {"a": 3})  # an older runtime's layout, right in _pending/
+    for batch in (4, 5):  # the stale runtime's attempts: 4 committed, 5 never
+        path = paths.pending_file(batch, "jsonl", 1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            json.dumps({"key": "a", "key_group": 0, "shard": SHARD, "result": batch, "batch": batch}) + "\n"
+        )
+    for batch in (5, 6):  # the replacement replayed 5 and committed it; 6 is being written
+        path = paths.pending_file(batch, "jsonl", 2)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            json.dumps({"key": "b", "key_group": 0, "shard": SHARD, "result": batch, "batch": batch}) + "\n"
+        )
+
+    assert stale.publish_committed(4) == [3, 4], "the stale runtime publishes batches up to its own commit"
+    assert paths.pending_file(5, "jsonl", 2).exists() and paths.pending_file(6, "jsonl", 2).exists(), (
+        "a later epoch's pending batches are not the stale runtime's to drop"
+    )
+    assert current.publish_committed(5) == [5]
+    assert not paths.epoch_pending_dir(1).exists(), "the earlier epoch's directory adopted and removed"
+    assert sorted(r["batch"] for r in read_sink(tmp_path)) == [3, 4, 5]
+    assert not paths.pending_file(6, "jsonl", 2).exists(), "its own uncommitted batch: dropped (rewritten next)"

@@ -1,0 +1,199 @@
+"""Hand-overs on a real Kafka broker with state on MinIO, where positions are hardest to trust:
+
+- subscribe mode (every shard reads every partition), a partition added while a hand-over is under way: a split
+  child whose parent never read the new partition starts it at offset 0 (it once crash-looped: Spark wants every
+  partition of a subscribed topic named); a merged shard whose right parent never read a partition the left one
+  did reads the right parent's key groups there from offset 0 (it once started at the left parent's offset and
+  lost them) and skips only what the left parent counted;
+- ``partitionedByKey`` (each shard assigns its own partitions): a merge of two parents stopped at different
+  times is exact and each partition continues from its own parent's position;
+- an S3-compatible store that ignores ``If-None-Match`` (real MinIO behind a gateway that drops the condition) is
+  refused at start, naming the endpoint (``ConditionalWritesUnsupported``).
+"""
+
+from __future__ import annotations
+
+import http.server
+import random
+import threading
+import urllib.parse
+from typing import Any
+
+import pytest
+
+from spark_runtime.storage import StorageProblem, check_storage, location, s3_settings_from
+
+from .test_kafka_s3_shards import Reference, Running, Setup, _nested_source, _own, check_results, make_events
+
+pytestmark = pytest.mark.integration
+
+
+def merge_from(setup: Setup, left: Running, right: Running) -> list[dict[str, str]]:
+    return [{"parent": r.runner.config.shard, "manifest": r.runner.paths.drained.uri()} for r in (left, right)]
+
+
+def test_subscribed_hand_overs_count_a_partition_a_parent_never_read(spark, kafka_broker, minio, tmp_path):
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path, partitions=1), random.Random(31), Reference()
+
+    def produce(events: list[dict], partition: int | None = None) -> None:
+        kafka_broker.produce(setup.topic_in, events, partition=partition)
+        ref.add(events)
+
+    produce(make_events(800, rng))
+    parent = Running(setup.config("kt-0-16", 0, 16), spark)
+    parent.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    summary = parent.finish()
+    assert list(summary["positions"][setup.topic_in]) == ["0"]
+
+    # Partition 1 appears after the parent stopped: nobody counted it. The children start it at 0.
+    kafka_broker.add_partitions(setup.topic_in, 2)
+    produce(make_events(400, rng), partition=1)
+    restore = {"parent": "kt-0-16", "manifest": summary["manifest"]}
+    left, right = (Running(setup.config(n, a, b, restore), spark) for n, a, b in (("kt-0-8", 0, 8), ("kt-8-16", 8, 16)))
+    end = kafka_broker.end_offsets(setup.topic_in)
+    right.wait_caught_up(end)
+    right_summary = right.finish()
+
+    # Partition 2 appears after the right child stopped; only the left one reads it before it stops too.
+    kafka_broker.add_partitions(setup.topic_in, 3)
+    produce(make_events(400, rng), partition=2)
+    end = kafka_broker.end_offsets(setup.topic_in)
+    left.wait_caught_up(end)
+    left_summary = left.finish()
+    assert "2" not in right_summary["positions"][setup.topic_in] and left_summary["positions"][setup.topic_in]["2"] > 0
+
+    merged = Running(setup.config("kt-0-16-m1", 0, 16, mergeFrom=merge_from(setup, left, right)), spark)
+    merged.wait_for(lambda: merged.runner.restore is not None, "the merged shard's restore")
+    start = merged.runner.restore.start_positions[setup.topic_in]
+    assert start["2"] == 0, "the right parent counted nothing in partition 2: it is read from its start"
+    assert merged.runner.restore.skip.keeps(3, 2, 0) is False and merged.runner.restore.skip.keeps(12, 2, 0)
+    produce(make_events(600, rng))
+    merged.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    merged.finish()
+    check_results(setup, ref)
+
+
+def test_a_merge_of_key_partitioned_shards_continues_each_partition_from_its_own_parent(
+    spark, kafka_broker, minio, tmp_path
+):
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path, partitions=2), random.Random(37), Reference()
+    source = _nested_source(setup, 2)  # partition p holds key groups [8p, 8p + 8)
+    first = make_events(1000, rng)
+    kafka_broker.produce(setup.topic_in, first)
+    ref.add(first)
+    left, right = (
+        Running(setup.config(n, a, b, source=source), spark) for n, a, b in (("kt-0-8", 0, 8), ("kt-8-16", 8, 16))
+    )
+    end = kafka_broker.end_offsets(setup.topic_in)
+    left.wait_caught_up(_own(end, left))
+    left_summary = left.finish()  # the left parent stops first ...
+    second = make_events(600, rng)
+    kafka_broker.produce(setup.topic_in, second)
+    ref.add(second)
+    right.wait_caught_up(_own(kafka_broker.end_offsets(setup.topic_in), right))
+    right_summary = right.finish()  # ... the right one 600 events later
+    merged = Running(setup.config("kt-0-16-m1", 0, 16, source=source, mergeFrom=merge_from(setup, left, right)), spark)
+    merged.wait_for(lambda: merged.runner.restore is not None, "the merged shard's restore")
+    assert merged.runner.restore.start_positions == {
+        setup.topic_in: {**left_summary["positions"][setup.topic_in], **right_summary["positions"][setup.topic_in]}
+    }
+    assert merged.runner.restore.skip is None, "each parent read only its own partitions: nothing to skip"
+    third = make_events(500, rng)
+    kafka_broker.produce(setup.topic_in, third)
+    ref.add(third)
+    merged.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    merged.finish()
+    check_results(setup, ref)
+
+
+# ---------------------------------------------------------------- a store that ignores conditional writes
+
+
+class _DropsConditions(http.server.BaseHTTPRequestHandler):
+    """An S3 gateway in front of MinIO that forwards every request without ``If-None-Match`` (re-signed with the
+    same credentials, so MinIO accepts it): what a store that ignores conditional writes does."""
+
+    upstream: str = ""
+    settings: Any = None
+
+    def _forward(self) -> None:
+        import http.client
+
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if (self.headers.get("x-amz-content-sha256") or "").startswith("STREAMING-"):
+            body = _unchunk(body)  # aws-chunked: the payload between chunk headers
+        url = self.upstream + self.path
+        headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "content-md5")}
+        request = AWSRequest(method=self.command, url=url, data=body, headers=headers)
+        creds = Credentials(self.settings.access_key, self.settings.secret_key)
+        S3SigV4Auth(creds, "s3", self.settings.region).add_auth(request)
+        target = urllib.parse.urlsplit(self.upstream)
+        conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+        conn.request(self.command, self.path, body=body, headers=dict(request.headers.items()))
+        answer = conn.getresponse()
+        data = answer.read()
+        self.send_response(answer.status)
+        for k, v in answer.getheaders():
+            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        conn.close()
+
+    do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _forward
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_naming_the_endpoint(minio):
+    direct = location(
+        f"s3a://{minio.bucket}/conditional",
+        s3_settings_from(None, {"TASKSHARD_S3_ENDPOINT": minio.endpoint, **_env(minio)}),
+    )
+    check_storage(direct)  # MinIO itself refuses a second conditional create: accepted
+
+    handler = type("Gateway", (_DropsConditions,), {"upstream": minio.endpoint, "settings": direct.s3})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        gateway = location(
+            f"s3a://{minio.bucket}/conditional",
+            s3_settings_from(None, {"TASKSHARD_S3_ENDPOINT": endpoint, **_env(minio)}),
+        )
+        probe = gateway / "probe-object"
+        assert probe.create_exclusive(b"1") and probe.create_exclusive(b"2"), "the gateway drops the condition"
+        probe.unlink()
+        with pytest.raises(StorageProblem) as refused:
+            check_storage(gateway)
+        assert refused.value.reason == "ConditionalWritesUnsupported"
+        assert refused.value.field == "storage.s3.endpoint" and endpoint in str(refused.value)
+    finally:
+        server.shutdown()
+
+
+def _unchunk(body: bytes) -> bytes:
+    """The payload of an ``aws-chunked`` body (``<hex size>;chunk-signature=...\\r\\n<data>\\r\\n`` ... size 0)."""
+    out, at = b"", 0
+    while True:
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end].split(b";")[0], 16)
+        if size == 0:
+            return out
+        out += body[line_end + 2 : line_end + 2 + size]
+        at = line_end + 2 + size + 2
+
+
+def _env(minio: Any) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": minio.access_key,
+        "AWS_SECRET_ACCESS_KEY": minio.secret_key,
+        "AWS_REGION": minio.region,
+    }
