@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import http.server
+import io
 import random
 import threading
 import urllib.parse
@@ -123,11 +124,14 @@ class _DropsConditions(http.server.BaseHTTPRequestHandler):
         from botocore.awsrequest import AWSRequest
         from botocore.credentials import Credentials
 
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if "chunked" in (self.headers.get("Transfer-Encoding") or ""):
+            body = _unchunk(self.rfile)  # HTTP chunked transfer encoding
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if (self.headers.get("x-amz-content-sha256") or "").startswith("STREAMING-"):
-            body = _unchunk(body)  # aws-chunked: the payload between chunk headers
+            body = _unchunk(io.BytesIO(body))  # aws-chunked: the payload between chunk headers
         url = self.upstream + self.path
-        headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "content-md5")}
+        headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "content-md5", "range")}
         request = AWSRequest(method=self.command, url=url, data=body, headers=headers)
         creds = Credentials(self.settings.access_key, self.settings.secret_key)
         S3SigV4Auth(creds, "s3", self.settings.region).add_auth(request)
@@ -140,9 +144,11 @@ class _DropsConditions(http.server.BaseHTTPRequestHandler):
         for k, v in answer.getheaders():
             if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                 self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
+        length = answer.getheader("Content-Length") if self.command == "HEAD" else str(len(data))
+        self.send_header("Content-Length", length or "0")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
         conn.close()
 
     do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _forward
@@ -179,16 +185,18 @@ def test_a_store_that_ignores_conditional_writes_is_refused_naming_the_endpoint(
         server.shutdown()
 
 
-def _unchunk(body: bytes) -> bytes:
-    """The payload of an ``aws-chunked`` body (``<hex size>;chunk-signature=...\\r\\n<data>\\r\\n`` ... size 0)."""
-    out, at = b"", 0
+def _unchunk(stream: Any) -> bytes:
+    """The payload of a chunked body (HTTP chunked transfer encoding, or S3's ``aws-chunked``: ``<hex size>[;chunk
+    extensions]\\r\\n<data>\\r\\n`` ... a size-0 chunk, then optional trailers and an empty line)."""
+    out = b""
     while True:
-        line_end = body.index(b"\r\n", at)
-        size = int(body[at:line_end].split(b";")[0], 16)
+        size = int(stream.readline().split(b";")[0].strip() or b"0", 16)
         if size == 0:
+            while stream.readline().strip():  # trailers
+                pass
             return out
-        out += body[line_end + 2 : line_end + 2 + size]
-        at = line_end + 2 + size + 2
+        out += stream.read(size)
+        stream.readline()
 
 
 def _env(minio: Any) -> dict[str, str]:
