@@ -58,8 +58,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    # A SIGTERM from now on means "stop at a batch boundary" (final only if the drain-request file says so),
-    # even one that arrives while Spark is still starting.
+    # A SIGTERM from now on means "stop at a batch boundary" (a resumable stop; a final drain already begun
+    # stays final), even one that arrives while Spark is still starting.
     early_sigterm: list[bool] = []
     runner: Any = None
 
@@ -171,9 +171,10 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run one shard until drained or stopped",
-        description="Run one shard until the drain-request file says true (a final drain) or a SIGTERM (a "
+        description="Run one shard until its successors are ready (a final drain) or a SIGTERM (a "
         "resumable stop at a batch boundary): exit 0 after either (summary on stdout and in "
-        "terminationMessagePath), 1 when the query fails, 2 for a bad config, 3 when the source, sink or "
+        "terminationMessagePath), and 0 when a later writer epoch fenced it (event fenced: not restarted); 1 "
+        "when the query fails, 2 for a bad config or a restore it must refuse, 3 when the source, sink or "
         "storage cannot be used (the termination message says which field and why).",
     )
     run.add_argument(

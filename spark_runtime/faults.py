@@ -24,6 +24,10 @@ Steps, in drain order (the hook is called at each; a restart repeats the drain f
 
 An unset or empty variable injects nothing. A value that is not one of the steps raises :class:`FaultConfigError`
 at the first check (a typo must not make a crash test pass without crashing).
+
+``TASKSHARD_FAULT_PAUSE_IN_BATCH`` (a batch id) stops the runtime's process with SIGSTOP inside that batch's
+``foreachBatch``, right after its fence check and before its output: a zombie paused across its successor's claim
+(a frozen VM, a long GC). The test resumes it with SIGCONT (:func:`pause_in_batch`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
+    "PAUSE_IN_BATCH_ENV",
+    "pause_in_batch",
     "CRASH_EXIT_CODE",
     "DRAIN_STEPS",
     "KILL_AT_DRAIN_STEP_ENV",
@@ -149,3 +155,18 @@ def crash_when(step: str, probe: Callable[[], bool], detail: str = "") -> Iterat
     finally:
         done.set()
         watcher.join()
+
+
+PAUSE_IN_BATCH_ENV = "TASKSHARD_FAULT_PAUSE_IN_BATCH"
+"""Fault injection for fencing tests (never in production): the batch id in whose ``foreachBatch`` the process
+stops itself (SIGSTOP) after the fence check, before any output."""
+
+
+def pause_in_batch(batch_id: int, env: Mapping[str, str] | None = None) -> None:
+    """Stop this process (SIGSTOP) when :data:`PAUSE_IN_BATCH_ENV` names ``batch_id``; it goes on when resumed."""
+    value = (os.environ if env is None else env).get(PAUSE_IN_BATCH_ENV, "").strip()
+    if value.isdigit() and int(value) == batch_id:
+        log.warning("fault injection: pausing (SIGSTOP) in batch %s, after its fence check", batch_id)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGSTOP)

@@ -36,6 +36,7 @@ from typing import Any
 from spark_runtime.config import ShardConfig
 from spark_runtime.layout import SinkPaths
 from spark_runtime.pipeline import Plan, build_output_frame
+from spark_runtime.protocol import DRAIN_MARKER
 from spark_runtime.snapshot.layout import key_group_dir
 from spark_runtime.sources import SourceContext
 from spark_runtime.sources.journal import JournalSource, partition_file
@@ -94,7 +95,7 @@ def rehearse(
             range_end=config.key_groups.end,
             record_spec=plan.record_spec,
             dead_letter_dir=root / "dead-letters",
-            drain_marker=location(str(root / "drain-requested")),
+            drain_marker=location(str(root / DRAIN_MARKER)),
         )
         events = source.stream(spark, ctx)
         seed = {

@@ -41,6 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from spark_runtime import faults
 from spark_runtime.checkpoint import last_committed_batch
 from spark_runtime.config import ConfigError, ShardConfig
 from spark_runtime.drain import Drain, wait_until
@@ -375,6 +376,7 @@ class ShardRunner:
             read_partitions=cfg.partitions_to_read,
             catch_up_state=self.paths.catch_up if self.as_child is not None and self.as_child.state else None,
             skip=self.restore.skip if self.restore is not None else None,
+            fenced_by=self.paths.epoch(self.fence.epoch + 1) if self.fence.epoch is not None else None,
         )
         self.source_context = ctx
         events = self.source.stream(self.spark, ctx)
@@ -432,6 +434,7 @@ class ShardRunner:
             raise RuntimeError(f"fault injection: batch {batch_id} fails ({FAIL_BATCH_ENV})")
         try:
             self.fence.check(f"batch {batch_id}'s output")
+            faults.pause_in_batch(int(batch_id))  # fencing tests only (spark_runtime.faults)
             if isinstance(self.source, GuardsBatches):
                 self.source.before_batch(self.spark, int(batch_id))
         except EnvironmentProblem as problem:

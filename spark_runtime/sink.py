@@ -156,7 +156,8 @@ class DirectorySinkWriter:
                         path.unlink(missing_ok=True)
                 continue
             batch_id, fmt = parsed
-            if batch_id <= last_committed and batch_id not in done:
+            published_already = self.paths.batch_file(batch_id, fmt).exists()  # (a paused runtime's late file)
+            if batch_id <= last_committed and batch_id not in done and not published_already:
                 try:
                     os.replace(path, self.paths.batch_file(batch_id, fmt))
                 except FileNotFoundError:  # an earlier runtime of the shard published or dropped it meanwhile

@@ -26,6 +26,7 @@ import kopf
 from pydantic import ValidationError
 
 from spark_runtime.config import parse_config
+from spark_runtime.protocol import SummaryEvent
 from taskshard_operator import builders, cache, executors, naming, planner
 from taskshard_operator import status as st
 from taskshard_operator.act import (
@@ -400,7 +401,7 @@ def _replace_ended_pod(ctx: ShardContext) -> None:
         why += f", last exit code {term.exit_code}: {failure.text}"
     elif term is not None and term.drained:
         why += f" after a final drain at batch {term.batch_id}"
-    elif term is not None and (term.message or {}).get("event") == "stopped":
+    elif term is not None and term.summary is not None and term.summary.event == SummaryEvent.STOPPED:
         why += f" after a SIGTERM stop at batch {term.batch_id} (the new pod resumes from the recovery log)"
     reason = failure.condition_reason("PodEnded") if failure is not None else "PodEnded"
     announce = failure is None or not _degraded_shows(ctx, reason, failure.text)
@@ -713,17 +714,7 @@ def _nothing(ctx: ShardContext) -> None:
     """Stopped: terminal, nothing to do."""
 
 
-# The dispatch, one step function per phase (the protocol in the module docstring; every arrow is one pass):
-#
-#   Pending/Running/Failed --_reconcile_active--> (config, pod, mirror) | SplitRequested (a valid spec.split)
-#                                                 | Suspended (spec.suspend, once the pod is gone)
-#   SplitRequested --step_request_drain--> Draining --step_await_drain--> Drained
-#   Drained --step_create_children--> ChildrenCreated --step_finish_split--> Split (keep_split: terminal)
-#   SplitRequested | Draining (spec.split withdrawn) --> AbortingSplit --step_abort--> Pending | Drained
-#   Suspended --_keep_suspended--> Pending (resumed)          Stopped: terminal
-#   Running (spec.merge, left) --observe_merge_request--> MergeRequested --step_create_merged--> Merging
-#   Pending/Running/Failed (named by a merged shard, right) --observe_merge_partner--> Merging
-#   Merging --step_merging--> (drained) --step_merging--> Merged (keep_merged: terminal)
+# The dispatch, one step function per phase (the machine is drawn once, in taskshard_operator.phases).
 STEPS = {
     P.PENDING: _reconcile_active,
     P.RUNNING: _reconcile_active,

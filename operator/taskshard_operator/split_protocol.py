@@ -1,14 +1,8 @@
 """The operator's side of a split: accepting, handing over and aborting, one protocol step per pass.
 
 Each phase is written to ``status`` *before* the step it names is acted on; a crash anywhere leaves a phase from
-which the next pass continues, and every action is idempotent::
-
-    Running ──valid spec.split──> SplitRequested ──children created──> Draining
-      (write status.split.at,        (children warm up and catch up       │ the runtime stopped by itself:
-       nothing else)                  while the parent keeps processing)  ▼ exit 0 with a drain summary
-                                                                       Drained (status.finalCheckpoint)
-    Split <──both children seen── ChildrenCreated <──parent pod deleted, children exist──┘
-    (terminal; no pod, no ConfigMap)   (the children own the halves from here)
+which the next pass continues, and every action is idempotent. The phases are drawn once, in
+:mod:`taskshard_operator.phases`; the sequence with what each side writes is in ``docs/split-protocol.md``.
 
 - Step 1, Running: a valid ``spec.split`` is accepted by writing ``phase: SplitRequested`` and ``status.split``
   (the point: ``at``, the midpoint, with ``by: load`` where the load map of the last five minutes divides in
@@ -34,11 +28,8 @@ which the next pass continues, and every action is idempotent::
   set), write ``Split``. The parent keeps no pod and no ConfigMap.
 
 Aborting (the request withdrawn: ``spec.split.requested: false`` or ``spec.split`` removed, in SplitRequested or
-Draining before the parent's pod exited drained)::
-
-    SplitRequested | Draining ──withdrawn──> AbortingSplit ──children and parent pod gone, then the parent's pod
-                                                │            run with --abort-split reports "aborted"──> Pending
-                                                └──the parent's pod reports "drained" (it handed over first)──> Drained
+Draining before the parent's pod exited drained): SplitRequested | Draining -> AbortingSplit -> Pending (undone), or
+-> Drained (the parent handed over first).
 
 - AbortingSplit: delete both children (TaskShards; their pods and ConfigMaps follow by owner reference) and
   stop the parent's pod (SIGTERM: a stop at a batch boundary, resumable). Once all of them are gone, create the

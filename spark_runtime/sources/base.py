@@ -82,6 +82,9 @@ class SourceContext:
     """A catching-up split child's ``catch-up.json`` (None: not catching up)."""
     skip: SkipRule | None = None
     """A merged child's skip rule: rows (and dead letters) a parent already counted (None: skip nothing)."""
+    fenced_by: Loc | None = None
+    """The file whose existence fences this runtime (its writer epoch's successor, ``epochs/<e+1>.json``): a source
+    that plans its own batches admits no new data once it exists, so a fenced runtime plans no further batch."""
 
     @property
     def key_grouping(self) -> KeyGrouping:

@@ -155,6 +155,8 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.drain_marker = location(options["drainmarker"], S3Settings.from_options(options))
         catch_up = options.get("catchupstate") or ""
         self.catch_up = location(catch_up, S3Settings.from_options(options)) if catch_up else None
+        fenced_by = options.get("fencedby") or ""
+        self.fenced_by = location(fenced_by, S3Settings.from_options(options)) if fenced_by else None
         self.start_positions = json.loads(options.get("startpositions") or "null")
         skip = options.get("skiprule") or ""
         self.skip = SkipRule.from_json(json.loads(skip)) if skip else None
@@ -182,6 +184,8 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         if self.drain_marker.exists():
             return start  # draining: admit nothing new, so no new micro-batch starts
+        if self.fenced_by is not None and self.fenced_by.exists():
+            return start  # fenced: a later runtime of this shard started; plan (and log) no further batch
         ends = self._complete_ends(start, limit)
         state = self._catch_up_state()
         if state is not None and state.limit is not None and state.phase != CatchUpPhase.LIVE:
@@ -406,6 +410,7 @@ class JournalSource:
             "deadLetterDir": str(ctx.dead_letter_dir),
             "drainMarker": ctx.drain_marker.uri(),
             "catchUpState": ctx.catch_up_state.uri() if ctx.catch_up_state is not None else "",
+            "fencedBy": ctx.fenced_by.uri() if ctx.fenced_by is not None else "",
             **(ctx.drain_marker.s3.options() if ctx.drain_marker.s3 is not None else {}),
             "startPositions": json.dumps(ctx.start_positions) if ctx.start_positions is not None else "",
             "skipRule": json.dumps(ctx.skip.to_json()) if ctx.skip is not None else "",

@@ -8,16 +8,25 @@
 - ``partitionedByKey`` (each shard assigns its own partitions): a merge of two parents stopped at different
   times is exact and each partition continues from its own parent's position;
 - an S3-compatible store that ignores ``If-None-Match`` (real MinIO behind a gateway that drops the condition) is
-  refused at start, naming the endpoint (``ConditionalWritesUnsupported``).
+  refused at start, naming the endpoint (``ConditionalWritesUnsupported``);
+- a runtime paused (SIGSTOP) inside a batch across its successor's claim writes nothing that counts when it
+  resumes, and ends fenced without a restart.
 """
 
 from __future__ import annotations
 
 import http.server
 import io
+import json
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
+import time
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -205,3 +214,77 @@ def _env(minio: Any) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": minio.secret_key,
         "AWS_REGION": minio.region,
     }
+
+
+# ---------------------------------------------------------------- a zombie paused across the fence claim
+
+
+def test_a_zombie_paused_mid_batch_across_its_successors_claim_writes_nothing_that_counts(
+    spark, spark_jars, kafka_broker, minio, tmp_path
+):
+    """Runtime A (its own process, state on MinIO, results in a directory sink) stops (SIGSTOP) inside batch 1's
+    ``foreachBatch``, after its fence check and before its output: a frozen VM. Runtime B starts on the same
+    config, claims epoch 2, replays batch 1 from the offset log and goes on. A resumes (SIGCONT): it writes its
+    batch 1 into its own epoch's pending directory, meets the fence before Spark commits the batch, and exits 0
+    with a ``fenced`` summary. The results are exact; B's first-commit check of the offset log found A's entry
+    for batch 1 equal to its own replay."""
+    from spark_runtime.faults import PAUSE_IN_BATCH_ENV
+    from spark_runtime.results import final_results
+
+    setup, rng, ref = Setup(kafka_broker, minio, tmp_path, partitions=2), random.Random(41), Reference()
+    sink = tmp_path / "out"
+    config = setup.config(
+        "kt-0-16",
+        0,
+        16,
+        sink={"directory": {"path": str(sink)}},
+        spark={"triggerInterval": "500 milliseconds", "conf": {"spark.taskshard.maxRecordsPerTrigger": "300"}},
+    )
+    first = make_events(900, rng, invalid_every=0)
+    kafka_broker.produce(setup.topic_in, first)
+    ref.add(first)
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(config.to_json_dict()))
+    log = open(tmp_path / "a.log", "wb")  # noqa: SIM115 - closed below
+    env = {**os.environ, PAUSE_IN_BATCH_ENV: "1", "TASKSHARD_EXTRA_JARS": os.pathsep.join(map(str, spark_jars))}
+    zombie = subprocess.Popen(
+        [sys.executable, "-m", "spark_runtime", "run", "--config", str(path)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while "pausing (SIGSTOP) in batch 1" not in (tmp_path / "a.log").read_text(errors="replace"):
+            assert zombie.poll() is None and time.monotonic() < deadline, (tmp_path / "a.log").read_text()[-3000:]
+            time.sleep(0.3)
+        time.sleep(0.5)  # the SIGSTOP follows the log line
+        with open(f"/proc/{zombie.pid}/stat") as fh:
+            assert fh.read().split()[2] == "T", "A is stopped"
+
+        successor = Running(config, spark)
+        second = make_events(600, rng, invalid_every=0)
+        kafka_broker.produce(setup.topic_in, second)
+        ref.add(second)
+        successor.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+        assert successor.runner.fence.epoch == 2
+
+        os.killpg(zombie.pid, signal.SIGCONT)
+        assert zombie.wait(timeout=240) == 0, (tmp_path / "a.log").read_text()[-3000:]
+        fenced = json.loads(Path(config.termination_message_path).read_text())
+        assert (fenced["event"], fenced["reason"], fenced["writerEpoch"]) == ("fenced", "WriterFenced", 1)
+        third = make_events(300, rng, invalid_every=0)
+        kafka_broker.produce(setup.topic_in, third)
+        ref.add(third)
+        successor.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+        summary = successor.finish()
+        assert summary["writerEpoch"] == 2
+        results = final_results(sink, successor.runner.storage, setup.task)
+        assert results == {k: pytest.approx(v) for k, v in ref.sums.items()}
+    finally:
+        try:
+            os.killpg(zombie.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()

@@ -1047,3 +1047,28 @@ def test_a_child_that_runs_but_does_not_emit_yet_is_running_and_not_ready():
     ready = condition(decision, st.READY)
     assert ready["status"] == "False" and ready["reason"] == "NotEmittingYet"
     assert "catching up" in ready["message"]
+
+
+def test_a_pod_whose_runtime_ended_fenced_is_replaced_with_the_reason():
+    """A runtime fenced by a later writer epoch exits 0 (``fenced``): the kubelet keeps it down, the operator
+    replaces the pod (with back-off) and says why; the new runtime's epoch fences whatever fenced it."""
+    from spark_runtime.protocol import FailureSummary, SummaryEvent
+
+    world = World()
+    add_shard(world, PARENT, phase="Running", status={"pod": naming.pod_name(PARENT)})
+    sync_config(world, PARENT)
+    report = FailureSummary(
+        PARENT,
+        f"storage: shard {PARENT}'s writer epoch 3 was superseded by epoch 4",
+        reason="WriterFenced",
+        field="storage",
+        event=SummaryEvent.FENCED,
+        pod_uid=f"pod-uid-{PARENT}",
+        writer_epoch=3,
+    )
+    world.pods[PARENT] = make_pod(PARENT, phase="Succeeded", state=terminated(0, report.to_json()))
+    decision = decide(world, PARENT)
+    assert decision.status["phase"] == "Failed" and kinds(decision) == ["Delete(pods)"]
+    degraded = condition(decision, st.DEGRADED)
+    assert degraded["reason"] == "WriterFenced" and "superseded by epoch 4" in degraded["message"]
+    assert [e.reason for e in decision.events if e.type == "Warning"] == ["WriterFenced"]
