@@ -73,7 +73,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from spark_runtime.fencing import WriterFenced
     from spark_runtime.problems import EXIT_ENVIRONMENT, EnvironmentProblem
     from spark_runtime.processor import ProcessorError
-    from spark_runtime.protocol import POD_UID_ENV, FailureSummary, SummaryEvent
+    from spark_runtime.protocol import FailureSummary
     from spark_runtime.shard import ShardFailed, ShardRunner
     from spark_runtime.snapshot import RestoreError
 
@@ -91,30 +91,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if early_sigterm:
         runner.request_drain("SIGTERM", final=False)
     try:
-        if args.abort_split:
-            from spark_runtime.handover import abort_split
-
-            summary = abort_split(runner, [c for c in args.abort_split.split(",") if c])
-        elif args.abort_merge:
-            from spark_runtime.merge import abort_merge
-
-            summary = abort_merge(runner)
-        else:
-            summary = runner.run()
+        summary = _run_mode(args, runner)
     except WriterFenced as exc:
         # Exit 0: a restart would claim yet another epoch and fence the current runtime in turn.
         log.error("fenced: %s", exc)
-        report = FailureSummary(
-            config.shard,
-            str(exc),
-            reason=exc.reason,
-            field=exc.field,
-            event=SummaryEvent.FENCED,
-            pod=os.environ.get("POD_NAME") or None,
-            pod_uid=os.environ.get(POD_UID_ENV) or None,
-            writer_epoch=runner.fence.epoch,
-        )
-        _write_termination_message(config.termination_message_path, report.to_json())
+        _write_termination_message(config.termination_message_path, _fenced(config, runner, exc))
         return 0
     except EnvironmentProblem as exc:
         log.error("cannot run: %s", exc)
@@ -129,6 +110,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _write_termination_message(config.termination_message_path, summary)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return 0
+
+
+def _run_mode(args: argparse.Namespace, runner: Any) -> dict[str, Any]:
+    """What ``run`` was started for: abort a split, abort a merge, or run the shard."""
+    if args.abort_split:
+        from spark_runtime.handover import abort_split
+
+        return abort_split(runner, [c for c in args.abort_split.split(",") if c])
+    if args.abort_merge:
+        from spark_runtime.merge import abort_merge
+
+        return abort_merge(runner)
+    return runner.run()
+
+
+def _fenced(config: Any, runner: Any, exc: Any) -> dict[str, Any]:
+    """The termination message of a fenced runtime (a ``FailureSummary`` with event ``fenced``)."""
+    from spark_runtime.protocol import POD_UID_ENV, FailureSummary, SummaryEvent
+
+    return FailureSummary(
+        config.shard,
+        str(exc),
+        reason=exc.reason,
+        field=exc.field,
+        event=SummaryEvent.FENCED,
+        pod=os.environ.get("POD_NAME") or None,
+        pod_uid=os.environ.get(POD_UID_ENV) or None,
+        writer_epoch=runner.fence.epoch,
+    ).to_json()
 
 
 def _cmd_results(args: argparse.Namespace) -> int:

@@ -47,12 +47,13 @@ import os
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from spark_runtime import live
+from spark_runtime.kafka_client import reserved_option_problems
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT, InvalidRangeError, KeyGrouping, KeyGroupRange
 from spark_runtime.reserved_conf import Owner, reserved_conf_problems
 
@@ -174,6 +175,11 @@ class JournalSource(_Model):
     in one partition, so a shard reads only the partition files whose key-group block meets its range."""
 
 
+KafkaOptions = dict[str, Annotated[str, Field(max_length=4096, description="A Kafka client property's value.")]]
+"""Kafka client properties: ``name: value`` (names as Kafka spells them: checked by
+:func:`spark_runtime.kafka_client.reserved_option_problems`)."""
+
+
 class KafkaSource(_Model):
     """A Kafka topic, as a Task declares it (``spec.source.kafka``); the shard config adds the operator-set
     ``startingTimestamp`` (:class:`ShardKafkaSource`)."""
@@ -191,9 +197,18 @@ class KafkaSource(_Model):
     partitions: int | None = Field(default=None, ge=1, le=KAFKA_PARTITIONS_LIMIT)
     """The topic's partition count, part of the key-group mapping with ``partitionedByKey``: a topic whose count
     differs stops the shard (``PartitionCountChanged``) before anything is processed under a wrong mapping."""
+    options: KafkaOptions | None = Field(default=None, max_length=64)
+    """Kafka client properties (consumer and admin client), e.g. ``security.protocol``
+    (:mod:`spark_runtime.kafka_client`: the keys the runtime owns, and secrets, are refused by name)."""
+    credentials_secret: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """A Secret with the client's credentials (keys ``username``, ``password``, ``ca.crt``, ``tls.crt``,
+    ``tls.key``)."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
+        problems = reserved_option_problems(self.options, f"{self.FIELD_PATH}.options")
+        if problems:
+            raise ValueError("; ".join(problems))
         if self.partitioned_by_key and self.partitions is None:
             raise ValueError(
                 f"{self.FIELD_PATH}.partitions is required with partitionedByKey: true (the topic's partition "
@@ -262,8 +277,21 @@ class DirectorySink(_Model):
 class KafkaSink(_Model):
     """A Kafka topic."""
 
+    FIELD_PATH: ClassVar[str] = "sink.kafka"
+
     bootstrap_servers: str = Field(max_length=2048, pattern=KAFKA_SERVERS)
     topic: str = Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC)
+    options: KafkaOptions | None = Field(default=None, max_length=64)
+    """Kafka client properties (producer and admin client), as :attr:`KafkaSource.options`."""
+    credentials_secret: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """A Secret with the client's credentials, as :attr:`KafkaSource.credentials_secret`."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        problems = reserved_option_problems(self.options, f"{self.FIELD_PATH}.options")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class SinkSpec(_Model):

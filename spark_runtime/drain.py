@@ -158,23 +158,8 @@ class Drain:
         kind = "final" if final else "stop"
         set_log_phase("draining")
         log.info("shard %s draining (%s, %s)", r.config.shard, self.reason or "request", kind)
-        # Step 1: persist the request; the source stops admitting data. A final drain for successors names them
-        # in the marker and then checks them once more: an abort that fenced one before the marker exists makes
-        # it back out; one after it finds the marker (spark_runtime.merge, abort_merge).
-        r.fence.check("the drain marker")
-        r.paths.shard_dir.mkdir()
-        marker = r.paths.drain_marker
-        if self.final_pending():  # begun by an earlier run: for the successors its marker names
-            successors = marker_successors(marker.read_text())
-            r.as_parent.successors = successors
-        else:
-            successors = r.as_parent.successors if final else []
-            marker.write_text(marker_text(kind, successors))
-        if successors and not r.as_parent.confirm(successors):
-            log.warning("shard %s: a successor was fenced before the drain began; backing out", r.config.shard)
-            marker.unlink()
-            self.withdraw()
-            r.as_parent.successors = []
+        # Step 1: persist the request; the source stops admitting data.
+        if not self._mark(final, kind):
             return None
         faults.crash_point("marker")  # crash tests only (spark_runtime.faults), as at each step below
         # Steps 2-3: the micro-batch boundary, then stop.
@@ -204,20 +189,49 @@ class Drain:
             final, caught_up, batch_id, positions, manifest, manifest_uri, snapshot_batch, time.monotonic() - t0
         )
         if final:
-            r.fence.check("the drain summary")
-            if not r.paths.drained.create_exclusive_json(summary):  # never replaces a valid summary once written
-                kept = own_drain_summary(r.paths)  # (a void one, written late by a fenced runtime, is removed)
-                if kept is not None:
-                    summary = kept
-                    log.warning("shard %s: a drain summary was already written; keeping it: %s", r.config.shard, kept)
-                elif not r.paths.drained.create_exclusive_json(summary):
-                    summary = r.paths.drained.read_json()
+            summary = self._write_summary(summary)
             faults.crash_point("summary")
         else:
             r.paths.drain_marker.unlink()
         set_log_phase(str(summary["event"]))
         log.info("shard %s %s at batch %d: %s", r.config.shard, summary["event"], batch_id, manifest_uri)
         return summary
+
+    def _mark(self, final: bool, kind: str) -> bool:
+        """Step 1: the drain marker. A final drain for successors names them in it and then checks them once
+        more: an abort that fenced one before the marker existed makes it back out (False: the marker is removed,
+        the request forgotten, the shard goes on); an abort after it finds the marker (spark_runtime.merge,
+        abort_merge). A marker an earlier run wrote is kept, with the successors it names."""
+        r = self.runner
+        r.fence.check("the drain marker")
+        r.paths.shard_dir.mkdir()
+        marker = r.paths.drain_marker
+        if self.final_pending():
+            successors = marker_successors(marker.read_text())
+            r.as_parent.successors = successors
+        else:
+            successors = r.as_parent.successors if final else []
+            marker.write_text(marker_text(kind, successors))
+        if successors and not r.as_parent.confirm(successors):
+            log.warning("shard %s: a successor was fenced before the drain began; backing out", r.config.shard)
+            marker.unlink()
+            self.withdraw()
+            r.as_parent.successors = []
+            return False
+        return True
+
+    def _write_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Step 7 of a final drain: ``drained.json``, created exclusively; a valid one written before is kept (and
+        returned), a void one (written late by a fenced runtime) is replaced."""
+        r = self.runner
+        r.fence.check("the drain summary")
+        if r.paths.drained.create_exclusive_json(summary):
+            return summary
+        kept = own_drain_summary(r.paths)  # removes a void one
+        if kept is not None:
+            log.warning("shard %s: a drain summary was already written; keeping it: %s", r.config.shard, kept)
+            return kept
+        return summary if r.paths.drained.create_exclusive_json(summary) else r.paths.drained.read_json()
 
     def _summary(
         self,

@@ -45,7 +45,7 @@ from spark_runtime import faults
 from spark_runtime.checkpoint import last_committed_batch
 from spark_runtime.config import ConfigError, ShardConfig
 from spark_runtime.drain import Drain, wait_until
-from spark_runtime.fencing import WriterFence
+from spark_runtime.fencing import WriterFence, WriterFenced
 from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped, own_drain_summary
 from spark_runtime.identity import claim_task_storage
 from spark_runtime.layout import ShardPaths, SinkPaths
@@ -81,6 +81,10 @@ IN_PROCESS_RESTARTS = 3
 GUARD_INTERVAL_SECONDS = 10.0
 """How often ``poll()`` asks a guarding source (:class:`~spark_runtime.sources.GuardsBatches`) whether its mapping
 still holds while no batch runs (Kafka ``assign`` never sees an added partition, so no batch would notice)."""
+FENCE_POLL_SECONDS = 1.0
+"""How often an idle runtime looks for a later writer epoch (a stat); a fenced one stops and exits."""
+FENCE_POLL_SECONDS_S3 = 5.0
+"""The same on S3 (a HEAD request)."""
 S3_LIST_INTERVAL_SECONDS = 5.0
 """With storage on S3, how often ``poll()`` lists the commit log when no new batch was reported."""
 FAIL_BATCH_ENV = "TASKSHARD_FAULT_FAIL_BATCH"
@@ -161,7 +165,8 @@ class ShardRunner:
             self.sink = DirectorySinkWriter(self.sink_paths, config.sink.directory.format, config.shard)
         else:
             assert config.sink.kafka is not None
-            self.sink = KafkaSinkWriter(config.sink.kafka.bootstrap_servers, config.sink.kafka.topic, config.shard)
+            kafka = config.sink.kafka
+            self.sink = KafkaSinkWriter(kafka.bootstrap_servers, kafka.topic, config.shard, kafka.options)
         self.dead_letters = DeadLetterCounter(dead_letter_dir) if dead_letter_dir is not None else None
         self._checked = False
         self._listed_at = 0.0
@@ -192,6 +197,7 @@ class ShardRunner:
         fail_batch = os.environ.get(FAIL_BATCH_ENV, "").strip()
         self._fail_batch = int(fail_batch) if fail_batch.isdigit() else None
         self._guarded_at = time.monotonic()
+        self._fence_polled_at = time.monotonic()
         self._stop_problem: EnvironmentProblem | None = None
         """Set when the source's batch guard stopped the query (e.g. ``PartitionCountChanged``); never retried."""
         kg = config.key_groups
@@ -420,6 +426,7 @@ class ShardRunner:
         if not isinstance(self.source, GuardsBatches) or time.monotonic() - self._guarded_at < GUARD_INTERVAL_SECONDS:
             return
         self._guarded_at = time.monotonic()
+        self._fence_polled_at = time.monotonic()
         try:
             self.source.before_batch(self.spark, self.last_committed + 1)
         except EnvironmentProblem as problem:
@@ -521,9 +528,23 @@ class ShardRunner:
 
     def poll(self, *, check_failure: bool = True) -> None:
         """Log new batches, update ``progress.json`` and the dead-letter count; raise :class:`ShardFailed`
-        when the query failed (unless ``check_failure`` is false)."""
+        when the query failed (unless ``check_failure`` is false). A runtime fenced meanwhile (a later writer epoch
+        exists: it learns so every :data:`FENCE_POLL_SECONDS` even while idle, or from a write's check) stops its
+        query and raises :class:`~spark_runtime.fencing.WriterFenced`."""
         if self.query is None:
             return
+        try:
+            self._poll(check_failure)
+        except WriterFenced:
+            if self.query is not None and self.query.isActive:
+                self.query.stop()  # writes nothing (a stop is not a drain)
+            raise
+
+    def _poll(self, check_failure: bool) -> None:
+        now = time.monotonic()
+        if now - self._fence_polled_at >= (FENCE_POLL_SECONDS_S3 if self.storage.is_s3 else FENCE_POLL_SECONDS):
+            self._fence_polled_at = now
+            self.fence.check("its next batch")  # a source that admits nothing once fenced leaves it idle
         if check_failure:
             exc = self.query.exception()
             if exc is not None:

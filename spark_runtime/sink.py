@@ -247,18 +247,36 @@ class KafkaSinkWriter:
     applies the lineage rule for readers that want to drop superseded records explicitly.
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str, shard: str) -> None:
+    def __init__(self, bootstrap_servers: str, topic: str, shard: str, options: dict[str, str] | None = None) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.shard = shard
+        self.options = dict(options or {})
+        """The Task's ``sink.kafka.options`` (credentials are added from the environment: :attr:`client`)."""
+        self._client: dict[str, str] | None = None
         self.rows_written = 0
         self._kill_after = _fault_batch()
 
+    @property
+    def client(self) -> dict[str, str]:
+        """The producer's and admin client's properties (:func:`spark_runtime.kafka_client.client_properties`);
+        raises ``KafkaCredentialsMissing`` (an environment problem naming the field) when credentials are missing."""
+        if self._client is None:
+            from spark_runtime.kafka_client import KafkaCredentialsMissing, client_properties
+            from spark_runtime.problems import EnvironmentProblem
+
+            try:
+                self._client = client_properties(self.options, "sink")
+            except KafkaCredentialsMissing as exc:
+                raise EnvironmentProblem("KafkaCredentialsMissing", "sink.kafka.credentialsSecret", str(exc)) from None
+        return self._client
+
     def check(self, spark: Any) -> None:
-        """Preflight (raises :class:`spark_runtime.problems.EnvironmentProblem`): the topic exists."""
+        """Preflight (raises :class:`spark_runtime.problems.EnvironmentProblem`): the brokers answer and accept the
+        credentials, and the topic exists."""
         from spark_runtime.sources.kafka import kafka_topic_partitions
 
-        kafka_topic_partitions(spark, self.bootstrap_servers, self.topic, "sink.kafka.topic")
+        kafka_topic_partitions(spark, self.bootstrap_servers, self.topic, "sink.kafka.topic", client=self.client)
 
     def records(self, df: Any, batch_id: int) -> Any:
         """The DataFrame Spark's Kafka writer takes: ``key``, ``value``, ``headers``."""
@@ -280,6 +298,7 @@ class KafkaSinkWriter:
         (
             self.records(df, batch_id)
             .write.format("kafka")
+            .options(**{f"kafka.{k}": v for k, v in self.client.items()})
             .option("kafka.bootstrap.servers", self.bootstrap_servers)
             .option("kafka.acks", "all")
             .option("kafka.enable.idempotence", "true")

@@ -33,9 +33,12 @@ from typing import Any
 
 from .common import ManagedProcess, StartError, free_port, log, port_open, wait_until
 from .jars import kafka_broker_jars
+from .tls import make_tls
 
 __all__ = [
     "KafkaBroker",
+    "SecureListener",
+    "add_scram_user",
     "KafkaRecord",
     "consume_all",
     "create_topic",
@@ -110,6 +113,8 @@ class KafkaBroker:
         self.extra_config = dict(extra_config or {})
         self.port: int | None = None
         self.controller_port: int | None = None
+        self.secure_port: int | None = None
+        """A second client listener, SASL_SSL (SASL PLAIN and SCRAM-SHA-512 over TLS; :attr:`secure`)."""
         self.process = ManagedProcess("kafka", self.run_dir / "broker.log")
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
@@ -120,20 +125,51 @@ class KafkaBroker:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def secure(self) -> SecureListener:
+        """The SASL_SSL listener: its address, the CA its certificate is signed by, and the users it knows."""
+        if self.secure_port is None:
+            raise RuntimeError("the broker has not been started")
+        return SecureListener(f"127.0.0.1:{self.secure_port}", make_tls(self.run_dir / "tls").ca.read_text())
+
+    @property
     def data_dir(self) -> Path:
         return self.run_dir / "data"
 
     def _config(self) -> str:
         assert self.port and self.controller_port
+        tls = make_tls(self.run_dir / "tls")
+        server = tls.server.read_text()
+        key = server[: server.index("-----END PRIVATE KEY-----") + len("-----END PRIVATE KEY-----")] + "\n"
+        chain = server[len(key) :]
+        secure = "listener.name.sasl_ssl."
+
+        def inline(pem: str) -> str:  # a Java properties value: newlines as \n escapes
+            return pem.strip().replace("\n", "\\n")
+
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
+                f"SASL_SSL://127.0.0.1:{self.secure_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},SASL_SSL://127.0.0.1:{self.secure_port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL",
+            "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+            f"{secure}sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+            f"{secure}plain.sasl.jaas.config": (
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'user_{SecureListener.PLAIN_USER}="{SecureListener.PLAIN_PASSWORD}";'
+            ),
+            f"{secure}scram-sha-512.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            f"{secure}ssl.keystore.type": "PEM",
+            f"{secure}ssl.keystore.key": inline(key),
+            f"{secure}ssl.keystore.certificate.chain": inline(chain),
             "log.dirs": str(self.data_dir),
             "num.partitions": "1",
             "auto.create.topics.enable": "false",
@@ -194,7 +230,7 @@ class KafkaBroker:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         first = self.port is None
         if first:
-            self.port, self.controller_port = free_port(), free_port()
+            self.port, self.controller_port, self.secure_port = free_port(), free_port(), free_port()
             (self.run_dir / "server.properties").write_text(self._config())
             (self.run_dir / "log4j.properties").write_text(LOG4J)
             self._format()
@@ -209,10 +245,13 @@ class KafkaBroker:
         wait_until(
             self._healthy, timeout=timeout, what="the broker to serve metadata with leaders", process=self.process
         )
+        if first:
+            add_scram_user(self.bootstrap_servers, SecureListener.SCRAM_USER, SecureListener.SCRAM_PASSWORD)
         log(
             COMPONENT,
-            f"broker {'up' if first else 'restarted'} at {self.bootstrap_servers} in {time.monotonic() - started:.1f}s "
-            f"(pid {self.process.pid}, log {self.process.log_path})",
+            f"broker {'up' if first else 'restarted'} at {self.bootstrap_servers} (SASL_SSL at 127.0.0.1:"
+            f"{self.secure_port}) in {time.monotonic() - started:.1f}s (pid {self.process.pid}, log "
+            f"{self.process.log_path})",
         )
         return self
 
@@ -274,6 +313,47 @@ class KafkaBroker:
 
 
 # ---- client helpers ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SecureListener:
+    """The broker's SASL_SSL listener as a client sees it."""
+
+    PLAIN_USER = "taskshard"
+    PLAIN_PASSWORD = "taskshard-plain-secret"
+    SCRAM_USER = "taskshard-scram"
+    SCRAM_PASSWORD = "taskshard-scram-secret"
+
+    bootstrap_servers: str
+    ca_pem: str
+    """The CA certificate the listener's certificate is signed by (PEM)."""
+
+    def client_config(self, mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:
+        """confluent-kafka settings for this listener with ``mechanism`` (PLAIN or SCRAM-SHA-512)."""
+        user, password = (
+            (self.PLAIN_USER, self.PLAIN_PASSWORD) if mechanism == "PLAIN" else (self.SCRAM_USER, self.SCRAM_PASSWORD)
+        )
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": mechanism,
+            "sasl.username": user,
+            "sasl.password": password,
+            "ssl.ca.pem": self.ca_pem,
+        }
+
+
+def add_scram_user(bootstrap: str, user: str, password: str, timeout: float = 30) -> None:
+    """Create (or reset) a SCRAM-SHA-512 credential on the broker."""
+    _confluent()  # a clear error when confluent-kafka is missing
+    from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+    upsert = UserScramCredentialUpsertion(
+        user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), password.encode()
+    )
+    admin = _admin(bootstrap)  # kept referenced until the futures resolve
+    for future in admin.alter_user_scram_credentials([upsert]).values():
+        future.result(timeout)
+
+
 def _admin(bootstrap: str):
     return _confluent().admin.AdminClient({"bootstrap.servers": bootstrap})
 

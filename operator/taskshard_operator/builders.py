@@ -23,7 +23,7 @@ import hashlib
 import json
 from typing import Any
 
-from spark_runtime import live, protocol
+from spark_runtime import kafka_client, live, protocol
 from spark_runtime.keygroups import KeyGroupRange
 from spark_runtime.kubernetes import POD_IP_ENV
 from taskshard_operator import naming
@@ -240,6 +240,25 @@ def s3_credentials_env(spec: TaskSpec) -> list[dict[str, Any]]:
     ]
 
 
+def kafka_credentials_env(spec: TaskSpec) -> list[dict[str, Any]]:
+    """Env vars of the Kafka sides' ``credentialsSecret`` keys (:data:`spark_runtime.kafka_client.SECRET_KEYS`,
+    named by :func:`spark_runtime.kafka_client.env_name`). References only, each optional: a Secret may hold just
+    the keys its protocol needs; what the options ask for and the pod lacks, the runtime names
+    (``KafkaCredentialsMissing``), and what the brokers refuse too (``KafkaAuthenticationFailed``)."""
+    out: list[dict[str, Any]] = []
+    for role, side in (("source", spec.source.kafka), ("sink", spec.sink.kafka)):
+        secret = side.credentials_secret if side is not None else None
+        if secret:
+            out += [
+                {
+                    "name": kafka_client.env_name(role, key),
+                    "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}},
+                }
+                for key in kafka_client.SECRET_KEYS
+            ]
+    return out
+
+
 def _resources(resources: Any) -> dict[str, Any]:
     return resources.to_k8s() if resources is not None else {}
 
@@ -317,6 +336,7 @@ def _driver_container(
             *([{"name": "TASKSHARD_LOG_FORMAT", "value": "json"}] if log_format == "json" else []),
             *user_env(spec),
             *s3_credentials_env(spec),
+            *kafka_credentials_env(spec),
         ],
         "resources": _resources(spec.spark.resources),
         "volumeMounts": mounts,

@@ -46,4 +46,5 @@ def make_source(spec: Any, read_partitions: list[int] | None = None) -> Source:
         k.starting_timestamp,
         declared_partitions=k.partitions if k.partitioned_by_key else None,
         read_partitions=read_partitions,
+        options=k.options,
     )

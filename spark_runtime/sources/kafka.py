@@ -47,6 +47,7 @@ import json
 import re
 from typing import Any
 
+from spark_runtime.kafka_client import KafkaCredentialsMissing, client_properties
 from spark_runtime.keygroups import KeyGrouping
 from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.records import RecordSpec
@@ -122,9 +123,13 @@ def parse_kafka_records(
     return flagged, dead_owned
 
 
-def kafka_topic_partitions(spark: Any, servers: str, topic: str, field: str, *, timeout_s: int = 15) -> int:
+def kafka_topic_partitions(
+    spark: Any, servers: str, topic: str, field: str, *, timeout_s: int = 15, client: dict[str, str] | None = None
+) -> int:
     """The number of partitions of ``topic``; raise :class:`EnvironmentProblem` when the brokers cannot be
-    reached (reason ``KafkaUnreachable``) or the topic does not exist (``TopicMissing``, field ``field``).
+    reached (reason ``KafkaUnreachable``), refuse the credentials (``KafkaAuthenticationFailed``, field
+    ``<side>.kafka.credentialsSecret``) or the topic does not exist (``TopicMissing``, field ``field``).
+    ``client``: the side's Kafka client properties (:mod:`spark_runtime.kafka_client`).
 
     Uses the Kafka admin client on the driver's JVM (the connector's ``kafka-clients``), so the check speaks
     exactly what the connector will."""
@@ -140,16 +145,25 @@ def kafka_topic_partitions(spark: Any, servers: str, topic: str, field: str, *, 
     from py4j.protocol import Py4JJavaError
 
     seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
-    admin = _admin(spark, servers, timeout_s)
+    admin = _admin(spark, servers, timeout_s, client)
+    side = field.rsplit(".", 1)[0]
     try:
         try:
             names = admin.listTopics().names().get(timeout_s, seconds)
         except Py4JJavaError as exc:
+            error = _java_error(exc)
+            if any(kind in error for kind in ("AuthenticationException", "SaslAuthentication", "SslAuthentication")):
+                raise EnvironmentProblem(
+                    "KafkaAuthenticationFailed",
+                    f"{side}.credentialsSecret",
+                    f"{side}.credentialsSecret: the Kafka brokers {servers!r} refused the client's credentials or "
+                    f"TLS handshake ({error}); check the Secret's username, password, ca.crt, tls.crt and tls.key "
+                    f"and {side}.options (security.protocol, sasl.mechanism)",
+                ) from None
             raise EnvironmentProblem(
                 "KafkaUnreachable",
-                field.rsplit(".", 1)[0] + ".bootstrapServers",
-                f"{field.rsplit('.', 1)[0]}.bootstrapServers: cannot reach the Kafka brokers {servers!r} within "
-                f"{timeout_s}s ({_java_error(exc)})",
+                f"{side}.bootstrapServers",
+                f"{side}.bootstrapServers: cannot reach the Kafka brokers {servers!r} within {timeout_s}s ({error})",
             ) from None
         if not names.contains(topic):
             raise EnvironmentProblem(
@@ -164,10 +178,12 @@ def kafka_topic_partitions(spark: Any, servers: str, topic: str, field: str, *, 
         admin.close(jvm.java.time.Duration.ofSeconds(2))
 
 
-def _admin(spark: Any, servers: str, timeout_s: int) -> Any:
-    """A Kafka admin client on the driver's JVM (close it after use)."""
+def _admin(spark: Any, servers: str, timeout_s: int, client: dict[str, str] | None = None) -> Any:
+    """A Kafka admin client on the driver's JVM with the side's client properties (close it after use)."""
     jvm = spark._jvm
     props = jvm.java.util.Properties()
+    for key, value in (client or {}).items():
+        props.setProperty(key, value)
     props.setProperty("bootstrap.servers", servers)
     props.setProperty("request.timeout.ms", str(timeout_s * 1000))
     props.setProperty("default.api.timeout.ms", str(timeout_s * 1000))
@@ -183,6 +199,7 @@ def kafka_start_offsets(
     starting_timestamp: int | None,
     *,
     timeout_s: int = 15,
+    client: dict[str, str] | None = None,
 ) -> dict[str, int]:
     """Concrete start offsets ``{"<partition>": offset}`` of ``partitions`` of ``topic`` (Kafka's
     ``ListOffsets``): ``earliest`` gives each partition's first offset; ``latest`` with ``starting_timestamp``
@@ -200,7 +217,7 @@ def kafka_start_offsets(
         answer = admin.listOffsets(request).all().get(timeout_s, seconds)
         return {p: int(answer.get(partition_cls(topic, p)).offset()) for p in wanted}
 
-    admin = _admin(spark, servers, timeout_s)
+    admin = _admin(spark, servers, timeout_s, client)
     try:
         if starting_offsets == "earliest":
             first = {p: spec_cls.earliest() for p in partitions}
@@ -247,7 +264,11 @@ class KafkaReader:
         *,
         declared_partitions: int | None = None,
         read_partitions: list[int] | None = None,
+        options: dict[str, str] | None = None,
     ) -> None:
+        self.options = dict(options or {})
+        """The Task's ``source.kafka.options`` (credentials are added from the environment: :attr:`client`)."""
+        self._client: dict[str, str] | None = None
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.starting_offsets = starting_offsets
@@ -258,10 +279,29 @@ class KafkaReader:
         """The partitions this shard assigns (nested); None: it subscribes to the whole topic."""
         self.partitions: int | None = None
 
+    @property
+    def client(self) -> dict[str, str]:
+        """The consumer's and admin client's properties: the options and the credentials of the pod's environment
+        (:func:`spark_runtime.kafka_client.client_properties`); raises :class:`EnvironmentProblem`
+        ``KafkaCredentialsMissing`` naming the field when the options ask for credentials the pod lacks."""
+        if self._client is None:
+            try:
+                self._client = client_properties(self.options, "source")
+            except KafkaCredentialsMissing as exc:
+                raise EnvironmentProblem(
+                    "KafkaCredentialsMissing", "source.kafka.credentialsSecret", str(exc)
+                ) from None
+        return self._client
+
+    def _topic_partitions(self, spark: Any) -> int:
+        return kafka_topic_partitions(
+            spark, self.bootstrap_servers, self.topic, "source.kafka.topic", client=self.client
+        )
+
     def check(self, spark: Any) -> None:
-        """Preflight (raises :class:`EnvironmentProblem`): the brokers answer, the topic exists and, with key
-        groups nested in partitions, it has the declared partition count."""
-        self.partitions = kafka_topic_partitions(spark, self.bootstrap_servers, self.topic, "source.kafka.topic")
+        """Preflight (raises :class:`EnvironmentProblem`): the brokers answer and accept the credentials, the topic
+        exists and, with key groups nested in partitions, it has the declared partition count."""
+        self.partitions = self._topic_partitions(spark)
         self._check_partition_count(self.partitions, "before its first batch")
 
     def before_batch(self, spark: Any, batch_id: int) -> None:
@@ -269,7 +309,7 @@ class KafkaReader:
         partition count is no longer the declared one. One metadata request per batch."""
         if self.declared_partitions is None:
             return
-        count = kafka_topic_partitions(spark, self.bootstrap_servers, self.topic, "source.kafka.topic")
+        count = self._topic_partitions(spark)
         self._check_partition_count(count, f"before writing batch {batch_id}")
 
     def _check_partition_count(self, count: int, when: str) -> None:
@@ -302,6 +342,7 @@ class KafkaReader:
             self._partitions_read(),
             self.starting_offsets,
             self.starting_timestamp if self.starting_offsets == "latest" else None,
+            client=self.client,
         )
         return {self.topic: offsets}
 
@@ -369,6 +410,7 @@ class KafkaReader:
 
     def stream(self, spark: Any, ctx: SourceContext) -> Any:
         options = {
+            **self._client_options(),
             "kafka.bootstrap.servers": self.bootstrap_servers,
             **self._topic_option(),
             # A gap in the topic (retention deleted records the shard never read) must stop the shard, not be
@@ -396,6 +438,10 @@ class KafkaReader:
         observed = flagged.observe(SOURCE_METRICS, *_metric_columns(dead_owned))
         return observed.where("_ok").drop("_ok", "_bytes")
 
+    def _client_options(self) -> dict[str, str]:
+        """The client properties as Spark's Kafka source options (``kafka.<property>``)."""
+        return {f"kafka.{k}": v for k, v in self.client.items()}
+
     def _topic_option(self) -> dict[str, str]:
         """``assign`` exactly the partitions this shard reads (nested), else ``subscribe`` to the topic."""
         if self.read_partitions is None:
@@ -415,6 +461,7 @@ class KafkaReader:
             return {"rowsRead": 0, "bytesRead": 0, "deadLetters": 0}
         raw = (
             spark.read.format("kafka")
+            .options(**self._client_options())
             .option("kafka.bootstrap.servers", self.bootstrap_servers)
             .options(**self._topic_option())
             .option("startingOffsets", json.dumps({self.topic: begin}))

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from spark_runtime import config
+from spark_runtime import config, kafka_client
 from spark_runtime.config import JOURNAL_PARTITIONS_LIMIT, KAFKA_PARTITIONS_LIMIT, BuiltinProcessor
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
 from spark_runtime.reserved_conf import RESERVED_SPARK_CONF, reserved_conf_message, reserved_conf_problems
@@ -235,11 +235,42 @@ class JournalSource(config.JournalSource, _PartitionedSource):
     )
 
 
+KAFKA_OPTIONS_DOC = (
+    "Kafka client properties passed through to the clients, e.g. security.protocol: SASL_SSL, sasl.mechanism: "
+    "SCRAM-SHA-512. Keys the runtime owns (bootstrap.servers, group.id, serializers, enable.auto.commit, "
+    "auto.offset.reset, acks, enable.idempotence, transactional.id) and secrets (sasl.jaas.config, *password, "
+    "inline keys and certificates) are refused by name: credentials come from credentialsSecret."
+)
+KAFKA_SECRET_DOC = (
+    "A Secret in the Task's namespace with the Kafka client's credentials, each key optional: username and "
+    "password (SASL PLAIN or SCRAM, with options sasl.mechanism), ca.crt (the CA of the brokers' certificates, "
+    "PEM), tls.crt and tls.key (a client certificate and its PKCS#8 key, PEM). security.protocol defaults from "
+    "what is there (SASL_SSL, SASL_PLAINTEXT or SSL) unless options sets it."
+)
+
+
+def _kafka_options_rule(side: str) -> dict[str, str]:
+    """A CEL rule: ``options`` may not set a key the runtime owns or a secret (named in the message)."""
+    names = ", ".join(f"'{k}'" for k in kafka_client.RESERVED)
+    bad = f"self.options.filter(k, k.lowerAscii() in [{names}] || k.lowerAscii().endsWith('password'))"
+    return cel(
+        f"!has(self.options) || size({bad}) == 0",
+        f"spec.{side}.kafka.options may not set a key the runtime owns or a secret; credentials come from "
+        f"spec.{side}.kafka.credentialsSecret",
+        field_path=".options",
+        message_expression=(
+            f"'spec.{side}.kafka.options: ' + {bad}.join(', ') + ' are set by the runtime or hold secrets (use "
+            f"spec.{side}.kafka.credentialsSecret for credentials); remove them'"
+        ),
+    )
+
+
 class KafkaSource(config.KafkaSource, _PartitionedSource):
     """A Kafka topic."""
 
     FIELD_PATH: ClassVar[str] = "spec.source.kafka"
     model_config = k8s_schema(
+        _kafka_options_rule("source"),
         cel(
             f"!{_cel_partitioned('self')} || has(self.partitions)",
             "spec.source.kafka.partitions is required when spec.source.kafka.partitionedByKey is true: the "
@@ -268,6 +299,8 @@ class KafkaSource(config.KafkaSource, _PartitionedSource):
         partitions=f"The topic's partition count (1..{KAFKA_PARTITIONS_LIMIT}), required with and only allowed "
         "with partitionedByKey: it is part of the key-group mapping, so a shard refuses to run (reason "
         "PartitionCountChanged) when the topic's real count differs. Immutable.",
+        options=KAFKA_OPTIONS_DOC,
+        credentials_secret=KAFKA_SECRET_DOC,
     )
 
 
@@ -301,9 +334,13 @@ class DirectorySink(config.DirectorySink, K8sModel):
 class KafkaSink(config.KafkaSink, K8sModel):
     """A Kafka topic."""
 
+    FIELD_PATH: ClassVar[str] = "spec.sink.kafka"
     model_config = k8s_schema(
+        _kafka_options_rule("sink"),
         bootstrap_servers="Comma-separated host:port list of Kafka brokers.",
         topic="Kafka topic to write.",
+        options=KAFKA_OPTIONS_DOC,
+        credentials_secret=KAFKA_SECRET_DOC,
     )
 
 
