@@ -21,11 +21,20 @@ Message shape (field path, value, why, what to do instead)::
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["RESERVED_SPARK_CONF", "Owner", "Reserved", "reserved_conf_message", "reserved_conf_problems"]
+__all__ = [
+    "RESERVED_SPARK_CONF",
+    "RESERVED_SPARK_CONF_PATTERNS",
+    "Owner",
+    "Reserved",
+    "reserved_by",
+    "reserved_conf_message",
+    "reserved_conf_problems",
+]
 
 
 class Owner(StrEnum):
@@ -111,11 +120,51 @@ RESERVED_SPARK_CONF: dict[str, Reserved] = {
 }
 """Every reserved key, with who sets it and why. The one list: the CRD's CEL rules are generated from it."""
 
+_PER_BUCKET = (
+    "a per-bucket s3a setting would send Spark's recovery log to another store, or with other credentials, than "
+    "the runtime's own reads and writes (the runtime sets the bucket-wide ones from spec.storage.s3)"
+)
+
+RESERVED_SPARK_CONF_PATTERNS: dict[str, Reserved] = {
+    r"^spark\.hadoop\.fs\.s3a\.bucket\.[^.]+\.(endpoint|endpoint\.region|path\.style\.access|"
+    r"connection\.ssl\.enabled|aws\.credentials\.provider)$": Reserved(Owner.RUNTIME, _PER_BUCKET),
+    r"^spark\.hadoop\.fs\.s3a\.(bucket\.[^.]+\.)?(access\.key|secret\.key|session\.token)$": Reserved(
+        Owner.RUNTIME, _S3_CREDENTIALS, secret=True
+    ),
+    r"^spark\.hadoop\.fs\.s3a\.(bucket\.[^.]+\.)?assumed\.role\..+$": Reserved(Owner.RUNTIME, _S3_CREDENTIALS),
+    r"^spark\.redaction\.(string\.)?regex$": Reserved(
+        Owner.RUNTIME, "Spark's redaction keeps credentials out of logs and the UI; the runtime relies on its default"
+    ),
+    r"^spark\.sql\.streaming\.checkpointFileManagerClass$": Reserved(
+        Owner.RUNTIME, "the recovery log needs Spark's own checkpoint file manager (its writes never overwrite)"
+    ),
+    r"^spark\.sql\.streaming\.minBatchesToRetain$": Reserved(
+        Owner.RUNTIME, "drains, restores and the first-commit check read recent batches of the recovery log back"
+    ),
+    r"^spark\.speculation(\..+)?$": Reserved(
+        Owner.RUNTIME, "speculative copies of a batch's tasks would write its output twice"
+    ),
+}
+"""Reserved keys by pattern (Python ``re`` and CEL ``matches`` syntax alike): families of keys no exact entry of
+:data:`RESERVED_SPARK_CONF` can list (per-bucket s3a settings, credentials, redaction, speculation)."""
+
+
+def reserved_by(key: str) -> tuple[str, Reserved] | None:
+    """``(the exact key or pattern, its entry)`` that reserves ``key``, or None."""
+    if key in RESERVED_SPARK_CONF:
+        return key, RESERVED_SPARK_CONF[key]
+    for pattern, reserved in RESERVED_SPARK_CONF_PATTERNS.items():
+        if re.match(pattern, key):
+            return pattern, reserved
+    return None
+
 
 def reserved_conf_message(key: str, *, path: str = "spec.spark.conf", value: str | None = None) -> str:
     """Why ``key`` is refused: ``<path>["<key>"]: "<value>" is reserved: <why>; remove the key`` (no value part
     when ``value`` is None, as in the CRD's static CEL message; ``"<redacted>"`` for a credential)."""
-    reserved = RESERVED_SPARK_CONF[key]
+    found = reserved_by(key)
+    assert found is not None, key
+    reserved = found[1]
     shown = "" if value is None else f": {json.dumps('<redacted>' if reserved.secret else value)}"
     return f'{path}["{key}"]{shown} is reserved: {reserved.why}; remove the key'
 
@@ -124,8 +173,9 @@ def reserved_conf_problems(
     conf: Mapping[str, str], *, path: str = "spec.spark.conf", owners: Collection[Owner] = tuple(Owner)
 ) -> list[str]:
     """One message per key of ``conf`` that ``owners`` reserve, in ``conf``'s order (empty: nothing reserved)."""
-    return [
-        reserved_conf_message(key, path=path, value=value)
-        for key, value in conf.items()
-        if key in RESERVED_SPARK_CONF and RESERVED_SPARK_CONF[key].owner in owners
-    ]
+    problems = []
+    for key, value in conf.items():
+        found = reserved_by(key)
+        if found is not None and found[1].owner in owners:
+            problems.append(reserved_conf_message(key, path=path, value=value))
+    return problems

@@ -114,6 +114,15 @@ GOOD_CASES: list[GoodCase] = [
     GoodCase("journal-by-key-false-3-partitions", journal_source(partitions=3, partitionedByKey=False)),
     GoodCase("kafka-by-key-false-without-partitions", kafka_source(partitionedByKey=False)),
     GoodCase("shards-up-to-maxKeyGroups", {"shards": 128}),
+    GoodCase(
+        "kafka-secured-options-and-secret",
+        kafka_source(
+            options={"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"}, credentialsSecret="k"
+        ),
+    ),
+    GoodCase(
+        "spark-conf-per-bucket-timeout", {"spark": {"conf": {"spark.hadoop.fs.s3a.bucket.b.connection.timeout": "5s"}}}
+    ),
 ]
 
 
@@ -282,6 +291,26 @@ BAD_CASES: list[BadCase] = [
         "TaskShard",
         {"keyGroups": {"start": 5, "end": 6}, "split": {"requested": True}},
         "spec.split.requested",
+    ),
+    BadCase(
+        "kafka-options-reserved-key",
+        "Task",
+        kafka_source(options={"group.id": "mine"}),
+        "spec.source.kafka.options",
+        "spec.source.kafka.options.group.id: this Kafka client property is set by the runtime",
+    ),
+    BadCase(
+        "kafka-options-password",
+        "Task",
+        kafka_source(options={"ssl.key.password": "x"}),
+        "spec.source.kafka.options",
+    ),
+    BadCase(
+        "spark-conf-per-bucket-endpoint",
+        "Task",
+        {"spark": {"conf": {"spark.hadoop.fs.s3a.bucket.other.endpoint": "http://elsewhere"}}},
+        "spec.spark.conf",
+        'spec.spark.conf["spark.hadoop.fs.s3a.bucket.other.endpoint"]',
     ),
     BadCase("taskRef-missing", "TaskShard", {"taskRef": None}, "spec.taskRef"),
     BadCase("taskRef-bad-name", "TaskShard", {"taskRef": {"name": "Bad_Name"}}, "spec.taskRef.name"),

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from spark_runtime.config import ConfigError, parse_config
 from spark_runtime.keygroups import KeyGroupRange
-from spark_runtime.reserved_conf import RESERVED_SPARK_CONF, Owner, reserved_conf_message
+from spark_runtime.reserved_conf import RESERVED_SPARK_CONF, RESERVED_SPARK_CONF_PATTERNS, Owner, reserved_conf_message
 from spark_runtime.session import DEFAULT_CONF
 from spark_runtime.storage import S3Settings
 from taskshard_operator import builders
@@ -54,8 +54,42 @@ def test_crd_has_one_forbidding_rule_per_reserved_key_naming_it_and_why():
         assert rule["message"] == reserved_conf_message(key)
         assert rule["message"].startswith(f'spec.spark.conf["{key}"] is reserved: ')
         assert rule["reason"] == "FieldValueForbidden"
-    # The other rule on the map is the prefix rule; nothing else is there.
-    assert len(_conf_rules_on_disk()) == len(rules) + 1
+    # The other rules on the map: one per reserved pattern, and the prefix rule; nothing else is there.
+    patterns = [r for r in _conf_rules_on_disk() if "k.matches(r'" in r["rule"]]
+    assert len(patterns) == len(RESERVED_SPARK_CONF_PATTERNS)
+    for rule, (pattern, reserved) in zip(patterns, RESERVED_SPARK_CONF_PATTERNS.items(), strict=True):
+        assert (
+            pattern in rule["rule"]
+            and reserved.why in rule["message"]
+            and "+ self.filter(" in rule["messageExpression"]
+        )
+    assert len(_conf_rules_on_disk()) == len(rules) + len(patterns) + 1
+
+
+@pytest.mark.parametrize(
+    "key, reserved",
+    [
+        ("spark.hadoop.fs.s3a.bucket.other-bucket.endpoint", True),
+        ("spark.hadoop.fs.s3a.bucket.b.secret.key", True),
+        ("spark.hadoop.fs.s3a.session.token", True),
+        ("spark.hadoop.fs.s3a.assumed.role.arn", True),
+        ("spark.redaction.regex", True),
+        ("spark.sql.streaming.checkpointFileManagerClass", True),
+        ("spark.sql.streaming.minBatchesToRetain", True),
+        ("spark.speculation", True),
+        ("spark.speculation.multiplier", True),
+        ("spark.hadoop.fs.s3a.bucket.b.connection.timeout", False),
+        ("spark.hadoop.fs.s3a.connection.timeout", False),
+        ("spark.sql.shuffle.partitions", False),
+    ],
+)
+def test_families_of_keys_are_reserved_by_pattern_naming_the_key(key, reserved):
+    spec = _spec({key: "x"})
+    if not reserved:
+        TaskSpec.from_k8s(spec)
+        return
+    with pytest.raises(ValidationError, match=re.escape(f'spec.spark.conf["{key}"]')):
+        TaskSpec.from_k8s(spec)
 
 
 def test_reserved_keys_are_safe_in_a_cel_string_literal():

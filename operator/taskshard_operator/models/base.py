@@ -76,10 +76,13 @@ def validations(*rules: dict[str, str]) -> dict[str, Any]:
     return {"x-kubernetes-validations": list(rules)}
 
 
-def k8s_schema(*rules: dict[str, str], **descriptions: str) -> ConfigDict:
+def k8s_schema(
+    *rules: dict[str, str], field_rules: dict[str, list[dict[str, str]]] | None = None, **descriptions: str
+) -> ConfigDict:
     """``model_config`` of a Task model built on a runtime model of ``spark_runtime.config``: the CRD additions.
 
-    ``rules`` are the model's CEL rules (as :func:`validations`); ``descriptions`` maps the Python names of
+    ``rules`` are the model's CEL rules (as :func:`validations`), ``field_rules`` those of single fields (a map a
+    rule iterates carries its rule itself, next to its bounds); ``descriptions`` maps the Python names of
     inherited fields to their descriptions. Both go into the JSON schema only (hence the CRD); the fields
     themselves (types, limits, defaults, validators) stay exactly the runtime's. A name that is not a field of the
     model fails the schema generation (KeyError), and a field left without a description fails the CRD test.
@@ -89,6 +92,8 @@ def k8s_schema(*rules: dict[str, str], **descriptions: str) -> ConfigDict:
         properties = schema.get("properties", {})
         for name, text in descriptions.items():
             properties[model.model_fields[name].alias or name]["description"] = text
+        for name, field_cel in (field_rules or {}).items():
+            properties[model.model_fields[name].alias or name].update(validations(*field_cel))
         if rules:
             schema.update(validations(*rules))
 

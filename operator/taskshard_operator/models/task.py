@@ -27,7 +27,12 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 from spark_runtime import config, kafka_client
 from spark_runtime.config import JOURNAL_PARTITIONS_LIMIT, KAFKA_PARTITIONS_LIMIT, BuiltinProcessor
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
-from spark_runtime.reserved_conf import RESERVED_SPARK_CONF, reserved_conf_message, reserved_conf_problems
+from spark_runtime.reserved_conf import (
+    RESERVED_SPARK_CONF,
+    RESERVED_SPARK_CONF_PATTERNS,
+    reserved_conf_message,
+    reserved_conf_problems,
+)
 from taskshard_operator import naming
 
 from .base import (
@@ -249,20 +254,34 @@ KAFKA_SECRET_DOC = (
 )
 
 
-def _kafka_options_rule(side: str) -> dict[str, str]:
-    """A CEL rule: ``options`` may not set a key the runtime owns or a secret (named in the message)."""
-    names = ", ".join(f"'{k}'" for k in kafka_client.RESERVED)
-    bad = f"self.options.filter(k, k.lowerAscii() in [{names}] || k.lowerAscii().endsWith('password'))"
-    return cel(
-        f"!has(self.options) || size({bad}) == 0",
-        f"spec.{side}.kafka.options may not set a key the runtime owns or a secret; credentials come from "
-        f"spec.{side}.kafka.credentialsSecret",
-        field_path=".options",
-        message_expression=(
-            f"'spec.{side}.kafka.options: ' + {bad}.join(', ') + ' are set by the runtime or hold secrets (use "
-            f"spec.{side}.kafka.credentialsSecret for credentials); remove them'"
-        ),
-    )
+def _kafka_options_rules(side: str) -> list[dict[str, str]]:
+    """CEL rules: ``options`` may not set a key the runtime owns (one rule per key, naming it) or any ``*password``
+    (the model refuses keys case-insensitively and names each; rules stay cheap for the apiserver's budget)."""
+    field = f"spec.{side}.kafka.options"
+    rules = [
+        cel(
+            f"!has(self.options) || !('{key}' in self.options)",
+            f"{field}.{key}: this Kafka client property is set by {owner}; remove it from {field}",
+            field_path=".options",
+            reason="FieldValueForbidden",
+        )
+        for key, owner in kafka_client.RESERVED.items()
+    ]
+    return rules
+
+
+def _kafka_password_rule(side: str) -> dict[str, list[dict[str, str]]]:
+    """The rule on ``options`` itself (it iterates the map): no key ending in ``password``."""
+    return {
+        "options": [
+            cel(
+                "self.all(k, !k.endsWith('password'))",
+                f"spec.{side}.kafka.options: a key ending in 'password' holds a secret; credentials come from "
+                f"spec.{side}.kafka.credentialsSecret",
+                reason="FieldValueForbidden",
+            )
+        ]
+    }
 
 
 class KafkaSource(config.KafkaSource, _PartitionedSource):
@@ -270,7 +289,7 @@ class KafkaSource(config.KafkaSource, _PartitionedSource):
 
     FIELD_PATH: ClassVar[str] = "spec.source.kafka"
     model_config = k8s_schema(
-        _kafka_options_rule("source"),
+        *_kafka_options_rules("source"),
         cel(
             f"!{_cel_partitioned('self')} || has(self.partitions)",
             "spec.source.kafka.partitions is required when spec.source.kafka.partitionedByKey is true: the "
@@ -301,6 +320,7 @@ class KafkaSource(config.KafkaSource, _PartitionedSource):
         "PartitionCountChanged) when the topic's real count differs. Immutable.",
         options=KAFKA_OPTIONS_DOC,
         credentials_secret=KAFKA_SECRET_DOC,
+        field_rules=_kafka_password_rule("source"),
     )
 
 
@@ -336,7 +356,8 @@ class KafkaSink(config.KafkaSink, K8sModel):
 
     FIELD_PATH: ClassVar[str] = "spec.sink.kafka"
     model_config = k8s_schema(
-        _kafka_options_rule("sink"),
+        *_kafka_options_rules("sink"),
+        field_rules=_kafka_password_rule("sink"),
         bootstrap_servers="Comma-separated host:port list of Kafka brokers.",
         topic="Kafka topic to write.",
         options=KAFKA_OPTIONS_DOC,
@@ -459,11 +480,27 @@ class EnvVar(K8sModel):
 
 
 def _reserved_conf_rules() -> list[dict[str, str]]:
-    """One CEL rule per key of ``RESERVED_SPARK_CONF`` (static messages cannot name a key found by a loop)."""
-    return [
+    """One CEL rule per key of ``RESERVED_SPARK_CONF`` (static messages cannot name a key found by a loop), and one
+    per pattern of ``RESERVED_SPARK_CONF_PATTERNS`` whose message names the first matching key."""
+    exact = [
         cel(f"!('{key}' in self)", reserved_conf_message(key), reason="FieldValueForbidden")
         for key in RESERVED_SPARK_CONF
     ]
+    by_pattern = []
+    for pattern, reserved in RESERVED_SPARK_CONF_PATTERNS.items():
+        matching = f"self.filter(k, k.matches(r'{pattern}'))"
+        by_pattern.append(
+            cel(
+                f"size({matching}) == 0",
+                f"spec.spark.conf: a key matching {pattern} is reserved: {reserved.why}; remove the key",
+                reason="FieldValueForbidden",
+                message_expression=(
+                    f'"spec.spark.conf[\\"" + {matching}[0] + "\\"] is reserved: '
+                    f'{reserved.why.replace(chr(34), chr(39))}; remove the key"'
+                ),
+            )
+        )
+    return exact + by_pattern
 
 
 class SparkSpec(K8sModel):
