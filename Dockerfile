@@ -90,6 +90,13 @@ COPY operator /src/operator
 COPY spark_runtime /src/spark_runtime
 RUN /opt/buildtools/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels /src
 
+# The example processor package (examples/processors), shipped in the shard image: its processors run as they are,
+# and it is the model for a user's own package (examples/processors/Dockerfile layers one on this image).
+FROM builder AS examples-wheel
+COPY examples/processors/pyproject.toml /src/examples/
+COPY examples/processors/taskshard_examples /src/examples/taskshard_examples
+RUN /opt/buildtools/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels /src/examples
+
 FROM builder AS operator-deps
 COPY --from=requirements /build/operator.txt /build/
 RUN python3 -m venv /opt/taskshard && pip install --use-pep517 -r /build/operator.txt
@@ -141,10 +148,11 @@ COPY --from=shard-deps /opt/taskshard /opt/taskshard
 # KafkaConnectorMissing error; journal/directory/path tasks need no jars).
 COPY hack/image/jars/ /opt/taskshard/jars/
 COPY --from=wheel /wheels /opt/wheels
+COPY --from=examples-wheel /wheels /opt/wheels
 RUN set -eux; \
     pip install --no-deps --no-index /opt/wheels/*.whl; \
     rm -rf /opt/wheels /opt/taskshard/bin/localkube; \
-    python -c "import pyspark, spark_runtime; print('pyspark', pyspark.__version__)"
+    python -c "import pyspark, spark_runtime, taskshard_examples; print('pyspark', pyspark.__version__)"
 USER 10001:10001
 ENTRYPOINT ["python", "-m", "spark_runtime"]
 CMD ["--help"]

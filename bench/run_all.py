@@ -25,6 +25,8 @@ The benchmarks (issue 8), each a script that prints its table and writes JSON + 
 12. ``merge``: ``bench/merge_gap.py`` (the processing gap of a merge next to a split's on the same state size).
 13. ``autoscale``: ``bench/autoscale.py`` (``spec.autoscale`` on a 4x step of the input rate: rate, lag and shard
     count over time, exact results).
+14. ``state-layouts``: ``bench/state_layouts.py`` (the Python processor's state layouts: per-batch time, CPU and
+    changelog bytes at 100,000, 1,000,000 and 10,000,000 keys of state).
 
 They run one after another (never two at once: they would measure each other), each in its own process, with
 the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
@@ -159,6 +161,14 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         "result": "autoscale",
         "full": ["--step", "720"],
         "quick": ["--step", "480", "--tail", "600"],
+    },
+    "state-layouts": {
+        "number": 14,
+        "title": "Python processor state layouts: per-batch cost against state size",
+        "script": "bench/state_layouts.py",
+        "result": "state_layouts",
+        "full": ["--keys", "100000,1000000,10000000"],
+        "quick": ["--keys", "100000,1000000", "--per-key-max", "100000"],
     },
 }
 

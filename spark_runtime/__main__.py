@@ -71,15 +71,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     from spark_runtime.fencing import WriterFenced
-    from spark_runtime.problems import EXIT_ENVIRONMENT, EnvironmentProblem
+    from spark_runtime.problems import EXIT_ENVIRONMENT, EnvironmentProblem, TemplateRefused
     from spark_runtime.processor import ProcessorError
-    from spark_runtime.protocol import FailureSummary
+    from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE, FailureSummary
     from spark_runtime.shard import ShardFailed, ShardRunner
     from spark_runtime.snapshot import RestoreError
 
-    def failed(error: Any, reason: str | None = None, code: int = 1) -> int:
+    def failed(error: Any, reason: str | None = None, code: int = 1, field: str | None = None) -> int:
         _write_termination_message(
-            config.termination_message_path, FailureSummary(config.shard, str(error), reason=reason).to_json()
+            config.termination_message_path,
+            FailureSummary(config.shard, str(error), reason=reason, field=field).to_json(),
         )
         return code
 
@@ -101,12 +102,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         log.error("cannot run: %s", exc)
         _write_termination_message(config.termination_message_path, exc.termination(config.shard))
         return EXIT_ENVIRONMENT
+    except TemplateRefused as exc:
+        # Exit 0: the same template would refuse again; the operator keeps the shard stopped until it changes.
+        log.error("refused: %s", exc)
+        _write_termination_message(config.termination_message_path, exc.termination(config.shard))
+        return 0
     except RestoreError as exc:
         log.error("cannot restore: %s", exc)
+        if exc.reason == STATE_SCHEMA_INCOMPATIBLE:
+            refused = TemplateRefused(exc.reason, "processor.python", str(exc))
+            _write_termination_message(config.termination_message_path, refused.termination(config.shard))
+            return 0
         return failed(exc, exc.reason, code=2)
     except ShardFailed as exc:
         log.error("%s", exc)
-        return failed(exc)
+        return failed(exc, exc.reason, field=exc.field)
     _write_termination_message(config.termination_message_path, summary)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from spark_runtime.storage import Loc, location
 
-__all__ = ["last_batch", "last_committed_batch", "last_planned_batch", "read_offsets"]
+__all__ = ["batch_metadata", "last_batch", "last_committed_batch", "last_planned_batch", "read_offsets"]
 
 
 def _loc(where: Loc | str | os.PathLike[str]) -> Loc:
@@ -42,3 +42,12 @@ def read_offsets(checkpoint: Loc | str | os.PathLike[str], batch_id: int) -> lis
     if not lines or not lines[0].startswith("v"):
         raise ValueError(f"{checkpoint}/offsets/{batch_id}: not a Spark offset log file")
     return [json.loads(line) if line.strip() not in ("", "-") else None for line in lines[2:]]
+
+
+def batch_metadata(checkpoint: Loc | str | os.PathLike[str], batch_id: int) -> dict[str, Any]:
+    """The batch metadata of ``batch_id`` (the offset log's second line: ``batchWatermarkMs``,
+    ``batchTimestampMs`` and the session conf Spark pinned)."""
+    lines = (_loc(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()
+    if len(lines) < 2 or not lines[0].startswith("v"):
+        raise ValueError(f"{checkpoint}/offsets/{batch_id}: not a Spark offset log file")
+    return json.loads(lines[1])

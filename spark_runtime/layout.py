@@ -125,6 +125,19 @@ class ShardPaths:
     def handover_dir(self) -> Loc:
         return self.shard_dir / protocol.HANDOVER_DIR
 
+    @property
+    def state_schema(self) -> Loc:
+        """``state-schema.json``: the Python processor's state schema the shard's state is written with (its
+        columns with defaults, and the names retired by drops), checked at every start
+        (:meth:`spark_runtime.shard.ShardRunner.prepare`)."""
+        return self.shard_dir / "state-schema.json"
+
+    @property
+    def state_layout(self) -> Loc:
+        """``state-layout.json``: the Python processor's state layout in this shard's checkpoint, written once
+        before its first batch (:func:`spark_runtime.engine.choose_layout`)."""
+        return self.shard_dir / "state-layout.json"
+
     def handover_request(self, child: str, epoch: int | None = None) -> Loc:
         """A successor's request note, scoped to the successor's writer epoch."""
         return self.handover_dir / protocol.request_name(child, epoch)

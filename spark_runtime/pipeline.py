@@ -8,10 +8,11 @@ Two processing kinds share the source, the filter, the seeding and the sink:
     for sum), state in the RocksDB state store. Seeded by one seed row per key whose delta is the parent's
     total. State rows in the checkpoint: key ``{key}``, value ``{sum}``; snapshot columns ``key, value``.
 ``python``
-    ``groupBy(key_group).applyInPandasWithState``: one Python call per key group per batch with a pandas
-    DataFrame of many keys (see :mod:`spark_runtime.processor`); the group's state is one Arrow IPC table
-    (``key`` + the processor's state columns) in the state store. Seeded by one blob per key group.
-    Snapshot columns ``key`` + the state columns.
+    One Python call per key group per batch with a pandas DataFrame of many keys (the user's processor,
+    :mod:`spark_runtime.engine.api`), over one of two state layouts (:mod:`spark_runtime.engine`): ``runs``
+    (``transformWithStateInPandas``; a batch costs the keys it touches; every new checkpoint) or ``blob``
+    (``applyInPandasWithState`` with one Arrow table per key group; checkpoints that hold it). Seeded by one blob
+    per key group. Snapshot columns ``key`` + the state columns (the same for both layouts).
 
 Both snapshots are Parquet under ``state/key_group=<n>/`` (one directory per key group, one file per
 directory), so a child reads only its key groups' files.
@@ -25,7 +26,13 @@ from typing import Any
 
 from spark_runtime import live
 from spark_runtime.config import BuiltinProcessor, ShardConfig
-from spark_runtime.processor import load_processor, result_column_type, state_columns
+from spark_runtime.engine.api import (
+    load_processor,
+    processor_result_columns,
+    processor_state_schema,
+    processor_ttl_ms,
+)
+from spark_runtime.engine.schema import StateSchema
 from spark_runtime.protocol import SkipRule
 from spark_runtime.records import RecordSpec
 
@@ -48,6 +55,20 @@ class Plan:
     python_ref: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     delta_expr_field: str | None = None  # builtin sum: the summed field
+    schema: StateSchema | None = None
+    """The Python processor's state schema (with defaults; None for the builtins)."""
+    result_columns: list[tuple[str, str]] = field(default_factory=lambda: [("result", "bigint")])
+    """The output's result columns ``(name, type)`` (the builtins and a plain ``result_type``: one, ``result``)."""
+    ttl_ms: int | None = None
+    """The Python processor's state TTL (None: none)."""
+    layout: str = "runs"
+    """The Python processor's state layout in the checkpoint: ``runs`` or ``blob`` (:mod:`spark_runtime.engine`)."""
+    cache_dir: str = ""
+    """Where the runs layout keeps local copies of runs (empty: the process's own temporary directory)."""
+    state_buckets: int = 0
+    """The runs layout's buckets of key groups: its grouping key (:func:`spark_runtime.engine.stateful.bucket_sql`)."""
+    range_start: int = 0
+    range_end: int = 0
 
     @property
     def state_schema(self) -> str:
@@ -67,7 +88,14 @@ partitions (Spark merges the partitions' partial histograms bin by bin until the
 def make_plan(config: ShardConfig) -> Plan:
     proc = config.processor
     if proc.builtin == BuiltinProcessor.COUNT:
-        return Plan("builtin", RecordSpec.build(config.key_field), "builtin-count/v1", [("value", "bigint")], "bigint")
+        return Plan(
+            "builtin",
+            RecordSpec.build(config.key_field),
+            "builtin-count/v1",
+            [("value", "bigint")],
+            "bigint",
+            result_columns=[("result", "bigint")],
+        )
     if proc.builtin == BuiltinProcessor.SUM:
         assert proc.field is not None
         return Plan(
@@ -77,19 +105,45 @@ def make_plan(config: ShardConfig) -> Plan:
             [("value", "double")],
             "double",
             delta_expr_field=proc.field,
+            result_columns=[("result", "double")],
         )
     assert proc.python is not None
     instance = load_processor(proc.python, proc.parameters)
     fields = dict(getattr(instance, "fields", {}) or {})
+    schema = processor_state_schema(instance)
+    results = [(c.name, c.type) for c in processor_result_columns(instance)]
+    r = config.key_groups
     return Plan(
         "python",
         RecordSpec.build(config.key_field, fields, bool(getattr(instance, "raw_value", False))),
         f"python/v{STATE_FORMAT_VERSION}",
-        state_columns(instance.state_schema),
-        result_column_type(instance.result_type),
+        schema.pairs,
+        results[0][1],
         python_ref=proc.python,
         parameters=dict(proc.parameters or {}),
+        schema=schema,
+        result_columns=results,
+        ttl_ms=processor_ttl_ms(instance),
+        state_buckets=default_state_buckets(config),
+        range_start=r.start,
+        range_end=r.end,
     )
+
+
+STATE_BUCKETS_CONF = "spark.taskshard.stateBuckets"
+
+
+def default_state_buckets(config: ShardConfig) -> int:
+    """Buckets of key groups for a new runs-layout checkpoint: ``spark.taskshard.stateBuckets``, else twice the
+    shuffle partitions (at least 4), at most the shard's key groups."""
+    conf = config.spark.conf
+    wanted = conf.get(STATE_BUCKETS_CONF)
+    if wanted is None:
+        from spark_runtime.session import DEFAULT_CONF
+
+        partitions = int(conf.get("spark.sql.shuffle.partitions", DEFAULT_CONF["spark.sql.shuffle.partitions"]))
+        wanted = max(4, 2 * partitions)
+    return max(1, min(int(wanted), config.key_groups.end - config.key_groups.start))
 
 
 # ---------------------------------------------------------------- the streaming plan
@@ -163,60 +217,66 @@ def build_output_frame(
         agg = deltas.groupBy("key").agg(F.sum("delta").alias("result"))
         return agg.select("key", kg.alias("key_group"), "result")
 
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
     ev = mine.withColumn("seed", F.lit(None).cast("binary"))
     if seed is not None:
         ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in ev.schema.fields)
         ev = seed_stream(spark, mode="blobs", schema_ddl=ddl, **seed).unionByName(ev)
-    fn = make_group_function(plan)
-    return ev.groupBy("key_group").applyInPandasWithState(
-        fn,
-        outputStructType=f"key string, key_group int, result {plan.result_type}",
-        stateStructType="state binary",
-        outputMode="update",
-        timeoutConf=GroupStateTimeout.NoTimeout,
+    return python_state_frame(plan, ev)
+
+
+def event_columns(plan: Plan) -> list[str]:
+    """The columns of the ``events`` a Python processor receives."""
+    columns = ["key"] + [f.name for f in plan.record_spec.fields]
+    columns += ["value"] if plan.record_spec.raw_value else []
+    return columns + ["partition", "offset"]
+
+
+def output_ddl(plan: Plan) -> str:
+    """The output's schema: ``key string, key_group int`` and the result columns."""
+    return ", ".join(["key string", "key_group int"] + [f"`{n}` {t}" for n, t in plan.result_columns])
+
+
+def python_state_frame(plan: Plan, ev: Any) -> Any:
+    """``ev`` (the shard's events and seed rows, with ``key_group``) through the Python processor, in the plan's
+    state layout."""
+    assert plan.python_ref is not None and plan.schema is not None
+    if plan.layout == "blob":
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        from spark_runtime.engine.blob import make_group_function
+
+        fn = make_group_function(
+            plan.python_ref,
+            plan.parameters_json,
+            plan.schema,
+            event_columns(plan),
+            [n for n, _ in plan.result_columns],
+        )
+        return ev.groupBy("key_group").applyInPandasWithState(
+            fn,
+            outputStructType=output_ddl(plan),
+            stateStructType="state binary",
+            outputMode="update",
+            timeoutConf=GroupStateTimeout.NoTimeout,
+        )
+    from pyspark.sql import functions as F
+
+    from spark_runtime.engine.packing import NOW, PACKED_DDL, pack_events
+    from spark_runtime.engine.stateful import RunsProcessor, RunsSettings, bucket_sql, default_cache_dir
+
+    settings = RunsSettings(
+        ref=plan.python_ref,
+        parameters_json=plan.parameters_json,
+        schema_json=plan.schema.to_json(),
+        result_names=tuple(n for n, _ in plan.result_columns),
+        event_columns=tuple(event_columns(plan)),
+        cache_dir=plan.cache_dir or default_cache_dir(),
+        ttl_ms=plan.ttl_ms,
     )
-
-
-def make_group_function(plan: Plan) -> Any:
-    """The ``applyInPandasWithState`` function: one call per key group per micro-batch."""
-    ref, params_json, columns = plan.python_ref, plan.parameters_json, list(plan.state_columns)
-    event_columns = ["key"] + [f.name for f in plan.record_spec.fields]
-    event_columns += ["value"] if plan.record_spec.raw_value else []
-    event_columns += ["partition", "offset"]
-
-    def process_key_group(key: tuple, frames: Any, state: Any) -> Any:
-        import warnings
-
-        import numpy as np
-        import pandas as pd
-
-        # pyspark's worker concatenates our output frames; pandas 2.x warns about all-NA columns there.
-        warnings.filterwarnings("ignore", category=FutureWarning, message=".*concatenation with empty or all-NA")
-
-        from spark_runtime import processor as P
-
-        proc = P.cached_processor(ref, params_json)
-        pdf = pd.concat(list(frames), ignore_index=True)
-        group = int(key[0])
-        table = P.decode_state_table(state.get[0]) if state.exists else None
-        current = P.state_frame(table, columns)
-        seeded = pdf["seed"].notna()
-        if seeded.any():  # batch 0 of a restored child: install the parent's slice
-            parts = [current] + [P.state_frame(P.decode_state_table(b), columns) for b in pdf.loc[seeded, "seed"]]
-            current = pd.concat(parts, ignore_index=True)
-            pdf = pdf[~seeded]
-        order = np.lexsort((pdf["offset"].to_numpy(), pdf["partition"].to_numpy()))  # source order per partition
-        events = pdf[event_columns].take(order).reset_index(drop=True)
-        outputs = None
-        if len(events):
-            current, outputs = P.run_processor(proc, events, current, columns)
-        if len(current):
-            state.update((P.encode_state_table(P.frame_to_state_table(current, columns)),))
-        elif state.exists:
-            state.remove()
-        if outputs is not None and len(outputs):
-            yield pd.DataFrame({"key": outputs["key"].astype(str), "key_group": group, "result": outputs["result"]})
-
-    return process_key_group
+    bucket = F.expr(bucket_sql(plan.range_start, plan.range_end, plan.state_buckets))
+    if plan.ttl_ms is not None:  # the batch's own time (fixed per micro-batch, the same on a replay)
+        ev = ev.withColumn(NOW, F.unix_millis(F.current_timestamp()))
+    packed = ev.mapInArrow(pack_events, PACKED_DDL).withColumn("bucket", bucket)
+    return packed.groupBy("bucket").transformWithStateInPandas(
+        RunsProcessor(settings), outputStructType=output_ddl(plan), outputMode="Update", timeMode="None"
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EXIT_ENVIRONMENT", "EnvironmentProblem"]
+__all__ = ["EXIT_ENVIRONMENT", "EnvironmentProblem", "TemplateRefused"]
 
 EXIT_ENVIRONMENT = 3
 """Exit code of ``taskshard-shard run`` for an :class:`EnvironmentProblem`."""
@@ -32,3 +32,22 @@ class EnvironmentProblem(RuntimeError):
         from spark_runtime.protocol import FailureSummary
 
         return FailureSummary(shard, str(self), reason=self.reason, field=self.field).to_json()
+
+
+class TemplateRefused(RuntimeError):
+    """The shard's template cannot run on its state (e.g. ``StateSchemaIncompatible``: the processor's new state
+    schema would misread the stored state), found before anything is processed. The runtime exits 0 with a
+    ``refused`` summary: restarting the same template would refuse again, so the operator keeps the shard stopped
+    with the reason until the Task's template changes (:data:`spark_runtime.protocol.SummaryEvent.REFUSED`)."""
+
+    def __init__(self, reason: str, field: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.field = field
+
+    def termination(self, shard: str) -> dict[str, Any]:
+        from spark_runtime.protocol import FailureSummary, SummaryEvent
+
+        return FailureSummary(
+            shard, str(self), reason=self.reason, field=self.field, event=SummaryEvent.REFUSED
+        ).to_json()

@@ -192,6 +192,18 @@ class SummaryEvent(StrEnum):
     """A split undone before the hand-over (:class:`SplitAbortSummary`): the shard keeps its range and resumes."""
     MERGE_ABORT = "merge-abort"
     """A merged shard's abort pod fenced it and found whether a parent drained (:class:`MergeAbortSummary`)."""
+    REFUSED = "refused"
+    """The runtime refused to run this template before processing anything (:class:`FailureSummary`; e.g. reason
+    ``StateSchemaIncompatible``) and exited 0: a restart of the same template would refuse again, so the operator
+    keeps the shard stopped, Degraded with the reason, until the Task's template changes."""
+
+
+FAILURE_EVENTS = (SummaryEvent.FAILED, SummaryEvent.FENCED, SummaryEvent.REFUSED)
+"""The events of a :class:`FailureSummary`."""
+STATE_SCHEMA_INCOMPATIBLE = "StateSchemaIncompatible"
+"""The reason of a refusal: the Python processor's state schema cannot read the stored state (it names the column)."""
+REFUSAL_REASONS = frozenset({STATE_SCHEMA_INCOMPATIBLE})
+"""Reasons of :data:`SummaryEvent.REFUSED` summaries: the operator rolls the next template to such a shard first."""
 
 
 @dataclass(frozen=True)
@@ -221,7 +233,7 @@ class FailureSummary:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FailureSummary:
         event = SummaryEvent(data.get("event"))
-        if event not in (SummaryEvent.FAILED, SummaryEvent.FENCED):
+        if event not in FAILURE_EVENTS:
             raise ValueError(f"event: {event!r} is not a failure")
         error = data.get("error")
         if not isinstance(error, str) or not error.strip():

@@ -142,7 +142,8 @@ def final_results(
 
 
 def final_results_from_records(records: Iterable[dict[str, Any]], lineage: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``{key: result}`` from output records ``{"key", "shard", "batch", "result", ...}`` of any sink (the
+    """``{key: result}`` from output records ``{"key", "shard", "batch", "result", ...}`` of any sink (several
+    result columns: ``{key: {column: value}}``; the
     directory's files, the Kafka topic's values): per key, the record of the deepest shard of its lineage and,
     within it, the highest batch; batches after a shard's drained batch are dropped. Duplicates (a replayed
     batch written twice to Kafka) carry the same result, so their order does not matter."""
@@ -158,5 +159,15 @@ def final_results_from_records(records: Iterable[dict[str, Any]], lineage: dict[
         key = rec["key"]
         cur = best.get(key)
         if cur is None or rank > cur[:2]:
-            best[key] = (rank[0], rank[1], rec["result"])
+            best[key] = (rank[0], rank[1], result_of(rec))
     return {k: v[2] for k, v in best.items()}
+
+
+RECORD_ENVELOPE = ("key", "key_group", "shard", "batch")
+
+
+def result_of(record: dict[str, Any]) -> Any:
+    """A record's result: its ``result`` field, or, for a processor with several result columns, those as a dict."""
+    if "result" in record:
+        return record["result"]
+    return {k: v for k, v in record.items() if k not in RECORD_ENVELOPE}

@@ -33,6 +33,7 @@ behind). Snapshots: :mod:`spark_runtime.snapshot`. Batches, positions and ``prog
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -54,9 +55,9 @@ from spark_runtime.logs import set_phase as set_log_phase
 from spark_runtime.merge import MergeHandover
 from spark_runtime.metrics import ShardMetrics
 from spark_runtime.pipeline import Plan, build_output_frame, make_plan
-from spark_runtime.problems import EnvironmentProblem
+from spark_runtime.problems import EnvironmentProblem, TemplateRefused
 from spark_runtime.progress import Progress
-from spark_runtime.protocol import HandoverMode, StandbyStopSummary
+from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE, HandoverMode, StandbyStopSummary
 from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter, KafkaSinkWriter
 from spark_runtime.snapshot import utc_now
 from spark_runtime.snapshot.export import SnapshotWriter
@@ -95,7 +96,13 @@ TERMINATION_MESSAGE_LIMIT = 4096
 
 
 class ShardFailed(RuntimeError):
-    """The streaming query failed; the message holds Spark's error."""
+    """The streaming query failed; the message holds Spark's error, or the processor's (``reason``
+    ``ProcessorFailed``, ``field`` ``processor.python``)."""
+
+    def __init__(self, message: str, reason: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.field = field
 
 
 def summary_message(summary: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
@@ -155,6 +162,13 @@ class ShardRunner:
             )
         self.dead_letter_dir = dead_letter_dir
         self.plan: Plan = make_plan(config)
+        if self.plan.kind == "python":  # the layout its checkpoint holds (recorded before a first batch)
+            from spark_runtime.engine import checkpoint_layout
+
+            chosen = checkpoint_layout(
+                self.paths.state_layout, last_committed_batch(self.paths.checkpoint), self.plan.state_buckets
+            )
+            self.plan = dataclasses.replace(self.plan, layout=chosen.layout, state_buckets=chosen.buckets)
         self.source = make_source(config.source, config.partitions_to_read)
         self.spark = spark
         self.available_now = available_now
@@ -303,11 +317,46 @@ class ShardRunner:
         self.restore = None
         if self.as_child is not None:  # a split or merged child: its parents' manifests, slices and positions
             self.restore = plan_restore(
-                cfg, self.plan, self.source, self.as_child.manifests(), self.s3, self.paths.restore_report_dir
+                cfg,
+                self.plan,
+                self.source,
+                self.as_child.manifests(),
+                self.s3,
+                self.paths.restore_report_dir,
+                resumed=last_committed_batch(self.paths.checkpoint) >= 0,
             )
             self.start_positions = self.restore.start_positions
+        if self.plan.kind == "python":
+            self._settle_state_schema()
         self._write_lineage()
         return True
+
+    def _settle_state_schema(self) -> None:
+        """The Python processor's state schema, checked against the one its state was written with before anything
+        runs (rules: :mod:`spark_runtime.engine.schema`): a resumed shard's against ``state-schema.json``, a restored
+        child's (before its first batch) against its parents' manifests (:func:`plan_restore`); recorded, with the
+        retired names, in ``state-schema.json``. Raises :class:`TemplateRefused` (``StateSchemaIncompatible``)."""
+        from spark_runtime.engine.schema import SchemaIncompatible, StateSchema
+
+        record = self.paths.state_schema
+        recorded = StateSchema.from_json(record.read_json()) if record.exists() else None
+        committed = last_committed_batch(self.paths.checkpoint)
+        assert self.plan.schema is not None
+        if committed < 0:  # no state of its own yet: a fresh shard, or a child whose state is its parents' slices
+            effective = self.restore.schema if self.restore is not None else self.plan.schema
+        else:
+            try:
+                effective = self.plan.schema.evolve(recorded)
+            except SchemaIncompatible as exc:
+                raise TemplateRefused(
+                    STATE_SCHEMA_INCOMPATIBLE,
+                    "processor.python",
+                    f"{exc}; the shard keeps its state and stays stopped until the Task's template changes",
+                ) from None
+        if recorded is None or recorded.to_json() != effective.to_json():
+            self.fence.check("recording its state schema")
+            record.write_json(effective.to_json())
+        self.plan = dataclasses.replace(self.plan, schema=effective)
 
     # ---------------------------------------------------------------- standby (a split child, spark_runtime.handover)
 
@@ -388,6 +437,13 @@ class ShardRunner:
         events = self.source.stream(self.spark, ctx)
         restore = self.restore
         seed = restore.seed_options if restore is not None else None
+        if self.plan.kind == "python":
+            from spark_runtime.engine import record_layout
+
+            chosen = record_layout(
+                self.paths.state_layout, last_committed_batch(self.paths.checkpoint), self.plan.state_buckets
+            )
+            self.plan = dataclasses.replace(self.plan, layout=chosen.layout, state_buckets=chosen.buckets)
         out = build_output_frame(self.spark, cfg, self.plan, events, seed, restore.skip if restore else None)
         writer = (
             out.writeStream.outputMode("update")
@@ -550,6 +606,7 @@ class ShardRunner:
             if exc is not None:
                 if self._stop_problem is not None:  # the source's guard stopped the batch: not transient
                     raise self._stop_problem
+                self._raise_processor_failure(str(exc))
                 if self.restarts_left <= 0:
                     raise ShardFailed(f"streaming query failed: {exc}")
                 # Same as a pod restart, without a new JVM: resume from the recovery log (exact). Covers
@@ -582,6 +639,23 @@ class ShardRunner:
                 self.progress.write(committed)
         self.progress.log_batches(batches)
         self._update_metrics()
+
+    def _raise_processor_failure(self, error: str) -> None:
+        """A query that failed in the user's processor (deterministic: a replay fails the same way) fails the shard
+        at once with the user's exception, the call's key groups and the batch; the Python traceback's last frames
+        go to the log."""
+        from spark_runtime.engine.api import PROCESSOR_FAILED, processor_failure
+
+        failure = processor_failure(error)
+        if failure is None:
+            return
+        start = error.rfind("Traceback (most recent call last)")
+        if start >= 0:
+            frames = error[start:].splitlines()
+            end = next((i for i, line in enumerate(frames) if "ProcessorFailed: " in line), len(frames) - 1)
+            log.error("the processor failed:\n%s", "\n".join(frames[max(1, end - 24) : end + 1]))
+        batch = last_committed_batch(self.paths.checkpoint) + 1
+        raise ShardFailed(f"batch {batch}: {failure}", reason=PROCESSOR_FAILED, field="processor.python")
 
     def _update_metrics(self) -> None:
         """The live metrics of every poll (a batch's own come from ``on_batch`` in the progress loop)."""

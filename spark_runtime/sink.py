@@ -14,7 +14,8 @@ names per batch (:class:`spark_runtime.layout.SinkPaths`)::
     <sink>/shard=<shard>/batch-<N>.<jsonl|parquet>                    published: batch N is committed
 
 and the directory holds only published batches, each once. Each record is
-``{"key", "key_group", "shard", "result", "batch"}``.
+``{"key", "key_group", "shard", "result", "batch"}``; a processor that declares several result columns
+(``result_schema``) has those columns in place of ``result`` (:func:`result_columns`).
 
 ``foreachBatch(N)`` (:meth:`DirectorySinkWriter.__call__`):
 
@@ -74,6 +75,15 @@ __all__ = ["DeadLetterCounter", "DirectorySinkWriter", "KafkaSinkWriter", "OUTPU
 log = logging.getLogger("taskshard.shard")
 
 OUTPUT_COLUMNS = ["key", "key_group", "shard", "result", "batch"]
+ENVELOPE_COLUMNS = ("key", "key_group", "shard", "batch")
+"""Every record's columns besides its result columns (names a result schema may not use)."""
+
+
+def result_columns(df: Any) -> list[str]:
+    """The result columns of a stateful output DataFrame: every column but ``key`` and ``key_group``."""
+    return [c for c in df.columns if c not in ("key", "key_group")]
+
+
 """The columns of every output record, in order."""
 FAULT_ENV = "TASKSHARD_FAULT_KILL_AFTER_SINK_BATCH"
 """Fault injection for crash tests: SIGKILL this process right after writing the named batch's output
@@ -172,7 +182,7 @@ class DirectorySinkWriter:
 
         shard = F.lit(self.shard).alias("shard")
         batch = F.lit(batch_id).cast("bigint").alias("batch")
-        return df.select("key", "key_group", shard, "result", batch)
+        return df.select("key", "key_group", shard, *result_columns(df), batch)
 
     def write_jsonl(self, df: Any, batch_id: int) -> int:
         """Spark's JSON writer (parallel, native) into a temporary directory, then its part files concatenated
@@ -237,7 +247,8 @@ class KafkaSinkWriter:
     key, written with Spark's Kafka writer (idempotent producer, ``acks=all``).
 
     Record: Kafka key = the result's key (so every update of a key lands in one partition, in order), value =
-    JSON ``{"key", "key_group", "shard", "result", "batch"}``, header ``taskshard-id`` = ``<shard>/<batch>/<key>``.
+    JSON ``{"key", "key_group", "shard", "result", "batch"}`` (several result columns: those in place of
+    ``result``), header ``taskshard-id`` = ``<shard>/<batch>/<key>``.
 
     Guarantee: *effectively once*, not transactional. A batch Spark replays after a crash (or a parent's batch
     interrupted by a drain and redone by its children) writes its records again; a replay writes the very same
@@ -287,7 +298,7 @@ class KafkaSinkWriter:
         return df.select(
             F.col("key").cast("string").alias("key"),
             F.to_json(
-                F.struct("key", "key_group", shard.alias("shard"), "result", batch.alias("batch")),
+                F.struct("key", "key_group", shard.alias("shard"), *result_columns(df), batch.alias("batch")),
                 {"ignoreNullFields": "false"},
             ).alias("value"),
             F.array(F.struct(F.lit("taskshard-id").alias("key"), ident.cast("binary").alias("value"))).alias("headers"),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_runtime.keygroups import KeyGroupError, KeyGroupRange, TilingError, check_tiling, initial_ranges
+from spark_runtime.protocol import REFUSAL_REASONS
 from taskshard_operator import naming
 from taskshard_operator.models.shard import ShardPhase, SplitBy
 from taskshard_operator.models.task import TaskPhase
@@ -385,17 +386,24 @@ def plan_roll(target_hash: str, shards: Iterable[ShardView]) -> str | None:
     """The next shard to roll to ``target_hash``, or None (nothing to roll, or wait).
 
     One at a time: a shard already told to roll (``wanted_hash == target``) whose pod does not run the target
-    yet blocks the next one; only Running shards start a roll (a splitting shard's children are created with
-    the new template anyway). Order: key-group order.
+    yet blocks the next one (so a template its runtime refuses stops the roll there); only Running shards start a
+    roll (a splitting shard's children are created with the new template anyway), and first a shard stopped because
+    its runtime refused the previous template (:data:`REFUSALS`). Order: key-group order.
     """
     shards = sorted(owners(shards), key=lambda s: s.key_groups)
     for s in shards:
         if s.wanted_hash == target_hash and not (s.pod_hash == target_hash and s.pod_ready):
             return None  # a roll is in progress
-    for s in shards:
-        if s.wanted_hash != target_hash and s.phase == ShardPhase.RUNNING:
+    refused = [s for s in shards if s.phase == ShardPhase.FAILED and s.degraded_reason in REFUSALS]
+    for s in refused + shards:
+        if s.wanted_hash != target_hash and (s.phase == ShardPhase.RUNNING or s in refused):
             return s.name
     return None
+
+
+REFUSALS = REFUSAL_REASONS
+"""Degraded reasons of a shard whose runtime refused its template (:data:`~spark_runtime.protocol.SummaryEvent.
+REFUSED`): the next template is rolled to it first."""
 
 
 def task_phase(shards: Iterable[ShardView], *, tiling_error: str | None = None, suspended: bool = False) -> TaskPhase:

@@ -368,6 +368,8 @@ def _replace_orcreate_pod(ctx: ShardContext) -> bool:
         ctx.write({"conditions": [ctx.cond(st.READY, False, "PodTerminating", message)]}, phase=_keep_phase(ctx))
         return True
     if pod.phase in ("Failed", "Succeeded"):
+        if pod.template_hash == ctx.template_hash and _hold_refused_pod(ctx):
+            return True
         _replace_ended_pod(ctx)
         return True
     if pod.template_hash != ctx.template_hash:
@@ -389,6 +391,39 @@ def _checkpoint_patch(ctx: ShardContext) -> dict[str, Any]:
     term = ctx.pod.terminated or ctx.pod.last_terminated
     checkpoint = term.checkpoint(with_manifest=False) if term is not None else None
     return {"lastCheckpoint": checkpoint, **ended_live(ctx, checkpoint)} if checkpoint else {}
+
+
+def _hold_refused_pod(ctx: ShardContext) -> bool:
+    """A pod whose runtime refused its template (exit 0, event ``refused``, e.g. ``StateSchemaIncompatible``) is kept,
+    not replaced: the same template would refuse again. The shard shows the reason until the Task's template
+    changes (a roll then replaces the pod). True when the pod was refused."""
+    pod = ctx.pod
+    term = pod.terminated or pod.last_terminated
+    refused = term.refused if term is not None else None
+    if refused is None:
+        return False
+    failure = term.failure
+    assert failure is not None
+    reason = failure.condition_reason("TemplateRefused")
+    message = (
+        f"pod {pod.name} refused template {pod.template_hash} before processing anything: {failure.text}; the shard "
+        "stays stopped with its state until the Task's template changes"
+    )
+    announce = not _degraded_shows(ctx, reason, failure.text)
+    ctx.write(
+        {
+            **_base_patch(ctx),
+            "conditions": [
+                ctx.cond(st.READY, False, reason, message),
+                ctx.cond(st.DEGRADED, True, reason, message),
+                ctx.cond(st.PROGRESSING, False, reason, "waiting for a template change"),
+            ],
+        },
+        phase=P.FAILED,
+    )
+    if announce:
+        ctx.event("Warning", reason, message)
+    return True
 
 
 def _replace_ended_pod(ctx: ShardContext) -> None:

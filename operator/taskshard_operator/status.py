@@ -29,7 +29,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from spark_runtime.protocol import DrainSummary, FailureSummary, MergeAbortSummary, SplitAbortSummary, SummaryEvent
+from spark_runtime.protocol import (
+    FAILURE_EVENTS,
+    DrainSummary,
+    FailureSummary,
+    MergeAbortSummary,
+    SplitAbortSummary,
+    SummaryEvent,
+)
 from taskshard_operator import naming
 from taskshard_operator.models import ConditionType
 
@@ -188,12 +195,20 @@ class Termination:
         """The runtime's failure or fencing report (:class:`~spark_runtime.protocol.FailureSummary`: event
         ``failed`` or ``fenced`` with a non-empty ``error``), else None."""
         m = self.message or {}
-        if m.get("event") not in (SummaryEvent.FAILED, SummaryEvent.FENCED):
+        if m.get("event") not in FAILURE_EVENTS:
             return None
         try:
             return FailureSummary.from_json(m)
         except (KeyError, TypeError, ValueError):
             return None
+
+    @property
+    def refused(self) -> FailureSummary | None:
+        """The runtime refused to run its template before processing anything (exit 0, event ``refused``)."""
+        report = self.reported
+        if report is None or report.event != SummaryEvent.REFUSED or self.exit_code != 0:
+            return None
+        return report
 
     @property
     def fenced(self) -> FailureSummary | None:

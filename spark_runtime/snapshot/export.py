@@ -128,6 +128,8 @@ def state_rows(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Any, bat
     the ``key_group`` partition column), read with Spark's State Data Source."""
     from pyspark.sql import functions as F
 
+    if plan.kind == "python" and plan.layout == "runs":
+        return _runs_rows(spark, plan, checkpoint, batch_id)
     st = spark.read.format("statestore").option("batchId", batch_id).load(str(checkpoint))
     if plan.kind == "builtin":
         value_field = st.schema["value"].dataType.fields[0].name
@@ -141,6 +143,52 @@ def state_rows(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Any, bat
     blobs = st.select(F.col("key.key_group").alias(PARTITION_COLUMN), _blob_column(st).alias("blob"))
     schema = f"{plan.state_schema}, {PARTITION_COLUMN} int"
     return blobs.mapInArrow(_explode_blobs_function(plan), schema)
+
+
+def _runs_rows(spark: Any, plan: Plan, checkpoint: Any, batch_id: int) -> Any:
+    """The runs layout's state rows at ``batch_id``: each bucket's runs (State Data Source, variable ``runs``) merged
+    newest first, without tombstones and rows expired at the batch's timestamp; each row's key group is its
+    ``_kg``."""
+    from pyspark.sql import functions as F
+
+    from spark_runtime.checkpoint import batch_metadata
+    from spark_runtime.engine.stateful import RUNS_VAR
+
+    now_ms = int(batch_metadata(checkpoint, batch_id).get("batchTimestampMs", 0)) if plan.ttl_ms else None
+    st = (
+        spark.read.format("statestore")
+        .option("batchId", batch_id)
+        .option("stateVarName", RUNS_VAR)
+        .load(str(checkpoint))
+    )
+    runs = st.select(F.col("key.bucket").cast("int").alias("bucket"), F.col("user_map_value.data").alias("data"))
+    return runs.groupBy("bucket").applyInArrow(_merge_runs_function(plan, now_ms), snapshot_ddl(plan))
+
+
+def snapshot_ddl(plan: Plan) -> str:
+    """The snapshot rows' schema: ``key``, the state columns (and ``_expires`` with a TTL), ``key_group``."""
+    from spark_runtime.engine.runs import EXPIRES
+
+    expires = f", {EXPIRES} bigint" if plan.ttl_ms else ""
+    return f"{plan.state_schema}{expires}, {PARTITION_COLUMN} int"
+
+
+def _merge_runs_function(plan: Plan, now_ms: int | None) -> Any:
+    schema_json = plan.schema.to_json() if plan.schema is not None else {}
+    ttl = plan.ttl_ms is not None
+
+    def merge(key: Any, table: Any) -> Any:
+        from spark_runtime.engine.runs import EXPIRES, GROUP, KEY, Run, merge_runs
+        from spark_runtime.engine.schema import StateSchema
+
+        schema = StateSchema.from_json(schema_json)
+        target = schema.run_schema(ttl=ttl)
+        runs = sorted((Run.from_buffer(b) for b in table.column("data").to_pylist()), key=lambda r: -r.seq)
+        merged = merge_runs(runs, target, oldest=True, now_ms=now_ms, conform=lambda t: schema.conform(t, target))
+        names = [KEY] + schema.names + ([EXPIRES] if ttl else []) + [GROUP]
+        return merged.table.select(names).rename_columns(names[:-1] + [PARTITION_COLUMN])
+
+    return merge
 
 
 def _blob_column(st: Any) -> Any:

@@ -38,6 +38,7 @@ import os
 import time
 from typing import Any
 
+from spark_runtime import protocol
 from spark_runtime.snapshot.layout import PARTITION_COLUMN, parquet_files, slice_dirs
 from spark_runtime.storage import Loc, location
 
@@ -119,6 +120,7 @@ def build_manifest(
         "processor": config.processor.to_json_dict(),
         "stateFormat": plan.state_format,
         "stateSchema": plan.state_schema,
+        "stateColumns": plan.schema.to_json() if plan.schema is not None else None,
         "snapshot": {"path": state_dir.uri(), "format": "parquet", "partitionColumn": PARTITION_COLUMN, **stats},
         "checkpoint": checkpoint,
         "parent": {"shard": parent.parent, "manifest": parent.manifest} if parent is not None else None,
@@ -140,8 +142,14 @@ def check_restore(
     end: int,
     state_format: str,
     state_schema: str,
-) -> None:
-    """Raise :class:`RestoreError` unless a shard with these settings can restore from ``manifest``."""
+    schema: Any = None,
+    check_processor: bool = True,
+) -> Any:
+    """Raise :class:`RestoreError` unless a shard with these settings can restore from ``manifest``. ``schema``: a
+    Python processor's :class:`~spark_runtime.engine.schema.StateSchema`, which need only be a compatible successor
+    of the parent's (:meth:`~spark_runtime.engine.schema.StateSchema.evolve`); returns it evolved from the parent's
+    (None for the builtins). ``check_processor=False``: a child that committed batches of its own keeps state the
+    parent's processor settings no longer describe (its own record is checked instead); only the lineage is."""
     if manifest.get("task") != task:
         raise RestoreError(f"restoreFrom.manifest: belongs to task {manifest.get('task')!r}, not {task!r}")
     if manifest.get("shard") != parent:
@@ -155,11 +163,36 @@ def check_restore(
         raise RestoreError(
             f"keyGroups: [{start}, {end}) is not inside the parent's range [{kg.get('start')}, {kg.get('end')})"
         )
-    if manifest.get("stateFormat") != state_format or manifest.get("stateSchema") != state_schema:
+    if not check_processor:
+        return None
+    same_schema = schema is not None or manifest.get("stateSchema") == state_schema
+    if manifest.get("stateFormat") != state_format or not same_schema:
         raise RestoreError(
             f"processor: the parent's state is {manifest.get('stateFormat')} ({manifest.get('stateSchema')}), this "
             f"shard's processor keeps {state_format} ({state_schema}); a split keeps the processor's state layout"
         )
+    if schema is None:
+        return None
+    from spark_runtime.engine.schema import SchemaIncompatible
+
+    try:
+        return schema.evolve(manifest_state_schema(manifest))
+    except SchemaIncompatible as exc:
+        raise RestoreError(
+            f"{exc} (the parent {manifest.get('shard')} kept {manifest.get('stateSchema')})",
+            reason=protocol.STATE_SCHEMA_INCOMPATIBLE,
+        ) from None
+
+
+def manifest_state_schema(manifest: dict[str, Any]) -> Any:
+    """The Python processor's state schema a manifest records (``stateColumns``; older manifests: the columns of
+    ``stateSchema`` after ``key``)."""
+    from spark_runtime.engine.schema import Column, StateSchema
+
+    if manifest.get("stateColumns"):
+        return StateSchema.from_json(manifest["stateColumns"])
+    parts = [p.split() for p in str(manifest.get("stateSchema", "")).split(",") if p.strip()]
+    return StateSchema(tuple(Column(n, t) for n, t in parts if n != "key"))
 
 
 def snapshot_stats(state_dir: Loc) -> dict[str, Any]:

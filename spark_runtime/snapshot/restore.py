@@ -19,6 +19,7 @@ counted) and its first batch seeds its state store with the slices (:mod:`spark_
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,8 @@ class RestorePlan:
     skip: SkipRule | None = None
     """What the child skips: a merge whose parents stopped at different positions of a partition, or a child of
     a shard that had a rule itself (None: nothing). The child's manifests carry it on."""
+    schema: Any = None
+    """A Python processor's state schema evolved from its parents' (with their retired names; None: builtins)."""
 
     @property
     def manifest_uri(self) -> str:
@@ -64,19 +67,28 @@ class RestorePlan:
 
 
 def plan_restore(
-    config: Any, plan: Any, source: Any, manifests: list[tuple[str, Loc]], s3: S3Settings | None, report_dir: Loc
+    config: Any,
+    plan: Any,
+    source: Any,
+    manifests: list[tuple[str, Loc]],
+    s3: S3Settings | None,
+    report_dir: Loc,
+    *,
+    resumed: bool = False,
 ) -> RestorePlan:
     """Check and verify the restore of ``config``'s range from ``manifests`` (``(parent, manifest)``: one for a
     split child, two for a merge; see the module docstring); ``plan`` is the shard's
-    :class:`spark_runtime.pipeline.Plan`, ``source`` its source."""
+    :class:`spark_runtime.pipeline.Plan`, ``source`` its source. ``resumed``: the child committed batches of its
+    own, so its processor is checked against its own state (the shard's record), not against its parents'."""
     kg = config.key_groups
     merge = len(manifests) > 1
     slices = []
+    schema = plan.schema
     for parent, uri in manifests:
         manifest = load_manifest(uri)
         own = manifest.get("keyGroups") or {}
         start, end = (int(own.get("start", -1)), int(own.get("end", -1))) if merge else (kg.start, kg.end)
-        check_restore(
+        evolved = check_restore(
             manifest,
             task=config.task,
             parent=parent,
@@ -85,7 +97,11 @@ def plan_restore(
             end=end,
             state_format=plan.state_format,
             state_schema=plan.state_schema,
+            schema=plan.schema,
+            check_processor=not resumed,
         )
+        if evolved is not None:  # a merge: the retired names of both parents
+            schema = dataclasses.replace(evolved, retired=evolved.retired | schema.retired)
         slices.append(ParentSlice(parent, uri.uri(), manifest, start, end))
     slices.sort(key=lambda s: s.start)
     if merge:
@@ -99,7 +115,7 @@ def plan_restore(
         seeds.append((state_dir, s.start, s.end))
     if skip is not None:
         log.info("shard %s: merge skip rule (range end, {partition: first offset}): %s", config.shard, skip.to_json())
-    return RestorePlan(slices, start_positions, {"slices": seeds, "report_dir": report_dir}, skip)
+    return RestorePlan(slices, start_positions, {"slices": seeds, "report_dir": report_dir}, skip, schema)
 
 
 def check_merge_ranges(slices: list[ParentSlice], start: int, end: int) -> None:

@@ -43,7 +43,11 @@ def merge_from(setup: Setup, left: Running, right: Running) -> list[dict[str, st
 
 
 def test_subscribed_hand_overs_count_a_partition_a_parent_never_read(spark, kafka_broker, minio, tmp_path):
-    setup, rng, ref = Setup(kafka_broker, minio, tmp_path, partitions=1), random.Random(31), Reference()
+    """Also the Python processor's runs state layout across a split and a merge on Kafka and S3 (the Python twin
+    of the builtin sum: the same reference)."""
+    python_sum = {"python": "spark_runtime.engine:SumProcessor", "parameters": {"field": "amount"}}
+    setup = Setup(kafka_broker, minio, tmp_path, partitions=1, processor=python_sum)
+    rng, ref = random.Random(31), Reference()
 
     def produce(events: list[dict], partition: int | None = None) -> None:
         kafka_broker.produce(setup.topic_in, events, partition=partition)

@@ -42,8 +42,11 @@ MAX_KEY_GROUPS = 16
 class Setup:
     """One task's topics and S3 prefix, and a config factory for its shards."""
 
-    def __init__(self, broker: Any, minio: Any, tmp_path: Path, partitions: int = 4) -> None:
+    def __init__(
+        self, broker: Any, minio: Any, tmp_path: Path, partitions: int = 4, processor: dict | None = None
+    ) -> None:
         self.broker, self.minio, self.tmp = broker, minio, tmp_path
+        self.processor = processor or {"builtin": "sum", "field": "amount"}
         tag = uuid.uuid4().hex[:8]
         self.task = f"kt-{tag}"
         self.topic_in, self.topic_out = f"in-{tag}", f"out-{tag}"
@@ -57,7 +60,7 @@ class Setup:
             "shard": shard,
             "maxKeyGroups": MAX_KEY_GROUPS,
             "keyGroups": {"start": start, "end": end},
-            "processor": {"builtin": "sum", "field": "amount"},
+            "processor": self.processor,
             "source": {"kafka": {"bootstrapServers": self.broker.bootstrap_servers, "topic": self.topic_in}},
             "sink": {"kafka": {"bootstrapServers": self.broker.bootstrap_servers, "topic": self.topic_out}},
             "storage": {"s3": {"bucket": self.minio.bucket, "prefix": self.prefix, "endpoint": self.minio.endpoint}},

@@ -187,6 +187,20 @@ def test_roll_one_at_a_time():
     assert plan_roll(new, [view("c", 0, 8, P.DRAINING, wanted_hash="h1"), view("d", 8, 16, P.SPLIT)]) is None
 
 
+def test_a_refused_template_stops_the_roll_and_the_next_template_goes_there_first():
+    """A shard whose runtime refused the rolled template (e.g. StateSchemaIncompatible) holds the roll; a new
+    template rolls to it before any Running shard."""
+    from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE
+
+    refused = view("b", 32, 64, P.FAILED, wanted_hash="h2", pod_hash="h2", degraded_reason=STATE_SCHEMA_INCOMPATIBLE)
+    shards = [view("a", 0, 32, wanted_hash="h1", pod_hash="h1", pod_ready=True), refused]
+    assert plan_roll("h2", shards) is None  # h2 was refused at b: the roll stops there
+    assert plan_roll("h3", shards) == "b"  # the fix goes to the refused shard first
+    # A shard failed for another reason is not a refusal: it is not rolled ahead of order.
+    crashed = view("b", 32, 64, P.FAILED, wanted_hash="h1", pod_hash="h1", degraded_reason="ProcessorFailed")
+    assert plan_roll("h3", [shards[0], crashed]) == "a"
+
+
 def test_task_phase():
     assert task_phase([]) == TaskPhase.PENDING
     assert task_phase([view("a", 0, 8), view("b", 8, 16)]) == TaskPhase.RUNNING

@@ -938,6 +938,48 @@ def test_failed_pod_shows_the_runtime_error_and_is_replaced():
     assert [w[0] for w in warnings(events)] == ["SourceTopicMissing"]
 
 
+def test_a_refused_template_is_held_with_its_reason_until_the_template_changes():
+    """A runtime that refuses its template (exit 0, event ``refused``, e.g. StateSchemaIncompatible) is not restarted
+    into a crash loop: the pod stays, the shard says why, once; a new template replaces the pod."""
+    kube = new_world()
+    converge(kube, [])
+    kube.objects[("tasks", "t")]["spec"]["spark"]["image"] = "img:2"
+    converge(kube, [])
+    assert kube.pods()["t-0-16-driver"]["spec"]["containers"][0]["image"] == "img:2"
+    refusal = {
+        "event": "refused",
+        "shard": "t-0-16",
+        "error": "state column 'count': int cannot be read as string",
+        "reason": "StateSchemaIncompatible",
+        "field": "processor.python",
+    }
+    kube.objects[("pods", "t-0-16-driver")]["status"] = {
+        "phase": "Succeeded",
+        "containerStatuses": [
+            {
+                "name": "driver",
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": json.dumps(refusal)}},
+            }
+        ],
+    }
+    events: list = []
+    for _ in range(3):
+        one_pass(kube, events)
+        reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
+    conds = shard_conditions(kube)
+    assert kube.shards()["t-0-16"]["status"]["phase"] == "Failed"
+    assert conds["Degraded"]["reason"] == "StateSchemaIncompatible" and conds["Ready"]["status"] == "False"
+    assert "state column 'count'" in conds["Degraded"]["message"]
+    assert "t-0-16-driver" in kube.pods(), "the refused pod is kept: restarting it would refuse again"
+    assert [w[0] for w in warnings(events)].count("StateSchemaIncompatible") == 1
+    # The fix: a new template goes to the refused shard and replaces its pod.
+    kube.objects[("tasks", "t")]["spec"]["spark"]["image"] = "img:3"
+    converge(kube, [])
+    assert kube.pods()["t-0-16-driver"]["spec"]["containers"][0]["image"] == "img:3"
+    assert phases(kube) == {"t-0-16": "Running"}
+
+
 S3_SPEC = {**SPEC, "storage": {"s3": {"bucket": "bkt", "credentialsSecret": "taskshard-s3"}}}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from spark_runtime.engine.api import processor_state_schema
 from spark_runtime.processor import (
     CountProcessor,
     Processor,
@@ -15,11 +16,14 @@ from spark_runtime.processor import (
     frame_to_state_table,
     load_processor,
     run_processor,
-    state_columns,
     state_frame,
 )
 
 pytestmark = pytest.mark.unit
+
+
+def state_columns(schema: str) -> list[tuple[str, str]]:
+    return processor_state_schema(type("P", (Processor,), {"state_schema": schema})()).pairs
 
 
 def events(*pairs, field="amount"):
@@ -83,6 +87,8 @@ class Bad(Processor):
             return pd.DataFrame({"key": ["a"]}), None
         if self.mode == "outputs":
             return None, pd.DataFrame({"k": ["a"]})
+        if self.mode == "foreign":
+            return None, pd.DataFrame({"key": ["b"], "result": ["x"]})
         return "nope"
 
 
@@ -92,7 +98,8 @@ class Bad(Processor):
         ("stray", "not in events"),
         ("dup", "more than once"),
         ("cols", "lacks columns"),
-        ("outputs", "needs columns key and result"),
+        ("outputs", "outputs lacks columns"),
+        ("foreign", "outputs has key 'b', which is not in events"),
         ("tuple", "must return"),
     ],
 )
@@ -126,6 +133,33 @@ def test_load_processor():
     with pytest.raises(ProcessorError, match="no attribute"):
         load_processor("spark_runtime.processor:Nope")
     with pytest.raises(ProcessorError, match="not a class"):
-        load_processor("spark_runtime.processor:state_columns")
+        load_processor("spark_runtime.processor:state_frame")
     with pytest.raises(ProcessorError, match="package.module:ClassName"):
         load_processor("just_a_module")
+
+
+class Raises(Processor):
+    state_schema = "n bigint"
+
+    def process(self, events, state):
+        raise ValueError("no such\ncolumn")  # a user's bug; a multi-line message stays one line
+
+
+def test_a_users_exception_is_named_with_the_key_group_and_found_in_sparks_error_text():
+    from spark_runtime.engine.api import ProcessorFailed, call_processor, processor_failure
+
+    with pytest.raises(ProcessorFailed) as failed:
+        call_processor(Raises(), events(("a", 1)), state_frame(None, [("n", "bigint")]), ["n"], ["result"], [7, 3])
+    text = str(failed.value)
+    assert text == "Raises.process raised ValueError: no such column (key groups 3, 7)"
+    assert isinstance(failed.value.__cause__, ValueError)
+    # What Spark reports for a failed micro-batch: py4j's preamble, the Python worker's traceback, the JVM's frames.
+    spark_error = (
+        "[STREAM_FAILED] Query [id = 1] terminated with exception: An exception was raised by the Python Proxy. "
+        'Return Message: Traceback (most recent call last):\n  File "/x/pyspark/worker.py", line 1, in main\n'
+        f"spark_runtime.engine.api.ProcessorFailed: {text}\n\n\tat org.apache.spark.api.python.X(X.scala:1)\n"
+    )
+    assert processor_failure(spark_error) == text
+    assert processor_failure("[STREAM_FAILED] something else: ValueError: x") is None
+    with pytest.raises(ProcessorFailed, match=r"new_state has key 'not-in-events'.* \(key group 5\)$"):
+        call_processor(Bad({"mode": "stray"}), events(("a", 1)), state_frame(None, [("n", "bigint")]), ["n"], [], [5])

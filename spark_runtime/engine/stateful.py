@@ -1,0 +1,178 @@
+"""The runs layout on Spark: ``groupBy(bucket).transformWithStateInPandas``, one call per bucket of key groups.
+
+:class:`RunsProcessor` is the Spark ``StatefulProcessor``. The grouping key is a **bucket** of the shard's key
+groups (:func:`bucket_sql`; a few per shard, fixed for the checkpoint's life): Spark's per-call cost of
+``transformWithStateInPandas`` (about 1.6 ms on this machine) is paid a few times per batch, not once per key
+group. Per call it
+
+1. reads the bucket's ``meta`` and the runs it has no local copy of (:class:`~spark_runtime.engine.state_layout.
+   KeyGroupRuns`, :class:`~spark_runtime.engine.run_cache.RunCache`);
+2. on batch 0 of a restored child, stores the parents' slices (the ``seed`` rows, one per key group) as a run;
+3. looks up the state of the keys in the batch, calls the user's ``process`` (:func:`~spark_runtime.engine.api.
+   call_processor`), and stores the touched keys' new rows as one run (and a compaction's merged run);
+4. yields the outputs ``(key, key_group, <result columns>)`` (each run row keeps its key group, ``_kg``, so a
+   snapshot is written per key group).
+
+Nothing else is kept between calls except the processor instance and the run cache, neither of which decides
+anything: the state store does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
+
+from spark_runtime.engine.api import cached_processor
+from spark_runtime.engine.packing import unpack_events
+from spark_runtime.engine.run_cache import run_cache
+from spark_runtime.engine.runs import EXPIRES, GROUP, KEY
+from spark_runtime.engine.schema import StateSchema
+from spark_runtime.engine.state_layout import KeyGroupRuns, StateVars
+from spark_runtime.engine.step import process_group
+
+__all__ = ["RunsProcessor", "RunsSettings", "bucket_sql", "default_cache_dir"]
+
+META_VAR = "meta"
+RUNS_VAR = "runs"
+
+
+def bucket_sql(start: int, end: int, buckets: int, column: str = "key_group") -> str:
+    """The bucket of a key group of ``[start, end)`` among ``buckets`` contiguous, near-equal buckets (SQL)."""
+    if buckets < 1 or end <= start:
+        raise ValueError(f"buckets: {buckets} buckets over key groups [{start}, {end})")
+    return f"cast(((`{column}` - {start}) * {buckets}) div {end - start} as int)"
+
+
+_PROCESS_CACHE_DIR: list[str] = []
+
+
+def default_cache_dir() -> str:
+    """The run-cache directory of this (driver) process, created on first use and removed at its exit: its Python
+    workers share it; run ids are unique, so shards of one process may share it too."""
+    if not _PROCESS_CACHE_DIR:
+        path = tempfile.mkdtemp(prefix="taskshard-runs-")
+        atexit.register(shutil.rmtree, path, True)
+        _PROCESS_CACHE_DIR.append(path)
+    return _PROCESS_CACHE_DIR[0]
+
+
+@dataclass(frozen=True)
+class RunsSettings:
+    """What the processor needs, all plain values (it is pickled to the Python workers)."""
+
+    ref: str
+    parameters_json: str
+    schema_json: dict[str, Any]
+    result_names: tuple[str, ...]
+    event_columns: tuple[str, ...]
+    cache_dir: str
+    ttl_ms: int | None = None
+
+
+class RunsProcessor(StatefulProcessor):
+    """See the module docstring."""
+
+    def __init__(self, settings: RunsSettings) -> None:
+        self.settings = settings
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        s = self.settings
+        self.meta = handle.getValueState(META_VAR, "meta string")
+        self.runs = handle.getMapState(RUNS_VAR, "id string", "data binary")
+        self.proc = cached_processor(s.ref, s.parameters_json)
+        self.schema = StateSchema.from_json(s.schema_json)
+        self.state_names = self.schema.names
+        self.cache = run_cache(s.cache_dir)
+
+    def _vars(self) -> StateVars:
+        meta, runs = self.meta, self.runs
+
+        def get_meta() -> str | None:
+            value = meta.get()
+            return None if value is None else value[0]
+
+        def get_run(run_id: str) -> bytes:
+            value = runs.getValue((run_id,))
+            if value is None:
+                raise RuntimeError(f"run {run_id} is in the key group's meta but not in its runs (state is damaged)")
+            return bytes(value[0])
+
+        return StateVars(
+            get_meta=get_meta,
+            set_meta=lambda text: meta.update((text,)),
+            get_run=get_run,
+            put_run=lambda run_id, data: runs.updateValue((run_id,), (data,)),
+            remove_run=lambda run_id: runs.removeKey((run_id,)),
+        )
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        import numpy as np
+
+        s = self.settings
+        packed = pd.concat(list(rows), ignore_index=True)
+        pdf = unpack_events(packed["events"]).to_pandas(use_threads=False)
+        now_ms = _now_ms(packed) if s.ttl_ms is not None else None
+        state = KeyGroupRuns(self._vars(), self.cache, self.schema, ttl=s.ttl_ms is not None)
+        seeded = pdf["seed"].notna()
+        if seeded.any():  # batch 0 of a restored child: the parent's slices become the first run
+            self._seed(state, pdf[seeded], now_ms)
+            pdf = pdf[~seeded]
+        if not len(pdf):
+            return
+        order = np.lexsort((pdf["offset"].to_numpy(), pdf["partition"].to_numpy()))  # source order per partition
+        events = pdf.take(order).reset_index(drop=True)
+        outputs = process_group(
+            state, self.proc, events, list(s.event_columns), list(s.result_names), now_ms=now_ms, ttl_ms=s.ttl_ms
+        )
+        if len(outputs):
+            outputs[KEY] = outputs[KEY].astype(str)
+            yield outputs
+
+    def _seed(self, state: KeyGroupRuns, seeds: pd.DataFrame, now_ms: int | None) -> None:
+        """Store the parent's rows (one seed row per key group: its snapshot rows, possibly of an older compatible
+        schema) as the first run; rows keep their expiry (none for rows written before the TTL was declared)."""
+        import numpy as np
+        import pyarrow as pa
+
+        from spark_runtime.engine.blob import decode_state_table
+
+        ttl = self.settings.ttl_ms is not None
+        target = _state_arrow(self.schema, ttl=ttl)
+        tables = []
+        for blob, kg in zip(seeds["seed"], seeds["key_group"], strict=True):
+            table = self.schema.conform(decode_state_table(blob), target)
+            tables.append(table.set_column(1, GROUP, pa.array(np.full(table.num_rows, int(kg), "int32"))))
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        expires = None
+        if ttl:
+            expires = table.column(EXPIRES).combine_chunks()
+            table = table.drop_columns([EXPIRES])
+        state.write(table, [], expires=expires, now_ms=now_ms)
+
+    def close(self) -> None:
+        pass
+
+
+def _now_ms(packed: pd.DataFrame) -> int:
+    """The batch's time the packed rows carry (:mod:`~spark_runtime.engine.packing`)."""
+    now = packed["now_ms"].dropna()
+    if not len(now):
+        raise RuntimeError("the batch's time is missing from its packed rows (the plan must add it with a TTL)")
+    return int(now.max())
+
+
+def _state_arrow(schema: StateSchema, *, ttl: bool = False) -> Any:
+    """Snapshot rows as the runs take them: ``key``, ``_kg``, (``_expires``,) the state columns."""
+    import pyarrow as pa
+
+    from spark_runtime.records import arrow_type
+
+    fields = [(KEY, pa.string()), (GROUP, pa.int32())] + ([(EXPIRES, pa.int64())] if ttl else [])
+    return pa.schema(fields + [(c.name, arrow_type(c.type)) for c in schema.columns])
