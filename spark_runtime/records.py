@@ -11,7 +11,8 @@ An event is one JSON object per line. Its key is the field ``RecordSpec.key_fiel
 is, a JSON integer as its decimal text (``7`` and ``"7"`` are the same key). Every other key value (float,
 boolean, object, array, null) or a missing key makes the record a dead letter. A processor names the further
 fields it reads with a type (:data:`FIELD_TYPES`); a missing field or a value of another JSON type makes the
-record a dead letter too, unless the type ends with ``?`` (optional: missing or null gives null).
+record a dead letter too, unless the type ends with ``?`` (optional: missing or null gives null). A line longer
+than :data:`MAX_RECORD_BYTES` or a key longer than :data:`MAX_KEY_BYTES` is a dead letter ``too_large``.
 
 Dead letters carry a reason code (:class:`Reason`), a human-readable detail, the byte offset of the line in
 its partition, the line itself (truncated) and the key when one could be read. Which shard writes a dead
@@ -31,6 +32,8 @@ from spark_runtime.keygroups import key_group
 
 __all__ = [
     "FIELD_TYPES",
+    "MAX_KEY_BYTES",
+    "MAX_RECORD_BYTES",
     "DeadLetter",
     "FieldSpec",
     "ParsedLines",
@@ -40,6 +43,7 @@ __all__ = [
     "dead_letter_key_group",
     "parse_lines",
     "parse_lines_arrow",
+    "too_large_line",
 ]
 
 FIELD_TYPES: dict[str, str] = {
@@ -76,6 +80,12 @@ def arrow_type(spark_type: str) -> Any:
 
 MAX_LINE_IN_DEAD_LETTER = 16_384
 """Dead letters keep at most this many characters of the offending line."""
+MAX_RECORD_BYTES = 1 << 20
+"""The largest record (a journal line without its newline, a Kafka record's value) a shard processes: 1 MiB, as
+Kafka's default ``message.max.bytes``. A longer one is a dead letter (``too_large``) without a key, and is never
+parsed whole (a journal line that long is not even read whole): one huge record cannot crash-loop a shard."""
+MAX_KEY_BYTES = 4096
+"""The longest key (UTF-8 bytes) a shard processes; a record with a longer one is a dead letter (``too_large``)."""
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -99,6 +109,8 @@ class Reason(StrEnum):
     """A required field is absent or null."""
     BAD_FIELD_TYPE = "bad_field_type"
     """A field has the wrong JSON type (or is out of range for its type)."""
+    TOO_LARGE = "too_large"
+    """The record is longer than :data:`MAX_RECORD_BYTES` or its key than :data:`MAX_KEY_BYTES`."""
 
 
 @dataclass(frozen=True)
@@ -203,7 +215,7 @@ class DeadLetter:
             "offset": self.offset,
             "reason": str(self.reason),
             "detail": self.detail,
-            "key": self.key,
+            "key": self.key if self.key is None or len(self.key) <= 256 else self.key[:256] + "...(truncated)",
             "key_group": key_group,
             "line": self.line,
         }
@@ -307,6 +319,9 @@ def parse_lines(data: bytes, base_offset: int, spec: RecordSpec) -> ParsedLines:
     for raw in lines:
         start = pos
         pos += len(raw) + 1
+        if len(raw) > MAX_RECORD_BYTES:
+            dead.append(too_large_line(start, len(raw), raw[:MAX_LINE_IN_DEAD_LETTER]))
+            continue
         try:
             text = raw.decode("utf-8")
             obj = decode(text)
@@ -332,6 +347,10 @@ def parse_lines(data: bytes, base_offset: int, spec: RecordSpec) -> ParsedLines:
                 )
                 continue
             key = k
+            if len(k) * 4 > MAX_KEY_BYTES and len(k.encode("utf-8")) > MAX_KEY_BYTES:
+                detail = f"key of {len(k.encode('utf-8')):,} bytes is longer than {MAX_KEY_BYTES:,} bytes"
+                dead.append(DeadLetter(start, Reason.TOO_LARGE, detail, _line_text(raw[:MAX_LINE_IN_DEAD_LETTER]), k))
+                continue
         elif tk is int:
             key = str(k)
         elif k is missing:
@@ -422,6 +441,8 @@ def parse_lines_arrow(data: bytes, base_offset: int, spec: RecordSpec) -> tuple[
     # rows == lines below means exactly one object per line (row i is line i).
     if np.any(raw[starts] != ord("{")):
         return None
+    if np.any(newlines - starts > MAX_RECORD_BYTES):
+        return None  # a too-large line: the exact parser makes it a dead letter
     fields = [(f.name, getattr(pa, _ARROW_FIELD_TYPES[f.type])()) for f in spec.fields]
     table = None
     for key_type in (pa.string(), pa.int64()):
@@ -442,6 +463,8 @@ def parse_lines_arrow(data: bytes, base_offset: int, spec: RecordSpec) -> tuple[
         return None
     if key.type != pa.string():
         key = pc.cast(key, pa.string())
+    if len(key) and pc.max(pc.binary_length(key)).as_py() > MAX_KEY_BYTES:
+        return None  # a too-long key: the exact parser makes it a dead letter
     columns = {"key": key}
     for f in spec.fields:
         col = table.column(f.name)
@@ -451,6 +474,13 @@ def parse_lines_arrow(data: bytes, base_offset: int, spec: RecordSpec) -> tuple[
             return None
         columns[f.name] = col
     return pa.table(columns), pa.array(starts + base_offset, pa.int64())
+
+
+def too_large_line(offset: int, length: int, head: bytes) -> DeadLetter:
+    """The dead letter of a line of ``length`` bytes over :data:`MAX_RECORD_BYTES` starting at ``offset`` (``head``:
+    its first bytes, all the dead letter keeps). Without a key: the line is never parsed."""
+    detail = f"line of {length:,} bytes is longer than {MAX_RECORD_BYTES:,} bytes"
+    return DeadLetter(offset, Reason.TOO_LARGE, detail, _line_text(head) + "...(truncated)")
 
 
 def dead_letter_key_group(dead: DeadLetter, max_key_groups: int) -> int:

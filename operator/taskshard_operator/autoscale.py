@@ -13,7 +13,11 @@ hand-over at a time. :func:`decide_autoscale` applies these rules, in this order
    AboveMaxShards: at once, without waiting for a signal).
 2. **One change at a time.** While the active shards are not yet as many as it wants, or the Task is not quiet
    (a split or merge in progress, a shard not Running and emitting, a roll, a suspension: ``busy``), it holds
-   (ScalingInProgress, Waiting) and its windows start over: stabilization only counts quiet time.
+   (ScalingInProgress, Waiting) and its windows start over: stabilization only counts quiet time. The worst lag
+   is still read and shown on every pass. A step the scaler cannot take, because every candidate's pass refused
+   it (:data:`~taskshard_operator.scaling.SCALING_STUCK`), is given up (:func:`give_up`): the count it wants goes
+   back to the active shards (ScalingStuck, naming the refusals, a Warning event), and ``cooldownSeconds`` pass
+   before it changes the count again. It never waits on a refused step.
 3. **No signal** (no active shard reports ``lagSeconds`` yet): hold (NoSignal).
 4. **Hot**: the worst ``lagSeconds`` is above ``targetLagSeconds``. Once it has been above for
    ``stabilizationSeconds`` without a break and is not below what it was when the window began (the lag keeps
@@ -49,6 +53,7 @@ __all__ = [
     "Autoscale",
     "AutoscaleState",
     "decide_autoscale",
+    "give_up",
 ]
 
 COLD_LAG_FRACTION = 0.25
@@ -67,6 +72,7 @@ LAG_WITHIN_TARGET = "LagWithinTarget"
 LOAD_BELOW_TARGET = "LoadBelowTarget"
 NO_SIGNAL = "NoSignal"
 SCALING_IN_PROGRESS = "ScalingInProgress"
+SCALING_STUCK = "ScalingStuck"
 STABILIZING = "Stabilizing"
 WAITING = "Waiting"
 
@@ -169,19 +175,21 @@ def decide_autoscale(
         bound = "minShards" if bounded > wanted else "maxShards"
         message = f"{wanted} shards is outside [minShards {lo}, maxShards {hi}]: wants {bounded} ({bound})"
         return Autoscale(bounded, rest, reason, message, changed=True)
-    if active != bounded:
-        message = f"wants {bounded} shards, {active} active: one split or merge at a time until they are as many"
-        return Autoscale(bounded, rest, SCALING_IN_PROGRESS, message)
-    if busy:
-        return Autoscale(bounded, rest, WAITING, f"{active} shards; waiting (the windows start over): {busy}")
     measured = {name: lag for name, lag in lags.items() if lag is not None}
-    if not measured:
+    worst_name = max(measured, key=lambda n: (measured[n], n)) if measured else None
+    worst = measured[worst_name] if worst_name is not None else None
+    seen = f"the worst lag is {_lag(worst)} ({worst_name})" if worst is not None else "no lag reported yet"
+    if active != bounded:
+        message = (
+            f"wants {bounded} shards, {active} active: one split or merge at a time until they are as many ({seen})"
+        )
+        return Autoscale(bounded, rest, SCALING_IN_PROGRESS, message, worst)
+    if busy:
+        return Autoscale(bounded, rest, WAITING, f"{active} shards; waiting (the windows start over): {busy}", worst)
+    if worst is None or worst_name is None:
         message = f"{active} shards; no active shard reports status.live.lagSeconds yet"
         return Autoscale(bounded, rest, NO_SIGNAL, message)
-    worst_name = max(measured, key=lambda n: (measured[n], n))
-    worst = measured[worst_name]
     target = policy.target_lag_seconds
-    seen = f"the worst lag is {_lag(worst)} ({worst_name})"
     if worst > target:
         return _hot(policy, active, rate, state, now, f"{seen}, above targetLagSeconds {target}", worst)
     cold_lag = target * COLD_LAG_FRACTION
@@ -196,6 +204,18 @@ def decide_autoscale(
     if worst <= cold_lag and grown_at is not None:
         why += f" (the rate {rate:.1f}/s is above {COLD_RATE_FRACTION:g} of {grown_at:.1f}/s, which needed {active})"
     return Autoscale(bounded, rest, LAG_WITHIN_TARGET, f"{active} shards; {why}", worst)
+
+
+def give_up(decided: Autoscale, *, active: int, why: str, now: float) -> Autoscale:
+    """The step ``decided`` wants cannot be taken (``why``: the scaler's ScalingStuck message, naming each refused
+    shard): want the ``active`` shards again, start the windows over, and count the cooldown from ``now`` so the
+    same step is not asked for again at once."""
+    state = replace(decided.state, desired=active, hot_since=None, hot_lag=None, cold_since=None, last_scale=now)
+    message = (
+        f"gave up {active} -> {decided.desired} shards: {why}; wants {active} again, and changes the count no sooner "
+        "than cooldownSeconds from now"
+    )
+    return Autoscale(active, state, SCALING_STUCK, message, decided.worst_lag, changed=True)
 
 
 def _hot(

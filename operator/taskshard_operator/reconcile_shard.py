@@ -486,6 +486,9 @@ def _mirror_pod(ctx: ShardContext) -> None:
             ctx.do(BackoffAction(ctx.uid, reset=True))
         else:
             ctx.decision.again_in(STABLE_SECONDS - running_for + 1)
+        if ctx.phase == P.FAILED and running_for < STABLE_SECONDS and not _committed_since_start(ctx):
+            _mirror_recovering_pod(ctx)
+            return
         if pod.ready:
             ready = ctx.cond(st.READY, True, "Emitting", f"driver pod {pod.name} processes {ctx.key_groups}")
         else:
@@ -520,6 +523,34 @@ def _mirror_pod(ctx: ShardContext) -> None:
             {**_base_patch(ctx), "conditions": [ctx.cond(st.READY, False, "PodStarting", message)]},
             phase=P.FAILED if ctx.phase == P.FAILED else (P.PENDING if ctx.phase == P.PENDING else P.RUNNING),
         )
+
+
+def _committed_since_start(ctx: ShardContext) -> bool:
+    """The running driver's live metrics (of this pod) show a batch committed after its container started."""
+    pod = ctx.pod
+    scraped = ctx.observed.live(ctx.namespace, ctx.name)
+    if scraped is None or scraped.pod_ip != pod.pod_ip or scraped.stats.batch_time is None:
+        return False
+    return scraped.stats.batch_time >= time.time() - pod.running_for()
+
+
+def _mirror_recovering_pod(ctx: ShardContext) -> None:
+    """A pod that replaced a failed one is not healthy yet: the shard stays Failed and Degraded (with the failure's
+    message) until the pod has committed a batch or run :data:`STABLE_SECONDS`, so a shard that keeps failing never
+    flaps to Running (and its Task to Ready) with each restart."""
+    pod = ctx.pod
+    message = (
+        f"driver pod {pod.name} replaced a failed one (restarts {pod.restarts}); the shard counts as healthy once it "
+        f"commits a batch or has run {STABLE_SECONDS:.0f} s"
+    )
+    ctx.write(
+        {
+            **_base_patch(ctx),
+            "restarts": pod.restarts,
+            "conditions": [ctx.cond(st.READY, False, "Recovering", message)],
+        },
+        phase=P.FAILED,
+    )
 
 
 def _mirror_failed_pod(ctx: ShardContext) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,23 +154,35 @@ def _scale(
     ready, loads, awaiting, grace = _observe_shards(observed, decision.namespace, spec, views, bodies)
     blocked = _scaling_blocked(spec, views, plan, target)
     desired, wanted_by = spec.shards, "spec.shards"
+    auto: autoscale.Autoscale | None = None
     if spec.autoscale is not None:
         busy = scaling.busy_reason(views, planner.owners(views), ready=ready, asks=asks, merges=merges, blocked=blocked)
-        desired = _autoscale(decision, status, spec, views, bodies, busy)
+        auto = _autoscale(status, spec, views, bodies, busy)
+        desired = auto.desired
         wanted_by = "the autoscaler's status.autoscale.desiredShards"
     elif status.get("autoscale"):
         _set_status(decision, {"autoscale": None})
-    d = scaling.decide_scaling(
-        desired,
-        views,
-        ready=ready,
-        loads=loads,
-        asks=asks,
-        blocked=blocked,
-        awaiting_load=awaiting,
-        merges=merges,
-        wanted_by=wanted_by,
-    )
+
+    def decide(count: int | None) -> scaling.Scaling:
+        return scaling.decide_scaling(
+            count,
+            views,
+            ready=ready,
+            loads=loads,
+            asks=asks,
+            blocked=blocked,
+            awaiting_load=awaiting,
+            merges=merges,
+            wanted_by=wanted_by,
+        )
+
+    d = decide(desired)
+    if auto is not None and d.reason == scaling.SCALING_STUCK:  # every candidate refused: give the step up
+        auto = autoscale.give_up(auto, active=d.active, why=d.message, now=time.time())
+        decision.events.append(Event("Warning", autoscale.SCALING_STUCK, auto.message))
+        d = decide(auto.desired)
+    if auto is not None:
+        _record_autoscale(decision, status, auto, active=d.active)
     if d.decision == ScalingDecision.WAIT and grace is not None:
         decision.again_in(grace)  # choose without the load map once the grace is over, if no scrape came
     if d.decision == ScalingDecision.SPLIT and d.shard is not None and d.by is not None:
@@ -188,20 +201,18 @@ def _scale(
 
 
 def _autoscale(
-    decision: Decision,
-    status: dict[str, Any],
+    status: Mapping[str, Any],
     spec: TaskSpec,
     views: list[planner.ShardView],
-    bodies: dict[str, dict[str, Any]],
+    bodies: Mapping[str, Mapping[str, Any]],
     busy: str | None,
-) -> int:
+) -> autoscale.Autoscale:
     """Step 4 with ``spec.autoscale``: the autoscaler's decision (:func:`taskshard_operator.autoscale.
-    decide_autoscale`, over the active shards' ``status.live``), its event when the count it wants changed, and
-    ``status.autoscale``. Returns the count it wants, which takes the place of ``spec.shards``."""
+    decide_autoscale`, over the active shards' ``status.live``); its count takes the place of ``spec.shards``."""
     assert spec.autoscale is not None
     active = planner.owners(views)
     lives = {v.name: ((bodies.get(v.name) or {}).get("status") or {}).get("live") or {} for v in active}
-    a = autoscale.decide_autoscale(
+    return autoscale.decide_autoscale(
         spec.autoscale,
         active=len(active),
         lags={n: live.get("lagSeconds") for n, live in lives.items()},
@@ -210,13 +221,17 @@ def _autoscale(
         state=autoscale.AutoscaleState.from_status(status.get("autoscale")),
         now=time.time(),
     )
-    if a.changed:
-        up = a.desired > len(active)
+
+
+def _record_autoscale(decision: Decision, status: Mapping[str, Any], a: autoscale.Autoscale, *, active: int) -> None:
+    """The autoscaler's event when the count it wants changed (a step up or down; a given-up step has its own
+    Warning), its wake-up, and ``status.autoscale``."""
+    if a.changed and a.reason != autoscale.SCALING_STUCK:
+        up = a.desired > active
         decision.events.append(Event("Normal", "AutoscalingUp" if up else "AutoscalingDown", a.message))
     if a.wake_in is not None:
         decision.again_in(a.wake_in + 1.0)
     _set_status(decision, {"autoscale": a.status(status.get("autoscale"))})
-    return a.desired
 
 
 def _scaling_blocked(spec: TaskSpec, views: list[planner.ShardView], plan: planner.TaskPlan, target: str) -> str | None:

@@ -15,7 +15,9 @@ these rules, in this order, on every Task pass:
    ``Scaled=False`` reason MergingShards, a Normal event ScalingDown): the fewest input rows of both together
    over the load window; without load data for both, the narrowest pair, then key-group order. The Task pass
    sets L's ``spec.merge: {with: R}``; the merge protocol (``merge_protocol``) does the rest. A request that
-   would repeat one L's pass refused exactly is not made (the message points at its MergeRejected condition).
+   would repeat one L's pass refused exactly is not made: the next coldest pair is taken instead, and when every
+   pair was refused the scaler is stuck (Wait; ``Scaled=False`` reason ScalingStuck, naming each refused shard and
+   its MergeRejected message).
 3. As many as the active shards: nothing to do (NoChange; ``Scaled=True`` reason DesiredShards).
 4. More than the active shards: **one split at a time, on a quiet Task**. Wait (Wait; ``Scaled=False`` reason
    WaitingForSplit, the message says for what) while
@@ -38,7 +40,9 @@ these rules, in this order, on every Task pass:
    load data: the widest range, then key-group order. The point: ``by: load`` (where S's rows divide in half)
    when S's load map counted rows in its range, else ``by: midpoint`` (also when S's last split request was
    refused, so a refused ``by: load`` is not asked again). The Task pass sets S's
-   ``spec.split: {requested: true, by: ...}``; the split protocol (``split_protocol``) does the rest.
+   ``spec.split: {requested: true, by: ...}``; the split protocol (``split_protocol``) does the rest. A shard
+   whose pass refused exactly that request is passed over for the next candidate; when every candidate was
+   refused the scaler is stuck (ScalingStuck, as for merges).
 
 So 1 -> 3 shards is two consecutive splits: the second shard is chosen only once the first split is over
 (both children Running and emitting, the parent Split: no longer an owner). It is idempotent: a request that S's
@@ -66,6 +70,7 @@ __all__ = [
     "LOAD_GRACE_SECONDS",
     "MERGING_SHARDS",
     "NOT_REQUESTED",
+    "SCALING_STUCK",
     "SPLITTING_SHARD",
     "WAITING_FOR_SPLIT",
     "Scaling",
@@ -88,6 +93,9 @@ SPLITTING_SHARD = "SplittingShard"
 WAITING_FOR_SPLIT = "WaitingForSplit"
 MERGING_SHARDS = "MergingShards"
 WAITING_FOR_MERGE = "WaitingForMerge"
+SCALING_STUCK = "ScalingStuck"
+"""Every candidate's pass refused the request the scaler would make: nothing it can do moves the count (the
+message names each refused shard; with ``spec.autoscale`` the autoscaler gives the step up)."""
 
 LOAD_GRACE_SECONDS = 60.0
 """How long after a shard started emitting (its Ready condition turned True) the scaler waits for its first load
@@ -122,6 +130,8 @@ class SplitAsk:
     """Requested, and the shard's pass has not decided on it yet (its generation is not observed)."""
     refused: bool = False
     """Requested, decided, and refused (condition SplitRejected=True)."""
+    why: str = ""
+    """The SplitRejected condition's message when refused."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,8 @@ class MergeAsk:
     """Its pass has not decided on it yet (the generation is not observed)."""
     refused: bool = False
     """Decided and refused (condition MergeRejected=True)."""
+    why: str = ""
+    """The MergeRejected condition's message when refused."""
 
 
 @dataclass(frozen=True)
@@ -183,7 +195,8 @@ def split_ask(shard: Mapping[str, Any]) -> SplitAsk:
     if (shard.get("metadata") or {}).get("generation") != status.get("observedGeneration"):
         return SplitAsk(split, pending=True)
     rejected = st.get_condition(status.get("conditions"), st.SPLIT_REJECTED) or {}
-    return SplitAsk(split, refused=rejected.get("status") == "True")
+    refused = rejected.get("status") == "True"
+    return SplitAsk(split, refused=refused, why=str(rejected.get("message") or "") if refused else "")
 
 
 def split_request(by: SplitBy, current: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -204,7 +217,8 @@ def merge_ask(shard: Mapping[str, Any]) -> MergeAsk | None:
     if (shard.get("metadata") or {}).get("generation") != status.get("observedGeneration"):
         return MergeAsk(str(merge.get("with")), pending=True)
     rejected = st.get_condition(status.get("conditions"), st.MERGE_REJECTED) or {}
-    return MergeAsk(str(merge.get("with")), refused=rejected.get("status") == "True")
+    refused = rejected.get("status") == "True"
+    return MergeAsk(str(merge.get("with")), refused=refused, why=str(rejected.get("message") or "") if refused else "")
 
 
 def _names(views: Iterable[planner.ShardView], limit: int = 5) -> str:
@@ -341,7 +355,8 @@ def _merge_coldest(
     merges: Mapping[str, MergeAsk],
 ) -> Scaling:
     """Rule 2 on a quiet Task: merge the adjacent pair with the fewest input rows together (the narrowest pair
-    without load data for both), unless its left shard's pass refused exactly this request."""
+    without load data for both) among those whose left shard's pass did not refuse exactly this request
+    (none left: ScalingStuck)."""
     ordered = sorted(active, key=lambda v: v.key_groups)
     pairs = [(a, b) for a, b in zip(ordered, ordered[1:], strict=False) if a.key_groups.end == b.key_groups.start]
     if not pairs:  # pragma: no cover - active shards that tile [0, n) with two or more always have a pair
@@ -354,21 +369,27 @@ def _merge_coldest(
         return None if any(x is None for x in both) else sum(x.rows for x in both if x is not None)
 
     measured = all(rows(p) is not None for p in pairs)
+
+    def refusal(pair: tuple[planner.ShardView, planner.ShardView]) -> MergeAsk | None:
+        ask = merges.get(pair[0].name)
+        return ask if ask is not None and ask.refused and ask.with_ == pair[1].name else None
+
+    open_pairs = [p for p in pairs if refusal(p) is None]
+    if not open_pairs:
+        refused = "; ".join(f"{a.name} with {b.name}: {_refused_because(refusal((a, b)))}" for a, b in pairs)
+        why = f"every adjacent pair's merge was refused (see their MergeRejected conditions): {refused}"
+        return Scaling(ScalingDecision.WAIT, SCALING_STUCK, f"{want}; stuck: {why}", desired, count)
     left, right = min(
-        pairs,
+        open_pairs,
         key=lambda p: (rows(p) if measured else 0.0, p[0].key_groups.size + p[1].key_groups.size, p[0].key_groups),
     )
-    ask = merges.get(left.name)
-    if ask is not None and ask.refused and ask.with_ == right.name:
-        why = (
-            f"TaskShard {left.name} already asks to merge with {right.name} and its pass refused it: see its "
-            "MergeRejected condition"
-        )
-        return Scaling(ScalingDecision.WAIT, WAITING_FOR_MERGE, f"{want}; waiting: {why}", desired, count)
+    passed = [p for p in pairs if p not in open_pairs]
     if measured:
         why = f"{left.name} and {right.name} have the fewest input rows together ({int(rows((left, right)) or 0):,})"
     else:
         why = f"{NO_LOAD_DATA}: {left.name} and {right.name} are the narrowest adjacent pair"
+    if passed:
+        why += " of those not refused (" + ", ".join(f"{a.name} with {b.name}" for a, b in passed) + " was refused)"
     more = count - desired - 1
     after = f"; {more} more merge{'s' if more > 1 else ''} after this one, one at a time" if more else ""
     return Scaling(
@@ -392,30 +413,44 @@ def _split_busiest(
     asks: Mapping[str, SplitAsk],
 ) -> Scaling:
     """Rule 4 on a quiet Task: split the shard with the most input rows (widest without load data), by load when
-    it counted rows; wait instead of repeating a request its pass refused."""
+    it counted rows; never repeat a request its pass refused (the next candidate, or ScalingStuck)."""
     candidates = [v for v in active if v.key_groups.size >= 2]
-
-    def wait(why: str) -> Scaling:
-        return Scaling(ScalingDecision.WAIT, WAITING_FOR_SPLIT, f"{want}; waiting: {why}", desired, count)
 
     def rows(v: planner.ShardView) -> float:
         load = loads.get(v.name)
         return load.rows if load is not None else 0.0
 
-    chosen = min(candidates, key=lambda v: (-rows(v), -v.key_groups.size, v.key_groups.start))
-    load = loads.get(chosen.name)
-    ask = asks.get(chosen.name) or SplitAsk(None)
-    by = SplitBy.LOAD if load is not None and load.rows > 0 and not ask.refused else SplitBy.MIDPOINT
-    if ask.refused and dict(ask.split or {}) == {"requested": True, "by": by.value}:
-        return wait(
-            f"TaskShard {chosen.name} already asks for this split and its pass refused it: see its SplitRejected "
-            "condition"
+    def request(v: planner.ShardView) -> tuple[SplitBy, SplitAsk]:
+        load = loads.get(v.name)
+        ask = asks.get(v.name) or SplitAsk(None)
+        return (SplitBy.LOAD if load is not None and load.rows > 0 and not ask.refused else SplitBy.MIDPOINT), ask
+
+    def refused_again(v: planner.ShardView) -> bool:
+        by, ask = request(v)
+        return ask.refused and dict(ask.split or {}) == {"requested": True, "by": by.value}
+
+    ranked = sorted(candidates, key=lambda v: (-rows(v), -v.key_groups.size, v.key_groups.start))
+    open_candidates = [v for v in ranked if not refused_again(v)]
+    if not open_candidates:
+        refused = "; ".join(f"{v.name}: {_refused_because(request(v)[1])}" for v in ranked)
+        return Scaling(
+            ScalingDecision.WAIT,
+            SCALING_STUCK,
+            f"{want}; stuck: every shard's split was refused (see their SplitRejected conditions): {refused}",
+            desired,
+            count,
         )
+    chosen = open_candidates[0]
+    by, ask = request(chosen)
+    load = loads.get(chosen.name)
+    passed = ranked[: ranked.index(chosen)]
     if load is not None and load.rows > 0:
         why = f"TaskShard {chosen.name} has the most input rows ({load.describe()})"
     else:
         none = NO_ROWS if any(loads.get(v.name) is not None for v in candidates) else NO_LOAD_DATA
         why = f"{none}: TaskShard {chosen.name} {chosen.key_groups} is the widest"
+    if passed:
+        why += f" of those not refused ({', '.join(v.name for v in passed)} refused this split)"
     how = "by load (where its input rows divide in half)" if by == SplitBy.LOAD else "at the midpoint"
     if ask.refused:
         how += " (its last split request was refused)"
@@ -430,3 +465,8 @@ def _split_busiest(
         shard=chosen.name,
         by=by,
     )
+
+
+def _refused_because(ask: SplitAsk | MergeAsk | None) -> str:
+    why = (ask.why if ask is not None else "").strip()
+    return why if why else "refused"

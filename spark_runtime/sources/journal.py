@@ -45,7 +45,16 @@ from pyspark.sql.streaming.datasource import (
 from spark_runtime.keygroups import KeyGrouping
 from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.protocol import CatchUpPhase, CatchUpState, SkipRule, clamp
-from spark_runtime.records import RecordSpec, arrow_type, parse_lines, parse_lines_arrow
+from spark_runtime.records import (
+    MAX_LINE_IN_DEAD_LETTER,
+    MAX_RECORD_BYTES,
+    DeadLetter,
+    RecordSpec,
+    arrow_type,
+    parse_lines,
+    parse_lines_arrow,
+    too_large_line,
+)
 from spark_runtime.sources.base import SourceContext
 from spark_runtime.storage import S3Settings, location
 
@@ -102,6 +111,20 @@ def _first_line_end(fh: Any, start: int, end: int) -> int:
             return pos + i + 1
         pos += len(block)
     return end
+
+
+def _skip_too_large_line(fh: Any, start: int, end: int) -> tuple[int, list[DeadLetter]]:
+    """Where to start reading the piece ``[start, end)``, past its first line when that line is longer than
+    :data:`~spark_runtime.records.MAX_RECORD_BYTES` (a dead letter ``too_large``, found without reading the line
+    whole; such a line is a piece of its own, see :func:`plan_pieces`). Memory stays bounded by the piece size."""
+    if end - start <= MAX_RECORD_BYTES + 1:
+        return start, []
+    fh.seek(start)
+    head = fh.read(MAX_RECORD_BYTES + 1)
+    if b"\n" in head:
+        return start, []
+    line_end = _first_line_end(fh, start, end)
+    return line_end, [too_large_line(start, line_end - start - 1, head[:MAX_LINE_IN_DEAD_LETTER])]
 
 
 def capped_end(fh: Any, start: int, end: int, budget: int) -> int:
@@ -255,12 +278,15 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         import pyarrow as pa
 
         with open(self.path / partition_file(partition.index), "rb") as fh:
-            fh.seek(partition.start)
-            data = fh.read(partition.end - partition.start)
+            begin, huge = _skip_too_large_line(fh, partition.start, partition.end)
+            fh.seek(begin)
+            data = fh.read(partition.end - begin)
         columns = self.spec.columns()
         schema = pa.schema([(name, arrow_type(t)) for name, t in columns])
-        fast = parse_lines_arrow(data, partition.start, self.spec)
+        fast = parse_lines_arrow(data, begin, self.spec)
         if fast is not None:  # every line valid: Arrow parsed the chunk in C++
+            if huge:
+                self._write_dead_letters(partition, huge)
             table, offsets = fast
             n = table.num_rows
             arrays = {
@@ -272,8 +298,8 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out = pa.table([arrays[name] for name, _ in columns], schema=schema)
             yield from out.to_batches(max_chunksize=ARROW_BATCH_ROWS)
             return
-        parsed = parse_lines(data, partition.start, self.spec)
-        self._write_dead_letters(partition, parsed.dead)
+        parsed = parse_lines(data, begin, self.spec)
+        self._write_dead_letters(partition, huge + parsed.dead)
         n = len(parsed)
         py_arrays: dict[str, Any] = {
             "key": parsed.keys,

@@ -17,7 +17,8 @@ Design (see spark_runtime/README.md, "Kafka"), two modes:
 Parsing is native too (Spark's VARIANT functions), with exactly the record contract of
 :mod:`spark_runtime.records`: the value is one JSON object; the key field must be a JSON string (used as is)
 or integer (its decimal text); each processor field must have its declared JSON type (``?`` makes it
-optional). Invalid records are not processed; the shard that owns the key group of their key (or, without a
+optional); a value over ``MAX_RECORD_BYTES`` (1 MiB, never parsed) or a key over ``MAX_KEY_BYTES`` is invalid too.
+Invalid records are not processed; the shard that owns the key group of their key (or, without a
 key, ``pmod(hash(NULL), n)``, as for the journal) counts them in the observed metric ``deadLetters``. They stay
 in the topic at their partition/offset, which Kafka's retention keeps.
 
@@ -50,7 +51,7 @@ from typing import Any
 from spark_runtime.kafka_client import KafkaCredentialsMissing, client_properties
 from spark_runtime.keygroups import KeyGrouping
 from spark_runtime.problems import EnvironmentProblem
-from spark_runtime.records import RecordSpec
+from spark_runtime.records import MAX_KEY_BYTES, MAX_RECORD_BYTES, RecordSpec
 from spark_runtime.sources.base import SourceContext
 
 __all__ = ["KafkaReader", "kafka_start_offsets", "kafka_topic_partitions", "parse_kafka_records"]
@@ -80,10 +81,11 @@ def parse_kafka_records(
         grouping = KeyGrouping(grouping)
     from pyspark.sql import functions as F
 
+    fits = F.coalesce(F.octet_length("value"), F.lit(0)) <= MAX_RECORD_BYTES  # else too_large, never parsed
     parsed = raw.select(
         F.col("partition").cast("int").alias("partition"),
         F.col("offset").cast("bigint").alias("offset"),
-        F.col("value").cast("string").alias("_raw"),
+        F.when(fits, F.col("value").cast("string")).alias("_raw"),
         (F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length("value"), F.lit(0))).alias("_bytes"),
     ).withColumn("_v", F.try_parse_json("_raw"))
     v = F.col("_v")
@@ -95,6 +97,7 @@ def parse_kafka_records(
     key_type = typ(key_path)
     key_ok = (key_type == "STRING") | key_type.rlike(_INTEGER_TYPES)
     key = F.when(key_ok, F.variant_get(v, key_path, "string"))
+    key_ok = key_ok & (F.octet_length(key) <= MAX_KEY_BYTES)  # a longer key: too_large (owned by its key group)
     ok = F.schema_of_variant(v).startswith("OBJECT") & key_ok
     columns = [key.alias("key"), F.col("partition"), F.col("offset")]
     for f in spec.fields:

@@ -240,14 +240,15 @@ def test_demo_splits_pod_kill_bad_requests_suspend_resume(kubectl, operator_proc
         pod = get_json(kubectl, "pod", "demo-0-16-driver")
         pid = int(pod["status"]["containerStatuses"][0]["containerID"].split("://")[1])
         os.killpg(pid, signal.SIGKILL)
+        # The restarted shard is Running again once it commits a batch (or after a minute without input).
         wait_for(lambda: status(kubectl, "taskshard", "demo-0-16").get("restarts", 0) >= 1, START, "a restart")
-        wait_phases(kubectl, {"demo-0-16": "Running"}, START, op)
         write_events(data, "demo", start=400, count=100)
+        wait_phases(kubectl, {"demo-0-16": "Running"}, START, op)
         wait_results(data, "demo", START)
         kubectl("delete", "pod", "demo-0-16-driver", "--grace-period=0", "--force")
         wait_for(lambda: status(kubectl, "taskshard", "demo-0-16").get("restarts", 0) >= 2, START, "a replacement")
-        wait_phases(kubectl, {"demo-0-16": "Running"}, START, op)
         write_events(data, "demo", start=500, count=100)
+        wait_phases(kubectl, {"demo-0-16": "Running"}, START, op)
         wait_results(data, "demo", START)
 
         # Split 1 at the midpoint.

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from spark_runtime.keygroups import key_group
-from spark_runtime.records import RecordSpec, dead_letter_key_group, parse_lines
+from spark_runtime.records import MAX_KEY_BYTES, MAX_RECORD_BYTES, RecordSpec, dead_letter_key_group, parse_lines
 
 LINES = [
     '{"key":"a","amount":1,"flag":true,"note":"x","meta":{"z":[1,2]}}',
@@ -36,6 +36,8 @@ LINES = [
     '{"key":"c","amount":NaN,"flag":true}',
     '{"key":"","amount":0,"flag":false}',
     '{"key":"d","amount":1,"flag":true,"count":12}',
+    '{"key":"' + "k" * (MAX_KEY_BYTES + 1) + '","amount":1,"flag":true}',  # too_large: owned by its key's group
+    '{"key":"e","amount":1,"flag":true,"note":"' + "x" * MAX_RECORD_BYTES + '"}',  # too_large: no key
 ]
 FIELDS = {"amount": "double", "flag": "boolean", "note": "string?", "meta": "json?", "count": "long?"}
 

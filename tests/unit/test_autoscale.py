@@ -264,3 +264,42 @@ def test_in_memory_the_autoscaler_grows_the_task_on_lag_and_merges_it_back_when_
     reasons = [e[2] for e in events]
     assert reasons.count("AutoscalingDown") == 2 and reasons.count("ScalingDown") == 2
     assert kube.objects[("tasks", "t")]["status"]["autoscale"]["reason"] == au.AT_MIN
+
+
+def test_the_lag_is_read_while_a_step_is_pending():
+    pending = decide(2, {"a": 45, "b": 3}, state=AutoscaleState(desired=3))
+    assert (pending.reason, pending.worst_lag) == (au.SCALING_IN_PROGRESS, 45)
+    assert "the worst lag is 45 s (a)" in pending.message
+    assert decide(2, {"a": 45}, busy="a roll", state=AutoscaleState(desired=2)).worst_lag == 45
+
+
+def test_a_merge_every_pair_refuses_is_given_up_not_waited_on():
+    """The pinned autoscaler: the coldest pair's merge was refused; with no other pair the scaler is stuck, and the
+    autoscaler gives the step up (ScalingStuck with the refusal, a Warning, the cooldown from now) instead of
+    answering ScalingInProgress forever."""
+    from tests.unit.test_operator_reconcile import reconcile_task
+
+    policy = {"minShards": 2, "maxShards": 3, "targetLagSeconds": 30, "stabilizationSeconds": 0, "cooldownSeconds": 600}
+    kube = new_world({**SPEC, "initialShards": 2, "autoscale": policy})
+    converge(kube, [], passes=40)
+    kube.objects[("tasks", "t")]["spec"]["autoscale"]["minShards"] = 1  # now it may merge the two
+    left, right = (v.name for v in sorted(owners(shard_views(kube, NS, "t")), key=lambda v: v.key_groups))
+    set_live(kube, lagSeconds=0, rate=0.0)
+    body = kube.objects[("taskshards", left)]
+    body["spec"]["merge"] = {"with": right}
+    body["status"]["observedGeneration"] = body["metadata"].get("generation")
+    rejected = {"type": "MergeRejected", "status": "True", "reason": "NotAdjacent", "message": "refused for a test"}
+    body["status"]["conditions"] = [*body["status"].get("conditions", []), rejected]
+    events: list = []
+    reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
+    shown = kube.objects[("tasks", "t")]["status"]
+    assert shown["autoscale"]["reason"] == au.SCALING_STUCK and shown["autoscale"]["desiredShards"] == 2
+    assert f"{left} with {right}: refused for a test" in shown["autoscale"]["message"]
+    assert shown["autoscale"]["lastScaleTime"], "the cooldown counts from the give-up"
+    assert shown["scaling"]["reason"] == "DesiredShards"
+    assert [e[2] for e in events if e[1] == "Warning"] == [au.SCALING_STUCK]
+    # The next pass is cold again but cooling down: no new attempt, no new event.
+    events.clear()
+    reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
+    assert kube.objects[("tasks", "t")]["status"]["autoscale"]["reason"] == au.COOLING_DOWN
+    assert not [e for e in events if e[1] == "Warning"]

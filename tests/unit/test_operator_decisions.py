@@ -327,9 +327,14 @@ CASES: dict[str, dict[str, Any]] = {
         replacement=True,
         backoff=0.0,
         config=True,
-        phases={"Pending": "Running", "Running": None, "Failed": "Running"},
+        # A pod that replaced a failed one is not healthy until it ran STABLE_SECONDS: no flapping to Running.
+        phases={"Pending": "Running", "Running": None, "Failed": None},
         actions=[],
-        reason=(st.READY, "Emitting"),
+        reason={
+            "Pending": (st.READY, "Emitting"),
+            "Running": (st.READY, "Emitting"),
+            "Failed": (st.READY, "Recovering"),
+        },
         requeue=(50.0, 61.0),  # looks again once it ran STABLE_SECONDS (then resets the back-off)
     ),
     "crash-loop": dict(
@@ -416,7 +421,7 @@ def test_active_phase_by_pod_state(case: str, phase: str) -> None:
     assert decision.status.get("phase") == want_phase, decision.status
     assert decision.new_phase == want_phase
     assert kinds(decision) == c["actions"]
-    type_, reason = c["reason"]
+    type_, reason = c["reason"][phase] if isinstance(c["reason"], dict) else c["reason"]
     written = condition(decision, type_)
     assert written is not None and written["reason"] == reason, decision.status.get("conditions")
     if c["requeue"] is None:
@@ -1072,3 +1077,30 @@ def test_a_pod_whose_runtime_ended_fenced_is_replaced_with_the_reason():
     degraded = condition(decision, st.DEGRADED)
     assert degraded["reason"] == "WriterFenced" and "superseded by epoch 4" in degraded["message"]
     assert [e.reason for e in decision.events if e.type == "Warning"] == ["WriterFenced"]
+
+
+def test_a_replacement_that_committed_a_batch_is_healthy_before_the_stable_time():
+    """After a failure the shard stays Failed until its new pod ran STABLE_SECONDS, or until the pod's own live
+    metrics show a batch committed since it started (an older commit, or another pod's scrape, does not count)."""
+    from spark_runtime.live import LiveStats
+    from taskshard_operator.live import Scraped
+
+    now = dt.datetime.now(dt.UTC)
+    started = (now - dt.timedelta(seconds=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def decide_with(batch_time: float, pod_ip: str) -> Any:
+        world = World()
+        add_shard(world, PARENT, phase="Failed", status={"restarts": 2, "pod": naming.pod_name(PARENT)})
+        pod = make_pod(PARENT, phase="Running", state=running(started))
+        pod["status"]["podIP"] = "10.0.0.7"
+        world.pods[PARENT] = pod
+        sync_config(world, PARENT)
+        stats = LiveStats(batch_id=3, batch_time=batch_time, rate=1.0, lag=0, lag_unit="bytes", state_rows=1,
+                          dead_letters=0, emitting=True)  # fmt: skip
+        world.scrapes[PARENT] = Scraped(stats, now.strftime("%Y-%m-%dT%H:%M:%SZ"), pod_ip)
+        return decide(world, PARENT, backoff_wait=0.0)
+
+    fresh = now.timestamp() - 2
+    assert decide_with(fresh, "10.0.0.7").new_phase == "Running"
+    assert decide_with(now.timestamp() - 60, "10.0.0.7").new_phase is None, "a commit from before the restart"
+    assert decide_with(fresh, "10.0.0.9").new_phase is None, "another pod's scrape"

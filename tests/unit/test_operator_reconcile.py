@@ -11,6 +11,7 @@ test makes it lag; a pass never reads through the API (``reads`` stays 0).
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import itertools
 import json
 
@@ -870,13 +871,29 @@ def test_crash_loop_shows_the_runtime_error_once_per_error():
     one_pass(kube, events)
     assert shard_conditions(kube)["Degraded"]["message"].endswith("last exit code 3: storage.s3: 403")
     assert [w[0] for w in warnings(events)] == ["SourceTopicMissing", "StorageAccessDenied"]
+
+    # Restarted: still Failed and Degraded (no flapping to Running with each restart) until it ran STABLE_SECONDS.
+    def running_since(seconds_ago: float) -> dict:
+        started = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        state = {"running": {"startedAt": started}}
+        return {"phase": "Running", "containerStatuses": [{"name": "driver", "restartCount": 5, "state": state}]}
+
+    kube.objects[("pods", "t-0-16-driver")]["status"] = {**running_since(5), "conditions": []}
+    kube.objects[("pods", "t-0-16-driver")]["status"]["containerStatuses"][0]["ready"] = True
+    one_pass(kube, events)
+    conds = shard_conditions(kube)
+    assert kube.shards()["t-0-16"]["status"]["phase"] == "Failed"
+    assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["message"].endswith("storage.s3: 403")
+    assert conds["Ready"]["status"] == "False" and conds["Ready"]["reason"] == "Recovering"
+    reconcile_task(kube, kube, NS, "t", emit=lambda *a: None)
+    task_ready = {c["type"]: c for c in kube.objects[("tasks", "t")]["status"]["conditions"]}["Ready"]
+    assert task_ready["status"] == "False", "a Task whose only shard keeps failing is not Ready"
     # Recovered: Healthy again; the same error later is announced again.
-    kube.objects[("pods", "t-0-16-driver")]["status"] = {
-        "phase": "Running",
-        "containerStatuses": [{"name": "driver", "restartCount": 5, "state": {"running": {}}, "ready": True}],
-    }
+    kube.objects[("pods", "t-0-16-driver")]["status"] = running_since(120)
+    kube.objects[("pods", "t-0-16-driver")]["status"]["containerStatuses"][0]["ready"] = True
     one_pass(kube, events)
     assert shard_conditions(kube)["Degraded"]["status"] == "False"
+    assert kube.shards()["t-0-16"]["status"]["phase"] == "Running"
     crash_loop(kube, TOPIC_MISSING, restarts=6)
     one_pass(kube, events)
     assert [w[0] for w in warnings(events)] == ["SourceTopicMissing", "StorageAccessDenied", "SourceTopicMissing"]
@@ -977,6 +994,11 @@ def test_a_refused_template_is_held_with_its_reason_until_the_template_changes()
     kube.objects[("tasks", "t")]["spec"]["spark"]["image"] = "img:3"
     converge(kube, [])
     assert kube.pods()["t-0-16-driver"]["spec"]["containers"][0]["image"] == "img:3"
+    assert phases(kube) == {"t-0-16": "Failed"}, "healthy only once the new pod has run a while"
+    kube.objects[("pods", "t-0-16-driver")]["status"]["containerStatuses"][0]["state"] = {
+        "running": {"startedAt": "2020-01-01T00:00:00Z"}
+    }
+    one_pass(kube, events)
     assert phases(kube) == {"t-0-16": "Running"}
 
 

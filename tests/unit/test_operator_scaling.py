@@ -107,8 +107,20 @@ def test_scale_down_merges_the_coldest_adjacent_pair_one_at_a_time():
     assert "the merge of t-0-8 (Merging), t-8-12 (Merging) is in progress" in waiting.message
     pending = decide(2, merges={"t-8-12": MergeAsk("t-12-16", pending=True)})
     assert pending.decision == ScalingDecision.WAIT and "has a merge request (spec.merge)" in pending.message
-    refused = decide(2, merges={"t-8-12": MergeAsk("t-12-16", refused=True)})
-    assert refused.decision == ScalingDecision.WAIT and "see its MergeRejected condition" in refused.message
+    # A pair whose merge was refused is passed over for the next one; every pair refused: stuck, never pinned.
+    refused = decide(2, merges={"t-8-12": MergeAsk("t-12-16", refused=True, why="t-12-16 is busy")})
+    assert (refused.decision, refused.shard, refused.merge_with) == (ScalingDecision.MERGE, "t-0-8", "t-8-12")
+    assert "of those not refused (t-8-12 with t-12-16 was refused)" in refused.message
+    both = {
+        "t-8-12": MergeAsk("t-12-16", refused=True, why="t-12-16 is busy"),
+        "t-0-8": MergeAsk("t-8-12", refused=True, why="executors differ"),
+    }
+    stuck = decide(2, merges=both)
+    assert (stuck.decision, stuck.reason, stuck.shard) == (ScalingDecision.WAIT, "ScalingStuck", None)
+    assert stuck.message.endswith(
+        "stuck: every adjacent pair's merge was refused (see their MergeRejected conditions): t-0-8 with t-8-12: "
+        "executors differ; t-8-12 with t-12-16: t-12-16 is busy"
+    )
     not_ready = decide(2, ready={"t-0-8"})
     assert not_ready.decision == ScalingDecision.WAIT and "not emitting yet" in not_ready.message
 
@@ -188,9 +200,18 @@ def test_a_refused_split_by_load_is_asked_again_at_the_midpoint_but_never_repeat
     d = decide(4, asks=refused_load, loads=loads)
     assert (d.decision, d.shard, d.by) == (ScalingDecision.SPLIT, "t-8-12", SplitBy.MIDPOINT)
     assert "(its last split request was refused)" in d.message
-    refused_midpoint = {"t-8-12": SplitAsk({"requested": True, "by": "midpoint"}, refused=True)}
+    refused_midpoint = {"t-8-12": SplitAsk({"requested": True, "by": "midpoint"}, refused=True, why="no room")}
     again = decide(4, asks=refused_midpoint, loads=loads)
-    assert again.decision == ScalingDecision.WAIT and "see its SplitRejected condition" in again.message
+    assert (again.decision, again.shard) == (ScalingDecision.SPLIT, "t-0-8"), "the next candidate"
+    assert "of those not refused (t-8-12 refused this split)" in again.message
+    every = {
+        **refused_midpoint,
+        "t-0-8": SplitAsk({"requested": True, "by": "midpoint"}, refused=True),
+        "t-12-16": SplitAsk({"requested": True, "by": "midpoint"}, refused=True, why="too small"),
+    }
+    stuck = decide(4, asks=every, loads=loads)
+    assert (stuck.decision, stuck.reason) == (ScalingDecision.WAIT, "ScalingStuck")
+    assert "t-8-12: no room; t-0-8: refused; t-12-16: too small" in stuck.message
 
 
 def test_a_new_shard_s_first_load_map_is_awaited_when_the_task_counts_them():

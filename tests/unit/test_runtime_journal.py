@@ -184,3 +184,55 @@ def test_producer_cli(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("[1]\n")
     assert main(["--journal", str(tmp_path / "j"), "--file", str(bad)]) == 2
+
+
+def test_too_large_lines_and_keys_are_dead_letters_and_a_huge_line_is_never_read_whole(tmp_path, make_reader):
+    """A line over MAX_RECORD_BYTES (in a piece of its own when longer than the piece size, or among others) and a
+    key over MAX_KEY_BYTES are dead letters ``too_large``; the records around them are read; the reader never
+    holds the huge line (it reads the piece from past it)."""
+    from spark_runtime.records import MAX_KEY_BYTES, MAX_RECORD_BYTES
+
+    journal = tmp_path / "journal"
+    huge = json.dumps({"key": "h", "pad": "x" * (3 * MAX_RECORD_BYTES)})
+    big = json.dumps({"key": "b", "pad": "y" * (MAX_RECORD_BYTES + 10)})
+    long_key = json.dumps({"key": "k" * (MAX_KEY_BYTES + 1)})
+    append_lines(journal, 0, ['{"key": "a"}', huge, '{"key": "c"}', big, long_key, '{"key": "d"}'])
+    reads: list[int] = []
+    real_open = open
+
+    class Counting:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+        def read(self, n=-1):
+            reads.append(n)
+            return self.fh.read(n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    import builtins
+
+    r = make_reader(partitions=1, partitionbytes=str(2 * MAX_RECORD_BYTES))
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadAllAvailable())
+    builtins.open, saved = (lambda *a, **k: Counting(real_open(*a, **k))), builtins.open
+    try:
+        rows = read_all(r, start, end)
+    finally:
+        builtins.open = saved
+    assert sorted(x["key"] for x in rows) == ["a", "c", "d"]
+    assert max(n for n in reads if n is not None) < 3 * MAX_RECORD_BYTES, "the huge line was read whole"
+    dead = [json.loads(line) for f in sorted(r.dead_letter_dir.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    assert sorted(d["reason"] for d in dead) == ["too_large"] * 3
+    details = sorted(d["detail"] for d in dead)
+    assert any(d.startswith(f"line of {len(huge):,} bytes is longer than") for d in details), details
+    assert any(d.startswith(f"line of {len(big):,} bytes") for d in details), details
+    assert any(d.startswith(f"key of {MAX_KEY_BYTES + 1:,} bytes") for d in details), details
+    assert all(len(d["line"]) < 20_000 for d in dead)

@@ -89,7 +89,7 @@ class ConditionType(StrEnum):
       manifest); the message names the field or the pod and what to do.
     - ``Scaled``: Task only: True while the active shards are as many as ``spec.shards`` (or it is unset); False
       while the operator splits or merges towards it (reasons SplittingShard, WaitingForSplit, MergingShards,
-      WaitingForMerge).
+      WaitingForMerge, ScalingStuck: every candidate's request was refused).
     - ``ExecutorsReady``: TaskShard only, for a Task with executors (``spec.spark.executors.instances > 0``): True
       while at least that many of the shard's executor pods run; False names each executor pod that does not run
       and why (reasons ExecutorsPending, ExecutorsStarting, DriverNotRunning).

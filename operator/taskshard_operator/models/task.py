@@ -897,7 +897,8 @@ class TaskAutoscale(K8sModel):
         pattern=r"^[A-Za-z][A-Za-z0-9]*$",
         description="CamelCase reason: LagAboveTarget, LoadBelowTarget, LagWithinTarget, Stabilizing, CatchingUp, "
         "CoolingDown, "
-        "AtMaxShards, AtMinShards, BelowMinShards, AboveMaxShards, ScalingInProgress, Waiting, NoSignal.",
+        "AtMaxShards, AtMinShards, BelowMinShards, AboveMaxShards, ScalingInProgress, ScalingStuck, Waiting, "
+        "NoSignal.",
     )
     message: str = Field(default="", max_length=32768, description="What was decided and why.")
     worst_lag_seconds: int | None = Field(
