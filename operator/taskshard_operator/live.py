@@ -5,8 +5,10 @@ A shard's runtime exports its metrics on ``http://<pod IP>:<port>/metrics`` (nam
 everything else, from memory:
 
 - :class:`LiveScraper` (one thread) scrapes every running shard driver pod the cache knows, every
-  ``interval`` seconds (10 by default, ``--live-status-seconds``), a few pods at a time, each with a short
-  timeout, and keeps the last answer per shard in :class:`LiveStore`. A shard whose answer would change its
+  ``interval`` seconds (10 by default, ``--live-status-seconds``), a few pods at a time, each exchange within
+  one total deadline and size cap (:func:`_fetch`: a server that drips bytes or answers without end is cut off,
+  since a Task author controls the shard image), and keeps the last answer per shard in :class:`LiveStore`. A
+  round stores each answer as it arrives: a slow target delays no other. A shard whose answer would change its
   ``status.live`` gets a pass (its work-queue key); nothing else is enqueued.
 - The shard's pass (``reconcile_shard``) copies the stored answer into ``status.live`` as part of its one status
   write (:func:`shard_live_patch`). One scrape per shard per interval means at most one such write per shard
@@ -21,13 +23,14 @@ in the operator's metrics (``taskshard_operator_live_scrapes_total``).
 from __future__ import annotations
 
 import datetime as dt
+import http.client
 import logging
+import socket
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,7 +53,10 @@ log = logging.getLogger(__name__)
 
 LIVE_INTERVAL_SECONDS = 10.0
 SCRAPE_TIMEOUT_SECONDS = 2.0
+"""The whole exchange with one metrics endpoint: connect, headers and body (not per socket read)."""
 SCRAPE_CONCURRENCY = 8
+MAX_SCRAPE_BYTES = 4 << 20
+"""The largest metrics answer read (a shard's is a few KiB; its load map at most a few hundred KiB)."""
 
 
 def utc_now() -> str:
@@ -217,14 +223,54 @@ def task_live_patch(
     return {**summed, "observedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ")}, None
 
 
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-"""Pod IPs are reached directly, never through an ``http_proxy`` the operator's environment may set."""
+class ScrapeRefused(OSError):
+    """A metrics endpoint answered too slowly (over the whole deadline), too much, or not with 200."""
 
 
-def _fetch(target: ScrapeTarget, timeout: float) -> str:
-    url = f"http://{target.pod_ip}:{target.port}{METRICS_PATH}"
-    with _DIRECT.open(url, timeout=timeout) as response:
-        return response.read().decode("utf-8", "replace")
+def _fetch(target: ScrapeTarget, timeout: float, max_bytes: int = MAX_SCRAPE_BYTES) -> str:
+    """The metrics text of ``target``, bounded: the whole exchange (connect, headers, body) within ``timeout``
+    seconds, however slowly a server drips bytes (a timer shuts the socket down at the deadline), and at most
+    ``max_bytes`` of body. Pod IPs are reached directly, never through a proxy. Raises :class:`ScrapeRefused`
+    (or the connection's ``OSError``)."""
+    conn = http.client.HTTPConnection(target.pod_ip, target.port, timeout=timeout)
+    expired = threading.Event()
+    sockets: list[socket.socket] = []  # the response keeps reading it after getresponse() drops conn.sock
+
+    def cut() -> None:
+        expired.set()
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.request("GET", METRICS_PATH)
+        if conn.sock is not None:
+            sockets.append(conn.sock)
+        if expired.is_set():  # the deadline passed while connecting
+            cut()
+        response = conn.getresponse()
+        if response.status != 200:
+            raise ScrapeRefused(f"HTTP {response.status} from {target.pod_ip}:{target.port}")
+        body = bytearray()
+        while chunk := response.read1(65536):
+            body += chunk
+            if len(body) > max_bytes:
+                raise ScrapeRefused(f"the answer of {target.pod_ip}:{target.port} is larger than {max_bytes:,} bytes")
+        if expired.is_set():
+            raise ScrapeRefused(f"no complete answer from {target.pod_ip}:{target.port} within {timeout:g} s")
+        return body.decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise ScrapeRefused(f"no complete answer from {target.pod_ip}:{target.port} within {timeout:g} s") from exc
+        raise
+    finally:
+        timer.cancel()
+        conn.close()
 
 
 class LiveScraper:
@@ -273,18 +319,26 @@ class LiveScraper:
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
     def scrape_all(self) -> int:
-        """One round: scrape every target, store the answers, enqueue the shards whose status would change.
-        Returns how many shards were enqueued."""
+        """One round: scrape every target, store each answer as it arrives (a slow target delays no other's),
+        enqueue the shards whose status would change. The round ends when every target answered or failed, or
+        after ``interval`` seconds (at least ``timeout``): a target still in flight then is skipped this round
+        (its own deadline, ``timeout``, ends it soon). Returns how many shards were enqueued."""
         targets = self.targets()
         self.store.keep((t.namespace, t.shard) for t in targets)
         enqueued = 0
-        for target, scraped in zip(targets, self._pool.map(self._scrape_one, targets), strict=True):
-            if scraped is None:
-                continue
-            self.store.put(target.namespace, target.shard, scraped)
-            if shard_live_patch(self.current(target.namespace, target.shard), scraped) is not None:
-                self.enqueue(("shard", target.namespace, target.shard))
-                enqueued += 1
+        futures = {self._pool.submit(self._scrape_one, t): t for t in targets}
+        try:
+            for done in as_completed(futures, timeout=max(self.interval, self.timeout)):
+                target, scraped = futures[done], done.result()
+                if scraped is None:
+                    continue
+                self.store.put(target.namespace, target.shard, scraped)
+                if shard_live_patch(self.current(target.namespace, target.shard), scraped) is not None:
+                    self.enqueue(("shard", target.namespace, target.shard))
+                    enqueued += 1
+        except TimeoutError:
+            late = sorted(f"{t.namespace}/{t.shard}" for f, t in futures.items() if not f.done())
+            log.warning("live status round: %d targets did not answer in time: %s", len(late), ", ".join(late[:10]))
         return enqueued
 
     def _scrape_one(self, target: ScrapeTarget) -> Scraped | None:

@@ -178,3 +178,93 @@ def test_conditions_are_equal_whatever_the_key_order_the_api_returns():
     assert st.conditions_equal(ours, from_api)
     changed = [*from_api[:-1], {**from_api[-1], "reason": "NotEmittingYet"}]
     assert not st.conditions_equal(ours, changed)
+
+
+class _Server:
+    """A metrics endpoint on loopback that answers as ``handler(wfile)`` writes, in its own thread."""
+
+    def __init__(self, write) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the stdlib's name
+                try:
+                    write(self)
+                except OSError:
+                    pass  # the scraper hung up: what a bounded client does
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _drip(handler) -> None:
+    """Headers, then one byte of body every 50 ms, forever (a read timeout per recv never fires)."""
+    import time as _time
+
+    handler.send_response(200)
+    handler.end_headers()
+    while True:
+        handler.wfile.write(b"#")
+        handler.wfile.flush()
+        _time.sleep(0.05)
+
+
+def _huge(handler) -> None:
+    handler.send_response(200)
+    handler.end_headers()
+    chunk = b"# padding\n" * 100_000
+    for _ in range(100):  # about 100 MB, unless the client stops reading
+        handler.wfile.write(chunk)
+
+
+def _good(handler) -> None:
+    body = SCRAPE.encode()
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def test_a_dripping_or_huge_endpoint_is_cut_off_and_delays_no_other_target():
+    """The whole exchange has one deadline (not per socket read) and the answer a size cap; a round stores a fast
+    target's answer while a slow one still drips."""
+    import time as _time
+
+    import pytest
+
+    from taskshard_operator.live import ScrapeRefused, _fetch
+
+    servers = {name: _Server(w) for name, w in (("drip", _drip), ("huge", _huge), ("good", _good))}
+    try:
+        target = {n: ScrapeTarget(NS, n, "127.0.0.1", s.port) for n, s in servers.items()}
+        t0 = _time.monotonic()
+        with pytest.raises(ScrapeRefused, match="no complete answer .* within 0.5 s"):
+            _fetch(target["drip"], 0.5)
+        assert _time.monotonic() - t0 < 5, "the deadline covers the whole answer"
+        with pytest.raises(ScrapeRefused, match="larger than 1,000,000 bytes"):
+            _fetch(target["huge"], 30, max_bytes=1_000_000)
+        assert parse_scrape(_fetch(target["good"], 2)) == STATS
+
+        store, enqueued = LiveStore(), []
+        scraper = LiveScraper(
+            store, lambda: [target["drip"], target["good"]], lambda ns, s: None, enqueued.append, timeout=0.5
+        )
+        try:
+            assert scraper.scrape_all() == 1
+        finally:
+            scraper.stop()
+        assert store.get(NS, "good").stats == STATS and store.get(NS, "drip") is None
+        assert enqueued == [("shard", NS, "good")]
+    finally:
+        for s in servers.values():
+            s.close()
