@@ -481,37 +481,7 @@ def _mirror_pod(ctx: ShardContext) -> None:
             phase=P.PENDING,
         )
     elif pod.running:
-        running_for = pod.running_for()
-        if running_for >= STABLE_SECONDS:
-            ctx.do(BackoffAction(ctx.uid, reset=True))
-        else:
-            ctx.decision.again_in(STABLE_SECONDS - running_for + 1)
-        if ctx.phase == P.FAILED and running_for < STABLE_SECONDS and not _committed_since_start(ctx):
-            _mirror_recovering_pod(ctx)
-            return
-        if pod.ready:
-            ready = ctx.cond(st.READY, True, "Emitting", f"driver pod {pod.name} processes {ctx.key_groups}")
-        else:
-            ready = ctx.cond(
-                st.READY,
-                False,
-                "NotEmittingYet",
-                f"driver pod {pod.name} runs {ctx.key_groups} and has not written to the sink yet (starting its "
-                "query, restoring, or catching up with its parent's final positions)",
-            )
-        ctx.write(
-            {
-                **_base_patch(ctx),
-                **_checkpoint_patch(ctx),
-                "restarts": pod.restarts,
-                "conditions": [
-                    ready,
-                    ctx.cond(st.PROGRESSING, False, "Stable", ""),
-                    ctx.cond(st.DEGRADED, False, "Healthy", ""),
-                ],
-            },
-            phase=P.RUNNING,
-        )
+        _mirror_running_pod(ctx)
     elif pod.failed:
         _mirror_failed_pod(ctx)
     elif not _missing_secret(ctx):
@@ -523,6 +493,43 @@ def _mirror_pod(ctx: ShardContext) -> None:
             {**_base_patch(ctx), "conditions": [ctx.cond(st.READY, False, "PodStarting", message)]},
             phase=P.FAILED if ctx.phase == P.FAILED else (P.PENDING if ctx.phase == P.PENDING else P.RUNNING),
         )
+
+
+def _mirror_running_pod(ctx: ShardContext) -> None:
+    """The pod runs (not on standby): Running, Ready once it emits; a pod that replaced a failed one is recovering
+    until it commits a batch or runs :data:`STABLE_SECONDS` (it then also resets the replacement back-off)."""
+    pod = ctx.pod
+    running_for = pod.running_for()
+    if running_for >= STABLE_SECONDS:
+        ctx.do(BackoffAction(ctx.uid, reset=True))
+    else:
+        ctx.decision.again_in(STABLE_SECONDS - running_for + 1)
+    if ctx.phase == P.FAILED and running_for < STABLE_SECONDS and not _committed_since_start(ctx):
+        _mirror_recovering_pod(ctx)
+        return
+    if pod.ready:
+        ready = ctx.cond(st.READY, True, "Emitting", f"driver pod {pod.name} processes {ctx.key_groups}")
+    else:
+        ready = ctx.cond(
+            st.READY,
+            False,
+            "NotEmittingYet",
+            f"driver pod {pod.name} runs {ctx.key_groups} and has not written to the sink yet (starting its "
+            "query, restoring, or catching up with its parent's final positions)",
+        )
+    ctx.write(
+        {
+            **_base_patch(ctx),
+            **_checkpoint_patch(ctx),
+            "restarts": pod.restarts,
+            "conditions": [
+                ready,
+                ctx.cond(st.PROGRESSING, False, "Stable", ""),
+                ctx.cond(st.DEGRADED, False, "Healthy", ""),
+            ],
+        },
+        phase=P.RUNNING,
+    )
 
 
 def _committed_since_start(ctx: ShardContext) -> bool:

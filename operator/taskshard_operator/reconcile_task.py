@@ -185,19 +185,24 @@ def _scale(
         _record_autoscale(decision, status, auto, active=d.active)
     if d.decision == ScalingDecision.WAIT and grace is not None:
         decision.again_in(grace)  # choose without the load map once the grace is over, if no scrape came
+    _ask_for_step(decision, d, asks)
+    shown = status.get("scaling") or {}
+    _set_status(decision, {"scaling": _scaling_status(shown, d)})
+    return d.scaled, d.reason, d.message
+
+
+def _ask_for_step(decision: Decision, d: scaling.Scaling, asks: Mapping[str, scaling.SplitAsk]) -> None:
+    """The shard patch of a Split or Merge decision, announced with the patch, not after the status write: a Task
+    changed meanwhile (Kopf annotates it after a spec edit such as kubectl scale) refuses the status write, and the
+    next pass only waits for the hand-over."""
     if d.decision == ScalingDecision.SPLIT and d.shard is not None and d.by is not None:
         request = scaling.split_request(d.by, asks[d.shard].split if d.shard in asks else None)
-        # Announced with the patch, not after the status write: a Task changed meanwhile (Kopf annotates it after
-        # a spec edit such as kubectl scale) refuses the status write, and the next pass only waits for the split.
         announce = Event("Normal", "ScalingUp", d.message)
         decision.actions.append(Patch(naming.SHARD_PLURAL, d.shard, {"spec": {"split": request}}, announce=announce))
     if d.decision == ScalingDecision.MERGE and d.shard is not None and d.merge_with is not None:
         announce = Event("Normal", "ScalingDown", d.message)
         patch = {"spec": {"merge": {"with": d.merge_with}}}
         decision.actions.append(Patch(naming.SHARD_PLURAL, d.shard, patch, announce=announce))
-    shown = status.get("scaling") or {}
-    _set_status(decision, {"scaling": _scaling_status(shown, d)})
-    return d.scaled, d.reason, d.message
 
 
 def _autoscale(

@@ -433,13 +433,8 @@ def _split_busiest(
     open_candidates = [v for v in ranked if not refused_again(v)]
     if not open_candidates:
         refused = "; ".join(f"{v.name}: {_refused_because(request(v)[1])}" for v in ranked)
-        return Scaling(
-            ScalingDecision.WAIT,
-            SCALING_STUCK,
-            f"{want}; stuck: every shard's split was refused (see their SplitRejected conditions): {refused}",
-            desired,
-            count,
-        )
+        why = f"every shard's split was refused (see their SplitRejected conditions): {refused}"
+        return Scaling(ScalingDecision.WAIT, SCALING_STUCK, f"{want}; stuck: {why}", desired, count)
     chosen = open_candidates[0]
     by, ask = request(chosen)
     load = loads.get(chosen.name)

@@ -259,15 +259,9 @@ def call_processor(
 
     if not (isinstance(result, tuple) and len(result) == 2):
         raise broken(f"must return (new_state, outputs), got {type(result).__name__}")
-    new_state, outputs = result
-    names = ["key"] + state_names
-    if new_state is None:
-        new_state = pd.DataFrame({n: [] for n in names})
-    if not isinstance(new_state, pd.DataFrame):
-        raise broken(f"new_state must be a pandas DataFrame, got {type(new_state).__name__}")
-    missing = [n for n in names if n not in new_state.columns]
-    if missing:
-        raise broken(f"new_state lacks columns {missing} (needs {names})")
+    names, out_names = ["key"] + state_names, ["key"] + result_names
+    new_state = _checked_frame(result[0], "new_state", names, broken)
+    outputs = _checked_frame(result[1], "outputs", out_names, broken)
     if new_state["key"].duplicated().any():
         dup = new_state["key"][new_state["key"].duplicated()].iloc[0]
         raise broken(f"new_state has key {dup!r} more than once")
@@ -277,14 +271,6 @@ def call_processor(
             f"new_state has key {new_state['key'][stray].iloc[0]!r}, which is not in events (only keys of this "
             "call's events may change)"
         )
-    out_names = ["key"] + result_names
-    if outputs is None:
-        outputs = pd.DataFrame({n: [] for n in out_names})
-    if not isinstance(outputs, pd.DataFrame):
-        raise broken(f"outputs must be a pandas DataFrame, got {type(outputs).__name__}")
-    lacking = [n for n in out_names if n not in outputs.columns]
-    if lacking:
-        raise broken(f"outputs lacks columns {lacking} (needs {out_names})")
     foreign = ~outputs["key"].isin(event_keys)
     if foreign.any():
         raise broken(
@@ -292,6 +278,19 @@ def call_processor(
             "only for its own keys)"
         )
     return new_state[names].reset_index(drop=True), outputs[out_names].reset_index(drop=True)
+
+
+def _checked_frame(value: Any, what: str, names: list[str], broken: Any) -> pd.DataFrame:
+    """``value`` (``new_state`` or ``outputs`` as ``process`` returned it) as a frame with ``names`` (None: empty);
+    ``broken(text)`` makes the error for anything else."""
+    if value is None:
+        return pd.DataFrame({n: [] for n in names})
+    if not isinstance(value, pd.DataFrame):
+        raise broken(f"{what} must be a pandas DataFrame, got {type(value).__name__}")
+    missing = [n for n in names if n not in value.columns]
+    if missing:
+        raise broken(f"{what} lacks columns {missing} (needs {names})")
+    return value
 
 
 def _call_place(key_groups: Any) -> str:
