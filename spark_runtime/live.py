@@ -25,6 +25,9 @@ series carries the labels ``task`` and ``shard``. Names (:class:`Metric`):
 ``taskshard_shard_last_batch_timestamp_seconds``  gauge     when it was committed (Unix time; 0: unknown)
 ``taskshard_shard_batch_duration_seconds``        gauge     the last batch's durations, label ``part`` (Spark's
                                                             durationMs keys; ``triggerExecution``: the whole batch)
+``taskshard_shard_batch_running_seconds``         gauge     how long the batch in flight has run without committing
+                                                            (0: none in flight): a hung batch shows here, and the
+                                                            operator's NoProgress condition reads it
 ``taskshard_shard_state_rows``                    gauge     state rows (all stateful operators)
 ``taskshard_shard_state_bytes``                   gauge     state memory used in bytes
 ``taskshard_shard_dead_letters_total``            counter   dead letters of this shard (journal: all runs, from its
@@ -159,6 +162,7 @@ class Metric(StrEnum):
     LAST_BATCH = "taskshard_shard_last_batch"
     LAST_BATCH_TIMESTAMP = "taskshard_shard_last_batch_timestamp_seconds"
     BATCH_DURATION = "taskshard_shard_batch_duration_seconds"
+    BATCH_RUNNING = "taskshard_shard_batch_running_seconds"
     STATE_ROWS = "taskshard_shard_state_rows"
     STATE_BYTES = "taskshard_shard_state_bytes"
     DEAD_LETTERS = "taskshard_shard_dead_letters"  # counter
@@ -191,6 +195,8 @@ class LiveStats:
     """The committed batch the state map counts (None: no state map)."""
     lag_seconds: float | None = None
     """Seconds to work off the lag (``inf``: no progress; None: not known)."""
+    batch_running: float = 0.0
+    """How long the batch in flight has run without committing (0: none in flight)."""
 
     def to_status(self, *, observed_at: str) -> dict[str, Any]:
         """The ``status.live`` object; ``rate`` rounded to 0.1 rows/s so that noise does not cause writes."""
@@ -270,4 +276,5 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
         key_group_rows=key_group_rows,
         key_group_state_rows=key_group_state_rows if state_map_batch is not None else {},
         state_map_batch=int(state_map_batch) if state_map_batch is not None else None,
+        batch_running=float(values.get(Metric.BATCH_RUNNING, 0.0)),
     )

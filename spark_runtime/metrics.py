@@ -15,6 +15,10 @@ loop, every ``poll_interval``, so values are at most one poll old):
   Spark reports ``latestOffset``);
 - at every poll: the last committed batch (:meth:`ShardMetrics.on_commit`, also at each query start with the
   commit's time from the recovery log), dead letters, ``emitting``;
+- at most every :data:`TRIGGER_POLL_SECONDS`: whether Spark's query has a trigger in flight
+  (:meth:`ShardMetrics.on_trigger`, from ``query.status``), which ``taskshard_shard_batch_running_seconds`` turns
+  into how long the batch in flight has run without committing (at scrape time: since the trigger was first seen
+  active, or since the last commit when that came later);
 - at most every :data:`JOURNAL_LAG_INTERVAL_SECONDS`: the journal's lag in bytes (:func:`journal_lag`: a ``stat``
   per partition file, and a read of its tail when it grew);
 - per committed batch too, from the batch's observed metrics ``taskshard_key_groups`` (computed in the plan,
@@ -33,7 +37,9 @@ loop, every ``poll_interval``, so values are at most one poll old):
   its lag at the pace it consumed its source over the rate window (:meth:`ShardMetrics.lag_seconds`): the lag
   divided by the source positions its committed batches advanced per second, in the lag's own unit (records or
   bytes, the partitions the lag counts: :func:`consumed`); 0 without lag, ``+Inf`` with lag but no progress in the
-  window (a stalled shard, or one that has not committed a batch yet). The autoscaler's signal.
+  window (a stalled shard, or one that has not committed a batch yet), and ``+Inf`` too while the batch in flight
+  has run longer than the window: the lag a hung batch's source showed when it was planned (Kafka's comes from
+  the last committed batch) says nothing of the input arriving since, so it ages out. The autoscaler's signal.
 
 Series whose value is not known yet are absent rather than 0: the lag (no measure yet), state rows and bytes (no
 batch with stateful operators yet in this process), the batch durations (no batch yet). ``last_batch`` is -1 and
@@ -70,6 +76,7 @@ from spark_runtime.problems import EnvironmentProblem
 
 __all__ = [
     "JOURNAL_LAG_INTERVAL_SECONDS",
+    "TRIGGER_POLL_SECONDS",
     "MIN_RATE_SECONDS",
     "ShardMetrics",
     "consumed",
@@ -81,6 +88,8 @@ log = logging.getLogger("taskshard.metrics")
 
 JOURNAL_LAG_INTERVAL_SECONDS = 1.0
 """How often the runner measures the journal's lag at most (its poll runs more often)."""
+TRIGGER_POLL_SECONDS = 1.0
+"""How often the runner asks Spark's query whether a trigger is in flight at most."""
 MIN_RATE_SECONDS = 1.0
 """The smallest divisor of the rate: right after the first batch, its rows over at least this many seconds."""
 
@@ -116,6 +125,10 @@ class ShardMetrics:
         self._since: float | None = None
         """When this process's first batch began (its commit time minus its trigger execution time)."""
         self._last_batch = -1
+        self._committed_at: float | None = None
+        """When this process saw the last commit (Unix time; None: none yet)."""
+        self._trigger_since: float | None = None
+        """When the trigger in flight was first seen active (None: none in flight)."""
         self._known = False
         """Whether a committed batch id (or -1: none) was reported yet: the first report of a resumed shard's
         last batch is not a commit seen now."""
@@ -158,6 +171,10 @@ class ShardMetrics:
             Metric.LAST_BATCH_TIMESTAMP, "When the last batch was committed (Unix time; 0: unknown)."
         ).labels(*own)
         self._last_time.set(0)
+        self._running = gauge(
+            Metric.BATCH_RUNNING, "How long the batch in flight has run without committing (0: none in flight)."
+        ).labels(*own)
+        self._running.set_function(self.batch_running)
         self._duration = gauge(
             Metric.BATCH_DURATION, "The last batch's durations by part (Spark's durationMs keys).", "part"
         )
@@ -265,6 +282,26 @@ class ShardMetrics:
             self._last.set(batch_id)
             if committed_at is not None:
                 self._last_time.set(committed_at)
+            if known:
+                self._committed_at = self._clock()
+
+    def on_trigger(self, active: bool) -> None:
+        """Whether Spark's query has a trigger in flight now (``query.status['isTriggerActive']``)."""
+        with self._lock:
+            if not active:
+                self._trigger_since = None
+            elif self._trigger_since is None:
+                self._trigger_since = self._clock()
+
+    def batch_running(self) -> float:
+        """Seconds the batch in flight has run without committing: since its trigger was first seen active, or
+        since the last commit this process saw when that came later (0: no trigger in flight)."""
+        now = self._clock()
+        with self._lock:
+            if self._trigger_since is None:
+                return 0.0
+            began = max(self._trigger_since, self._committed_at or 0.0)
+            return max(0.0, now - began)
 
     def set_lag(self, unit: str, per_partition: Mapping[str, int]) -> None:
         """The lag per source partition (negative values count as 0); the total is their sum."""
@@ -318,7 +355,10 @@ class ShardMetrics:
 
     def lag_seconds(self) -> float:
         """Seconds to work off the lag at the pace the source was consumed over the window (see the module
-        docstring): 0 without lag (or none known), ``inf`` with lag and no progress in the window."""
+        docstring): 0 without lag (or none known), ``inf`` with lag and no progress in the window, and ``inf`` while
+        the batch in flight has run longer than the window (its lag is too old to tell)."""
+        if self.batch_running() > self._window:
+            return float("inf")
         now = self._clock()
         with self._lock:
             self._prune(now)

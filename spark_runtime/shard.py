@@ -53,7 +53,7 @@ from spark_runtime.layout import ShardPaths, SinkPaths
 from spark_runtime.live import METRICS_HOST_ENV, state_map_seconds
 from spark_runtime.logs import set_phase as set_log_phase
 from spark_runtime.merge import MergeHandover
-from spark_runtime.metrics import ShardMetrics
+from spark_runtime.metrics import TRIGGER_POLL_SECONDS, ShardMetrics
 from spark_runtime.pipeline import Plan, build_output_frame, make_plan
 from spark_runtime.problems import EnvironmentProblem, TemplateRefused
 from spark_runtime.progress import Progress
@@ -212,6 +212,7 @@ class ShardRunner:
         self._fail_batch = int(fail_batch) if fail_batch.isdigit() else None
         self._guarded_at = time.monotonic()
         self._fence_polled_at = time.monotonic()
+        self._trigger_polled_at = 0.0
         self._stop_problem: EnvironmentProblem | None = None
         """Set when the source's batch guard stopped the query (e.g. ``PartitionCountChanged``); never retried."""
         kg = config.key_groups
@@ -664,6 +665,10 @@ class ShardRunner:
         m.set_dead_letters(self.dead_letter_total)
         m.set_emitting(bool(self.query.isActive) and not (self.as_child is not None and self.as_child.catching_up))
         self.progress.measure_journal_lag(self.last_committed)
+        now = time.monotonic()
+        if now - self._trigger_polled_at >= TRIGGER_POLL_SECONDS:
+            self._trigger_polled_at = now
+            m.on_trigger(bool(self.query.status.get("isTriggerActive")))
         m.refresh()
 
     def positions_at(self, batch_id: int) -> dict[str, Any]:

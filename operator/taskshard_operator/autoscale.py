@@ -18,7 +18,11 @@ hand-over at a time. :func:`decide_autoscale` applies these rules, in this order
    it (:data:`~taskshard_operator.scaling.SCALING_STUCK`), is given up (:func:`give_up`): the count it wants goes
    back to the active shards (ScalingStuck, naming the refusals, a Warning event), and ``cooldownSeconds`` pass
    before it changes the count again. It never waits on a refused step.
-3. **No signal** (no active shard reports ``lagSeconds`` yet): hold (NoSignal).
+3. **No signal** from some active shard: hold (NoSignal), naming each such shard and why. A shard has no signal
+   while no scrape of its current pod reports ``lagSeconds``, while its last scrape is stale (three scrape
+   intervals without an answer: the pod stopped answering), and while it shows NoProgress (its batch in flight has
+   not committed within ``spec.noProgressSeconds``: its figures are not news). The autoscaler never decides on part
+   of the Task: a shard it cannot see might be the hot one, and a hung shard is not cold.
 4. **Hot**: the worst ``lagSeconds`` is above ``targetLagSeconds``. Once it has been above for
    ``stabilizationSeconds`` without a break and is not below what it was when the window began (the lag keeps
    growing), one more shard (LagAboveTarget, a Normal event AutoscalingUp), unless the Task has ``maxShards``
@@ -157,10 +161,12 @@ def decide_autoscale(
     busy: str | None,
     state: AutoscaleState,
     now: float,
+    unknown: Mapping[str, str] | None = None,
 ) -> Autoscale:
     """Decide how many shards the Task should have (see the module docstring for the rules).
 
     ``active`` is the number of active shards; ``lags`` their ``status.live.lagSeconds`` (None: not reported);
+    ``unknown`` the active shards whose signal cannot be trusted now, with why (stale, NoProgress);
     ``rate`` the Task's input rows per second (``status.live.rate``); ``busy`` why no split or merge could start
     now (None: the Task is quiet); ``state`` the last decision's memory; ``now`` Unix seconds."""
     lo, hi = policy.min_shards, policy.max_shards
@@ -175,7 +181,9 @@ def decide_autoscale(
         bound = "minShards" if bounded > wanted else "maxShards"
         message = f"{wanted} shards is outside [minShards {lo}, maxShards {hi}]: wants {bounded} ({bound})"
         return Autoscale(bounded, rest, reason, message, changed=True)
-    measured = {name: lag for name, lag in lags.items() if lag is not None}
+    blind = {name: why for name, why in (unknown or {}).items()}
+    blind.update({name: "reports no lagSeconds yet" for name, lag in lags.items() if lag is None and name not in blind})
+    measured = {name: lag for name, lag in lags.items() if lag is not None and name not in blind}
     worst_name = max(measured, key=lambda n: (measured[n], n)) if measured else None
     worst = measured[worst_name] if worst_name is not None else None
     seen = f"the worst lag is {_lag(worst)} ({worst_name})" if worst is not None else "no lag reported yet"
@@ -186,9 +194,8 @@ def decide_autoscale(
         return Autoscale(bounded, rest, SCALING_IN_PROGRESS, message, worst)
     if busy:
         return Autoscale(bounded, rest, WAITING, f"{active} shards; waiting (the windows start over): {busy}", worst)
-    if worst is None or worst_name is None:
-        message = f"{active} shards; no active shard reports status.live.lagSeconds yet"
-        return Autoscale(bounded, rest, NO_SIGNAL, message)
+    if blind or worst is None or worst_name is None:
+        return Autoscale(bounded, rest, NO_SIGNAL, _no_signal(active, blind), worst)
     target = policy.target_lag_seconds
     if worst > target:
         return _hot(policy, active, rate, state, now, f"{seen}, above targetLagSeconds {target}", worst)
@@ -204,6 +211,16 @@ def decide_autoscale(
     if worst <= cold_lag and grown_at is not None:
         why += f" (the rate {rate:.1f}/s is above {COLD_RATE_FRACTION:g} of {grown_at:.1f}/s, which needed {active})"
     return Autoscale(bounded, rest, LAG_WITHIN_TARGET, f"{active} shards; {why}", worst)
+
+
+def _no_signal(active: int, blind: Mapping[str, str], limit: int = 10) -> str:
+    """NoSignal's message: the shards without a signal and why (at most ``limit`` named)."""
+    if not blind:
+        return f"{active} shards; no active shard reports status.live.lagSeconds yet"
+    names = sorted(blind)
+    shown = "; ".join(f"{n} {blind[n]}" for n in names[:limit])
+    more = f"; and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{active} shards; holds until every active shard reports a fresh lag: {shown}{more}"
 
 
 def give_up(decided: Autoscale, *, active: int, why: str, now: float) -> Autoscale:

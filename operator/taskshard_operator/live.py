@@ -43,7 +43,9 @@ __all__ = [
     "LIVE_INTERVAL_SECONDS",
     "LiveScraper",
     "LiveStore",
+    "STALE_SCRAPES",
     "ScrapeTarget",
+    "Scraped",
     "parse_scrape",
     "shard_live_patch",
     "task_live_patch",
@@ -95,6 +97,11 @@ class Scraped:
     """Input rows per key-group bucket ``(start, end)`` over :attr:`load_seconds` (empty: the load map is off)."""
     load_seconds: float = 0.0
     """The time ``load`` covers; 0 when it holds everything since the runtime started (one scrape so far)."""
+    scraped_at: float = 0.0
+    """When the store got this answer (``time.monotonic()``)."""
+    stale: bool = False
+    """The answer is older than the store's :attr:`LiveStore.stale_seconds` (the pod stopped answering): what it
+    says is no signal any more (set by :meth:`LiveStore.get`)."""
 
     @property
     def state(self) -> dict[tuple[int, int], float] | None:
@@ -133,6 +140,10 @@ class LoadHistory:
         return {k: v for k, v in growth.items() if v > 0}, now - base_time
 
 
+STALE_SCRAPES = 3
+"""A shard's last answer is stale once this many scrape intervals passed without a new one."""
+
+
 class LiveStore:
     """The last scrape per shard (thread-safe). Entries of shards no longer scraped are dropped by :meth:`keep`."""
 
@@ -141,23 +152,31 @@ class LiveStore:
         self._data: dict[tuple[str, str], Scraped] = {}
         self._history: dict[tuple[str, str], LoadHistory] = {}
         self.load_window = load_window
+        self.stale_seconds = STALE_SCRAPES * LIVE_INTERVAL_SECONDS
+        """An answer older than this is :attr:`Scraped.stale` (the runtime sets it from its scrape interval)."""
 
     def put(self, namespace: str, shard: str, scraped: Scraped, *, now: float | None = None) -> None:
         """Keep ``scraped`` as the shard's last answer, with its load map's growth over the window."""
         key = (namespace, shard)
+        now = time.monotonic() if now is None else now
+        scraped = replace(scraped, scraped_at=now)
         with self._lock:
             if scraped.stats.key_group_rows:
                 history = self._history.setdefault(key, LoadHistory(self.load_window))
-                now = time.monotonic() if now is None else now
                 load, seconds = history.add(now, scraped.pod_ip, scraped.stats.key_group_rows)
                 scraped = replace(scraped, load=load, load_seconds=seconds)
             else:
                 self._history.pop(key, None)
             self._data[key] = scraped
 
-    def get(self, namespace: str, shard: str) -> Scraped | None:
+    def get(self, namespace: str, shard: str, *, now: float | None = None) -> Scraped | None:
+        """The shard's last answer, marked :attr:`Scraped.stale` when it is older than :attr:`stale_seconds`."""
         with self._lock:
-            return self._data.get((namespace, shard))
+            scraped = self._data.get((namespace, shard))
+        if scraped is None:
+            return None
+        now = time.monotonic() if now is None else now
+        return replace(scraped, stale=now - scraped.scraped_at > self.stale_seconds)
 
     def keep(self, keys: Iterable[tuple[str, str]]) -> None:
         wanted = set(keys)

@@ -55,6 +55,7 @@ from taskshard_operator.merge_protocol import (
     step_merging,
 )
 from taskshard_operator.models.shard import ShardPhase
+from taskshard_operator.models.task import NO_PROGRESS_SECONDS
 from taskshard_operator.phases import parse_phase
 from taskshard_operator.shard_context import ShardContext, create_pod, ended_live, remove_own_pod
 from taskshard_operator.split_protocol import (
@@ -507,7 +508,12 @@ def _mirror_running_pod(ctx: ShardContext) -> None:
     if ctx.phase == P.FAILED and running_for < STABLE_SECONDS and not _committed_since_start(ctx):
         _mirror_recovering_pod(ctx)
         return
-    if pod.ready:
+    stalled = _no_progress(ctx)
+    degraded = ctx.cond(st.DEGRADED, False, "Healthy", "")
+    if stalled is not None:
+        ready = ctx.cond(st.READY, False, st.NO_PROGRESS, stalled)
+        degraded = ctx.cond(st.DEGRADED, True, st.NO_PROGRESS, stalled)
+    elif pod.ready:
         ready = ctx.cond(st.READY, True, "Emitting", f"driver pod {pod.name} processes {ctx.key_groups}")
     else:
         ready = ctx.cond(
@@ -525,11 +531,38 @@ def _mirror_running_pod(ctx: ShardContext) -> None:
             "conditions": [
                 ready,
                 ctx.cond(st.PROGRESSING, False, "Stable", ""),
-                ctx.cond(st.DEGRADED, False, "Healthy", ""),
+                degraded,
             ],
         },
         phase=P.RUNNING,
     )
+
+
+def _no_progress(ctx: ShardContext) -> str | None:
+    """Why the running driver shows no progress (its batch in flight has run ``spec.noProgressSeconds`` or more
+    without committing, by a fresh scrape of this pod), else None; a batch in flight that may reach the bound
+    gets a pass when it would."""
+    pod = ctx.pod
+    scraped = ctx.observed.live(ctx.namespace, ctx.name)
+    if scraped is None or scraped.stale or scraped.pod_ip != pod.pod_ip:
+        return None
+    limit = ctx.spec.no_progress_seconds if ctx.spec is not None else NO_PROGRESS_SECONDS
+    running = scraped.stats.batch_running
+    if running <= 0:
+        return None
+    if running < limit:
+        ctx.decision.again_in(limit - running + 1)
+        return None
+    return (
+        f"driver pod {pod.name} has run its current batch for {_minutes(running)} without committing it (after "
+        f"batch {scraped.stats.batch_id}; spec.noProgressSeconds {limit}): a hung batch, a source it cannot read, "
+        "or a processor that does not return; see the pod's log"
+    )
+
+
+def _minutes(seconds: float) -> str:
+    """A duration for a condition message, in whole minutes from one minute on (so it changes rarely)."""
+    return f"{int(seconds)} s" if seconds < 60 else f"over {int(seconds // 60)} min"
 
 
 def _committed_since_start(ctx: ShardContext) -> bool:

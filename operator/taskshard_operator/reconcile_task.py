@@ -41,7 +41,7 @@ from typing import Any
 import kopf
 
 from spark_runtime.keygroups import KeyGroupRange
-from spark_runtime.live import key_group_metrics_enabled
+from spark_runtime.live import key_group_metrics_enabled, lag_seconds_status
 from taskshard_operator import autoscale, builders, naming, planner, scaling
 from taskshard_operator import status as st
 from taskshard_operator.act import Create, Decision, Emit, Event, Patch, carry_out
@@ -157,7 +157,9 @@ def _scale(
     auto: autoscale.Autoscale | None = None
     if spec.autoscale is not None:
         busy = scaling.busy_reason(views, planner.owners(views), ready=ready, asks=asks, merges=merges, blocked=blocked)
-        auto = _autoscale(status, spec, views, bodies, busy)
+        auto = _autoscale(
+            status, spec, views, _lag_signals(observed, decision.namespace, planner.owners(views), spec), busy
+        )
         desired = auto.desired
         wanted_by = "the autoscaler's status.autoscale.desiredShards"
     elif status.get("autoscale"):
@@ -205,26 +207,60 @@ def _ask_for_step(decision: Decision, d: scaling.Scaling, asks: Mapping[str, sca
         decision.actions.append(Patch(naming.SHARD_PLURAL, d.shard, patch, announce=announce))
 
 
+@dataclass(frozen=True)
+class _LagSignals:
+    """The autoscaler's signal from the active shards' last scrapes: lagSeconds per shard (None: none), the rate,
+    and the shards whose signal cannot be trusted now, with why."""
+
+    lags: dict[str, int | None]
+    rate: float
+    unknown: dict[str, str]
+
+
+def _lag_signals(observed: Observed, namespace: str, active: list[planner.ShardView], spec: TaskSpec) -> _LagSignals:
+    """Each active shard's signal from the last scrape of its current pod (the live store, not ``status.live``,
+    which keeps a gone pod's last figures): none without a scrape of this pod, stale after three scrape intervals
+    without an answer, untrusted while the shard shows NoProgress (or its scrape says it is due to)."""
+    lags: dict[str, int | None] = {}
+    unknown: dict[str, str] = {}
+    rate = 0.0
+    for v in active:
+        scraped = observed.live(namespace, v.name)
+        pod = observed.pod(namespace, v.name)
+        lags[v.name] = None
+        if scraped is None or not pod.pod_ip or scraped.pod_ip != pod.pod_ip:
+            unknown[v.name] = "has no scrape of its running pod yet"
+            continue
+        if scraped.stale:
+            unknown[v.name] = f"has not answered a scrape since {scraped.observed_at}"
+            continue
+        rate += scraped.stats.rate
+        if v.degraded_reason == st.NO_PROGRESS or scraped.stats.batch_running >= spec.no_progress_seconds:
+            unknown[v.name] = "shows NoProgress (its batch in flight does not commit)"
+        elif scraped.stats.lag_seconds is not None:
+            lags[v.name] = lag_seconds_status(scraped.stats.lag_seconds)
+    return _LagSignals(lags, rate, unknown)
+
+
 def _autoscale(
     status: Mapping[str, Any],
     spec: TaskSpec,
     views: list[planner.ShardView],
-    bodies: Mapping[str, Mapping[str, Any]],
+    signals: _LagSignals,
     busy: str | None,
 ) -> autoscale.Autoscale:
     """Step 4 with ``spec.autoscale``: the autoscaler's decision (:func:`taskshard_operator.autoscale.
-    decide_autoscale`, over the active shards' ``status.live``); its count takes the place of ``spec.shards``."""
+    decide_autoscale`, over the active shards' signals); its count takes the place of ``spec.shards``."""
     assert spec.autoscale is not None
-    active = planner.owners(views)
-    lives = {v.name: ((bodies.get(v.name) or {}).get("status") or {}).get("live") or {} for v in active}
     return autoscale.decide_autoscale(
         spec.autoscale,
-        active=len(active),
-        lags={n: live.get("lagSeconds") for n, live in lives.items()},
-        rate=sum(float(live.get("rate") or 0.0) for live in lives.values()),
+        active=len(planner.owners(views)),
+        lags=signals.lags,
+        rate=signals.rate,
         busy=busy,
         state=autoscale.AutoscaleState.from_status(status.get("autoscale")),
         now=time.time(),
+        unknown=signals.unknown,
     )
 
 
@@ -351,6 +387,8 @@ class _Groups:
     suspending: list[str]
     stalled: list[str]
     """Shards whose merge takes longer than the Task's bound (Degraded reason MergeStalled)."""
+    no_progress: list[str]
+    """Running shards whose batch in flight has not committed within ``spec.noProgressSeconds`` (NoProgress)."""
 
     @property
     def total(self) -> int:
@@ -370,6 +408,7 @@ def _summarise(decision, views, plan, spec, target, cond, generation, scaled) ->
         not_running=[v.name for v in active if v.phase != ShardPhase.RUNNING] + creating,
         suspending=[v.name for v in active if spec.suspend and v.phase != ShardPhase.SUSPENDED],
         stalled=[v.name for v in views if v.degraded_reason == "MergeStalled"],
+        no_progress=[v.name for v in active if v.degraded_reason == st.NO_PROGRESS],
     )
     phase = planner.task_phase(views, tiling_error=plan.tiling_error, suspended=spec.suspend)
     if creating and phase == TaskPhase.RUNNING:
@@ -420,9 +459,13 @@ def _sum_live(decision: Decision, observed: Observed, namespace: str, active: se
 
 
 def _degraded(cond, tiling_error: str | None, g: _Groups) -> dict[str, Any]:
-    """Degraded: failed shards first, then broken tiling, then stalled merges (each names the shards)."""
+    """Degraded: failed shards first, then shards without progress, broken tiling, stalled merges (each names the
+    shards)."""
     if g.failed:
         return cond(st.DEGRADED, True, "ShardsFailed", f"failed: {_names(g.failed)}")
+    if g.no_progress:
+        message = f"no progress: {_names(g.no_progress)} (see their Degraded condition)"
+        return cond(st.DEGRADED, True, st.NO_PROGRESS, message)
     if tiling_error:
         return cond(st.DEGRADED, True, "TilingBroken", tiling_error)
     if g.stalled:
@@ -457,7 +500,7 @@ def _conditions(cond, spec: TaskSpec, tiling_error: str | None, g: _Groups, targ
             "Tiled" if tiling_error is None else "TilingBroken",
             tiling_error or f"{g.total} active shards tile [0, {spec.max_key_groups})",
         ),
-        _ready(cond, spec.suspend, g.active, g.not_running, g.suspending),
+        _ready(cond, spec.suspend, g),
         cond(st.PROGRESSING, bool(g.suspending or g.splitting or g.rolling or g.creating), reason, progress),
         cond(
             st.SPLITTING,
@@ -469,12 +512,16 @@ def _conditions(cond, spec: TaskSpec, tiling_error: str | None, g: _Groups, targ
     ]
 
 
-def _ready(cond, suspend: bool, active: list, not_running: list[str], suspending: list[str]) -> dict[str, Any]:
-    """The Task's Ready condition: every active shard Running (False with reason Suspended while suspended)."""
+def _ready(cond, suspend: bool, g: _Groups) -> dict[str, Any]:
+    """The Task's Ready condition: every active shard Running and making progress (False with reason Suspended
+    while suspended)."""
+    active, not_running = g.active, g.not_running
     if suspend:
-        stopped = len(active) - len(suspending)
+        stopped = len(active) - len(g.suspending)
         message = f"suspended (spec.suspend: true): {stopped} of {len(active)} shards stopped with a savepoint"
         return cond(st.READY, False, "Suspended", message)
+    if g.no_progress and not not_running:
+        return cond(st.READY, False, "ShardsNoProgress", f"no progress: {_names(g.no_progress)}")
     return cond(
         st.READY,
         not not_running and bool(active),

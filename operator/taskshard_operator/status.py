@@ -50,6 +50,10 @@ SPLITTING = ConditionType.SPLITTING.value
 SCALED = ConditionType.SCALED.value
 EXECUTORS_READY = ConditionType.EXECUTORS_READY.value
 
+NO_PROGRESS = "NoProgress"
+"""Ready=False and Degraded=True on a running shard whose batch in flight has run ``spec.noProgressSeconds`` without
+committing (and Degraded on its Task, naming it)."""
+
 
 def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -76,3 +76,23 @@ class Picky(Processor):
         total = prev.to_numpy() + sums.to_numpy()
         keys = sums.index.to_numpy()
         return pd.DataFrame({"key": keys, "total": total}), pd.DataFrame({"key": keys, "result": total})
+
+
+class Gated(Processor):
+    """Counts events per key, and hangs while the file ``parameters.gate`` exists (a processor that does not
+    return: the hung batch the runtime's ``batch_running_seconds`` and the operator's NoProgress show)."""
+
+    state_schema = "count bigint"
+    result_type = "bigint"
+
+    def process(self, events: pd.DataFrame, state: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+        import os
+        import time
+
+        while os.path.exists(self.parameters["gate"]):
+            time.sleep(0.1)  # the hang itself (the test removes the gate to end it), not a synchronisation
+        counts = events.groupby("key", sort=False).size()
+        prev = state.set_index("key")["count"].reindex(counts.index, fill_value=0)
+        total = prev.to_numpy(dtype="int64") + counts.to_numpy(dtype="int64")
+        keys = counts.index.to_numpy()
+        return pd.DataFrame({"key": keys, "count": total}), pd.DataFrame({"key": keys, "result": total})

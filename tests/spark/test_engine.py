@@ -188,3 +188,43 @@ def test_a_processor_exception_reaches_the_shard_as_the_users_error(make_task, s
     assert groups and key_group("c", 16) in {int(g) for g in groups.group(1).split(", ")}, message
     assert "py4j" not in message and "Traceback" not in message
     runner.stop()
+
+
+def test_a_hung_batch_shows_how_long_it_runs_then_commits_exact(make_task, shard_spark, tmp_path):
+    """A processor that does not return: no commit, and the runtime's batch_running_seconds (the operator's
+    NoProgress signal) grows while the batch hangs, and falls back once it commits; the results stay exact."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from spark_runtime.live import live_stats
+    from spark_runtime.shard import ShardRunner
+
+    gate = tmp_path / "gate"
+    processor = {"python": "tests.spark.engine_processors:Gated", "parameters": {"gate": str(gate)}}
+    env = make_task(processor=processor, max_key_groups=16)
+    runner = ShardRunner(env.config(0, 16), shard_spark)
+    env.produce([{"key": k} for k in ("a", "b", "a")])
+    runner.start()
+    try:
+        wait_caught_up(env, [runner])
+        committed = runner.last_committed
+        gate.touch()
+        env.produce([{"key": "a"}])
+
+        def hung_for(seconds: float) -> bool:
+            runner.poll()
+            return runner.metrics.batch_running() >= seconds
+
+        assert runner.wait_until(lambda: hung_for(4.0), timeout=120), "the hung batch never showed"
+        assert runner.last_committed == committed, "nothing committed while it hangs"
+        text = generate_latest(runner.metrics.registry).decode()
+        samples = [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+        assert live_stats(samples).batch_running >= 4.0, "the operator reads it from the endpoint"
+        gate.unlink()
+        wait_caught_up(env, [runner])
+        assert runner.last_committed == committed + 1
+        assert runner.metrics.batch_running() < 4.0, "a commit ends the count"
+        assert env.results() == {"a": 3, "b": 1}
+    finally:
+        gate.unlink(missing_ok=True)
+        runner.stop()

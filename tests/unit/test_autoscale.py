@@ -4,14 +4,16 @@ rate step driven through a fluid model of a Task, and the Task pass in the in-me
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from pydantic import ValidationError
 
-from spark_runtime.live import LAG_SECONDS_STALLED
+from spark_runtime.live import LAG_SECONDS_STALLED, LiveStats
 from taskshard_operator import autoscale as au
+from taskshard_operator import naming
 from taskshard_operator.autoscale import AutoscaleState, decide_autoscale
+from taskshard_operator.live import Scraped
 from taskshard_operator.models.crd import build_crds
 from taskshard_operator.models.task import AutoscaleSpec, TaskSpec
 from taskshard_operator.planner import owners
@@ -231,10 +233,16 @@ def test_a_four_fold_rate_step_grows_the_task_then_shrinks_it_after_the_cooldown
 # ---------------------------------------------------------------- the Task pass
 
 
-def set_live(kube, **live) -> None:
-    for v in owners(shard_views(kube, NS, "t")):
-        body = kube.objects[("taskshards", v.name)]
-        body.setdefault("status", {})["live"] = {"rate": 50.0, "batchId": 3, "emitting": True, **live}
+def set_live(kube, *, lagSeconds: int, rate: float = 50.0) -> None:  # noqa: N803 - status.live's names
+    """Every active shard's pod answers a scrape with this lag and rate (the live store's entry, as the scraper
+    leaves it; the shard pass mirrors it into status.live)."""
+    for i, v in enumerate(owners(shard_views(kube, NS, "t"))):
+        pod = kube.objects.get(("pods", naming.pod_name(v.name)))
+        if pod is None:
+            continue
+        ip = pod.setdefault("status", {}).setdefault("podIP", f"10.0.0.{i + 1}")
+        stats = LiveStats(3, None, rate, None, None, None, 0, True, lag_seconds=float(lagSeconds))
+        kube.scrapes[v.name] = Scraped(stats, "2026-11-26T00:00:00Z", ip)
 
 
 def test_in_memory_the_autoscaler_grows_the_task_on_lag_and_merges_it_back_when_cold():
@@ -303,3 +311,59 @@ def test_a_merge_every_pair_refuses_is_given_up_not_waited_on():
     reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
     assert kube.objects[("tasks", "t")]["status"]["autoscale"]["reason"] == au.COOLING_DOWN
     assert not [e for e in events if e[1] == "Warning"]
+
+
+def test_a_shard_without_a_fresh_signal_holds_never_cold():
+    """A Task whose other shards are cold is not cold while one shard reports nothing, answers no scrape any more,
+    or shows NoProgress: the autoscaler holds and names it (it used to merge on the shards it could see)."""
+    missing = decide(2, {"a": 0, "b": None}, rate=0.0, state=AutoscaleState(desired=2, cold_since=T0 - 10_000))
+    assert (missing.desired, missing.reason, missing.state.cold_since) == (2, au.NO_SIGNAL, None)
+    assert "b reports no lagSeconds yet" in missing.message
+    hung = decide_autoscale(
+        POLICY,
+        active=2,
+        lags={"a": 0, "b": 0},
+        rate=0.0,
+        busy=None,
+        state=AutoscaleState(desired=2, cold_since=T0 - 10_000),
+        now=T0,
+        unknown={"b": "shows NoProgress (its batch in flight does not commit)"},
+    )
+    assert (hung.desired, hung.reason) == (2, au.NO_SIGNAL) and "b shows NoProgress" in hung.message
+
+
+def test_in_memory_a_stale_or_hung_shard_holds_the_autoscaler():
+    """Through the Task pass: two cold shards would merge, but a stale scrape (the pod stopped answering) or a
+    shard whose batch in flight has run past spec.noProgressSeconds holds the autoscaler (NoSignal, naming the
+    shard), and the hung shard and its Task show Ready=False, Degraded=True reason NoProgress."""
+    policy = {"minShards": 2, "maxShards": 3, "targetLagSeconds": 30, "stabilizationSeconds": 0, "cooldownSeconds": 0}
+    kube = new_world({**SPEC, "initialShards": 2, "autoscale": policy, "noProgressSeconds": 60})
+    converge(kube, [], passes=40)
+    kube.objects[("tasks", "t")]["spec"]["autoscale"]["minShards"] = 1  # now it may merge the two
+    left, right = (v.name for v in sorted(owners(shard_views(kube, NS, "t")), key=lambda v: v.key_groups))
+    set_live(kube, lagSeconds=0, rate=0.0)
+    kube.scrapes[right] = replace(kube.scrapes[right], stale=True)
+    converge(kube, [], passes=20)
+    shown = kube.objects[("tasks", "t")]["status"]["autoscale"]
+    assert shown["reason"] == au.NO_SIGNAL and f"{right} has not answered a scrape since" in shown["message"]
+    assert len(owners(shard_views(kube, NS, "t"))) == 2, "no merge on half the Task"
+
+    scraped = kube.scrapes[right]
+    kube.scrapes[right] = replace(scraped, stale=False, stats=replace(scraped.stats, batch_running=75.0))
+    converge(kube, [], passes=20)
+    conditions = {c["type"]: c for c in kube.objects[("taskshards", right)]["status"]["conditions"]}
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", "NoProgress")
+    assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == ("True", "NoProgress")
+    assert "current batch for over 1 min without committing it" in conditions["Degraded"]["message"]
+    task = kube.objects[("tasks", "t")]["status"]
+    task_conditions = {c["type"]: c for c in task["conditions"]}
+    assert (task_conditions["Degraded"]["reason"], task_conditions["Ready"]["reason"]) == (
+        "NoProgress",
+        "ShardsNoProgress",
+    )
+    assert task["autoscale"]["reason"] in (au.NO_SIGNAL, au.WAITING) and right in task["autoscale"]["message"]
+    assert len(owners(shard_views(kube, NS, "t"))) == 2
+
+    kube.scrapes[right] = replace(scraped, stale=False)  # it committed: healthy again, and the Task may merge
+    converge(kube, [], passes=120)
+    assert len(owners(shard_views(kube, NS, "t"))) == 1

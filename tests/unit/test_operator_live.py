@@ -268,3 +268,15 @@ def test_a_dripping_or_huge_endpoint_is_cut_off_and_delays_no_other_target():
     finally:
         for s in servers.values():
             s.close()
+
+
+def test_an_answer_older_than_three_intervals_is_stale():
+    """The store keeps a pod's last answer while it stops answering; the answer says so once it is older than the
+    store's bound (the autoscaler then holds instead of deciding on it)."""
+    store = LiveStore()
+    store.stale_seconds = 30.0
+    store.put(NS, PARENT, Scraped(STATS, "2026-11-26T00:00:00Z", "10.0.0.1"), now=100.0)
+    assert store.get(NS, PARENT, now=129.0).stale is False
+    assert store.get(NS, PARENT, now=131.0).stale is True
+    store.put(NS, PARENT, Scraped(STATS, "2026-11-26T00:00:31Z", "10.0.0.1"), now=131.0)
+    assert store.get(NS, PARENT, now=132.0).stale is False, "a new answer is fresh again"

@@ -14,6 +14,7 @@ import copy
 import datetime as dt
 import itertools
 import json
+from typing import Any
 
 import kopf
 import pytest
@@ -73,6 +74,8 @@ class FakeKube:
         """The successors each drained shard's summary names."""
         self.fenced: set[str] = set()
         """Merged shards whose latest writer epoch is an abort's barrier (their ready notes are void)."""
+        self.scrapes: dict[str, Any] = {}
+        """The live store's last scrape per shard (``taskshard_operator.live.Scraped``): none unless a test sets it."""
         self.pod_patches: list[tuple[str, dict]] = []
         """Every patch of a pod (the split protocol makes none: the hand-over goes through storage)."""
         self.versions = itertools.count(1)
@@ -224,7 +227,7 @@ class FakeKube:
         return []  # the simulated world runs no Spark executors
 
     def live(self, namespace, shard):
-        return None
+        return self.scrapes.get(shard)
 
     def wrote(self, plural, obj, *, created=False):
         pass

@@ -450,3 +450,34 @@ def test_lag_seconds_is_the_lag_over_the_pace_of_consumption():
     assert stats.to_status(observed_at="t")["lagSeconds"] == LAG_SECONDS_STALLED
     metrics.set_lag("bytes", {"p0.jsonl": 0, "p1.jsonl": 0})
     assert metrics.lag_seconds() == 0.0, "caught up"
+
+
+def test_a_hung_kafka_batch_ages_its_lag_out_and_shows_how_long_it_runs():
+    """The lag Kafka's last committed batch reported (0: caught up) says nothing while the next batch hangs: once
+    the batch in flight has run longer than the rate window, lag_seconds is +Inf (999999 in status.live), never 0,
+    and taskshard_shard_batch_running_seconds says how long it has run."""
+    clock = Clock(1000.0)
+    metrics = ShardMetrics(TASK, SHARD, clock=clock, window=60.0)
+    caught_up = {
+        **KAFKA_PROGRESS,
+        "sources": [{**KAFKA_PROGRESS["sources"][0], "endOffset": KAFKA_PROGRESS["sources"][0]["latestOffset"]}],
+    }
+    metrics.on_batch(caught_up)
+    assert metrics.lag_seconds() == 0.0 and metrics.batch_running() == 0.0
+    clock.now = 1001.0
+    metrics.on_trigger(True)  # the next batch starts, and hangs
+    clock.now = 1030.0
+    assert metrics.batch_running() == pytest.approx(29.0)
+    assert metrics.lag_seconds() == 0.0, "within the window the last measure stands"
+    clock.now = 1062.0
+    stats = live_stats(scrape(metrics))
+    assert stats.batch_running == pytest.approx(61.0)
+    assert stats.to_status(observed_at="t")["lagSeconds"] == LAG_SECONDS_STALLED
+    # It commits at last: a new batch in flight counts from the commit, not from the first trigger seen.
+    metrics.on_batch({**caught_up, "batchId": caught_up["batchId"] + 1})
+    assert metrics.batch_running() == 0.0
+    assert metrics.lag_seconds() == 0.0
+    clock.now = 1070.0
+    assert metrics.batch_running() == pytest.approx(8.0)
+    metrics.on_trigger(False)
+    assert metrics.batch_running() == 0.0

@@ -18,7 +18,7 @@ import kopf
 from taskshard_operator import metrics
 from taskshard_operator.cache import KopfCache
 from taskshard_operator.kube import Kube
-from taskshard_operator.live import LIVE_INTERVAL_SECONDS, LiveScraper
+from taskshard_operator.live import LIVE_INTERVAL_SECONDS, STALE_SCRAPES, LiveScraper
 from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
 from taskshard_operator.reconcile_task import reconcile_task
 from taskshard_operator.workqueue import WorkQueue
@@ -48,6 +48,8 @@ class Runtime:
             key[0], seconds, "ok" if error is None else "error"
         )
         self.context: contextvars.Context | None = None
+        if LIVE_SECONDS > 0:
+            self.cache.live_store.stale_seconds = STALE_SCRAPES * LIVE_SECONDS
         self.live = LiveScraper(
             self.cache.live_store,
             self.cache.scrape_targets,

@@ -630,6 +630,7 @@ class AutoscaleSpec(K8sModel):
 
 
 MERGE_STALL_SECONDS = 600
+NO_PROGRESS_SECONDS = 300
 
 
 class HandoverSpec(K8sModel):
@@ -768,6 +769,16 @@ class TaskSpec(K8sModel):
     checkpoint_retention: CheckpointRetention = Field(
         default=CheckpointRetention.RETAIN,
         description="On Task deletion: Retain (default) keeps checkpoints and snapshots, Delete removes them.",
+    )
+    no_progress_seconds: int = Field(
+        default=NO_PROGRESS_SECONDS,
+        ge=30,
+        le=AUTOSCALE_SECONDS_LIMIT,
+        description="How long a shard's batch may run without committing before the shard and its Task show "
+        "Ready=False and Degraded=True, reason NoProgress (default 300): a hung batch, a source that cannot be "
+        "read, a processor that never returns. The autoscaler holds while a shard shows it. Set it above the "
+        "longest batch you expect (a first batch that restores a large state takes longest). Not part of the shard "
+        "template: changing it rolls no shard.",
     )
     suspend: bool = Field(
         default=False,
