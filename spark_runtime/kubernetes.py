@@ -68,6 +68,12 @@ REQUIRED_EXECUTOR_ENV = (
     "SPARK_APPLICATION_ID",
     "SPARK_EXECUTOR_POD_IP",
 )
+LOCAL_DRIVER_CONF = {
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+    "spark.blockManager.bindAddress": "127.0.0.1",
+}
+"""A local-mode driver's RPC and block manager listen on loopback only."""
 _JAVA_OPT = re.compile(r"^SPARK_JAVA_OPT_(\d+)$")
 
 
@@ -89,7 +95,11 @@ def in_cluster_master(env: Mapping[str, str]) -> str | None:
 def driver_conf(master: str, env: Mapping[str, str], sa_dir: str = SERVICE_ACCOUNT_DIR) -> tuple[str, dict[str, str]]:
     """The master and the Spark conf a client-mode driver in a pod adds for ``master`` (``k8s://...``): the
     in-cluster API server, the service-account credentials (when mounted) and the pod-IP bind address.
-    Another master is returned unchanged with no conf. The Task's own ``spark.conf`` wins over this."""
+    A local master (no executors) gets the loopback address for the driver's RPC and block manager: nothing
+    outside the pod needs them, so nothing outside can reach them. Another master is returned unchanged with no
+    conf. The Task's own ``spark.conf`` wins over this (it may not set these keys: they are reserved)."""
+    if master.startswith("local"):
+        return master, dict(LOCAL_DRIVER_CONF)
     if not master.startswith("k8s://"):
         return master, {}
     conf: dict[str, str] = {}
@@ -133,6 +143,11 @@ def executor_command(env: Mapping[str, str], java: str | None = None, jars_dir: 
         if m := _JAVA_OPT.match(name):
             numbered.append((int(m.group(1)), value))
     options = [value for _, value in sorted(numbered)]
+    if not any(o.startswith("-Dspark.master=") for o in options):
+        # Spark reads the authentication key from spark.authenticate.secret.file only when spark.master names
+        # Kubernetes (SecurityManager.secretKeyFromFile), and an executor starts without the master: the driver's
+        # conf, which has it, arrives only after the key got the executor in.
+        options.append(f"-Dspark.master={in_cluster_master(env) or 'k8s://https://kubernetes.default.svc'}")
     return [
         java,
         f"-Xms{memory}",

@@ -141,6 +141,15 @@ RESERVED_SPARK_CONF_PATTERNS: dict[str, Reserved] = {
     r"^spark\.sql\.streaming\.minBatchesToRetain$": Reserved(
         Owner.RUNTIME, "drains, restores and the first-commit check read recent batches of the recovery log back"
     ),
+    r"^spark\.authenticate(\..+)?$": Reserved(
+        Owner.OPERATOR,
+        "the operator turns Spark's authentication on with a key per shard (a Secret mounted as a file) when "
+        "executors run on Kubernetes",
+        secret=True,
+    ),
+    r"^spark\.network\.crypto\.enabled$": Reserved(
+        Owner.OPERATOR, "the operator encrypts the traffic between a driver and its executors"
+    ),
     r"^spark\.speculation(\..+)?$": Reserved(
         Owner.RUNTIME, "speculative copies of a batch's tasks would write its output twice"
     ),

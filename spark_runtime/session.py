@@ -30,6 +30,9 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
+    # The web UI shows the configuration and can kill jobs, for anyone who reaches the pod: off unless the Task
+    # asks for it (spec.spark.ui; the operator writes the key into shard.json).
+    "spark.ui.enabled": "false",
     # -Xss32m: a stop that interrupts a Python task makes Spark match a long traceback with a recursive regex;
     # a bigger thread stack keeps that from overflowing (the drain normally never interrupts a batch).
     # JIT settings stay HotSpot's own: see "Start-up cost" in spark_runtime/README.md for what was measured.

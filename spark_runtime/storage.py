@@ -53,6 +53,9 @@ __all__ = [
 ]
 
 S3_SCHEMES = ("s3a", "s3", "s3n")
+ENV_CREDENTIALS_PROVIDER = "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"
+"""s3a's credentials from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (/ ``AWS_SESSION_TOKEN``) of the JVM's
+environment, never from the SparkConf."""
 
 
 class StorageProblem(EnvironmentProblem):
@@ -72,7 +75,8 @@ class S3Settings:
         return _s3_filesystem(self)
 
     def hadoop_conf(self) -> dict[str, str]:
-        """Spark conf for s3a with these settings (endpoint, path-style access for custom endpoints, keys)."""
+        """Spark conf for s3a with these settings (endpoint, path-style access for custom endpoints, and, with keys,
+        the provider that reads them from the environment: the keys themselves are never in the conf)."""
         conf = {
             "spark.hadoop.fs.s3a.endpoint.region": self.region,
             # Fail within seconds, not minutes, when the service is down: the shard's status says why.
@@ -86,11 +90,9 @@ class S3Settings:
             conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
             conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(self.endpoint.startswith("https")).lower()
         if self.access_key and self.secret_key:
-            conf["spark.hadoop.fs.s3a.access.key"] = self.access_key
-            conf["spark.hadoop.fs.s3a.secret.key"] = self.secret_key
-            conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
-                "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
-            )
+            # The keys stay in the environment (the pod's, from the Task's Secret; executors get them from their
+            # template): a SparkConf is handed to every executor that registers, and shown in the UI and logs.
+            conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = ENV_CREDENTIALS_PROVIDER
         return conf
 
     def options(self) -> dict[str, str]:

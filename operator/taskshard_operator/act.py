@@ -138,6 +138,9 @@ def _do(kube: Kube, observed: Observed, namespace: str, action: Action, backoff:
         if action.plural == "services":
             kube.ensure_service(namespace, action.body)
             return None
+        if action.plural == "secrets":
+            kube.ensure_secret(namespace, action.body)
+            return None
         created = kube.create_custom(action.plural, namespace, action.body)
         if created is not None:
             observed.wrote(action.plural, created, created=True)

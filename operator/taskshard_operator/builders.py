@@ -21,13 +21,14 @@ import copy
 import datetime
 import hashlib
 import json
+import secrets
 from typing import Any
 
 from spark_runtime import kafka_client, live, protocol
 from spark_runtime.keygroups import KeyGroupRange
 from spark_runtime.kubernetes import POD_IP_ENV
 from taskshard_operator import naming
-from taskshard_operator.models.task import TaskSpec
+from taskshard_operator.models.task import UI_CONF, TaskSpec
 
 SHARD_COMMAND = ["python", "-m", "spark_runtime", "run", "--config", naming.CONFIG_PATH]
 EXECUTOR_COMMAND = ["python", "-m", "spark_runtime"]
@@ -155,6 +156,7 @@ def build_shard_config(
     spark = data["spark"]
     instances = executor_instances(spec)
     conf = dict(spark.get("conf") or {})
+    conf[UI_CONF] = str(spec.spark.ui).lower()
     if instances > 0:
         conf.update(build_executor_conf(task=task, namespace=namespace, shard=shard, spec=spec))
     storage = {k: v for k, v in data["storage"].items() if k != "volume"}
@@ -305,7 +307,33 @@ def _driver_volumes(shard: str, spec: TaskSpec) -> tuple[list[dict[str, Any]], l
     if storage is not None:
         volumes.append(storage[0])
         mounts.append(storage[1])
+    if executor_instances(spec) > 0:
+        volumes.append(_spark_auth_volume(shard))
+        mounts.append(dict(SPARK_AUTH_MOUNT))
     return mounts, volumes
+
+
+SPARK_AUTH_MOUNT = {"name": "spark-auth", "mountPath": naming.SPARK_AUTH_DIR, "readOnly": True}
+
+
+def _spark_auth_volume(shard: str) -> dict[str, Any]:
+    return {"name": "spark-auth", "secret": {"secretName": naming.spark_auth_secret_name(shard)}}
+
+
+def build_spark_auth_secret(*, task: str, shard: str, key_groups: KeyGroupRange) -> dict[str, Any]:
+    """The Secret with the shard's Spark authentication key: 32 random bytes, hex (the operator creates it once,
+    before the shard's first pod with executors; it lives as long as the TaskShard that owns it). Driver and
+    executors read it from a file (``spark.authenticate.secret.file``), so it is in no pod spec and no SparkConf."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": naming.spark_auth_secret_name(shard),
+            "labels": naming.shard_labels(task, shard, key_groups),
+        },
+        "type": "Opaque",
+        "stringData": {naming.SPARK_AUTH_KEY: secrets.token_hex(32)},
+    }
 
 
 def _driver_container(
@@ -450,6 +478,12 @@ def build_executor_conf(*, task: str, namespace: str, shard: str, spec: TaskSpec
         "spark.kubernetes.executor.disableConfigMap": "true",
         "spark.kubernetes.driver.ownPersistentVolumeClaim": "false",
         "spark.kubernetes.driver.reusePersistentVolumeClaim": "false",
+        # Only the shard's own executors talk to its driver: each side proves it holds the shard's key (a Secret
+        # mounted as a file in both, never an environment variable Spark would put in the executor pod's spec),
+        # and the traffic between them is encrypted (AES, keys derived from that key).
+        "spark.authenticate": "true",
+        "spark.authenticate.secret.file": naming.SPARK_AUTH_FILE,
+        "spark.network.crypto.enabled": "true",
     }
     if spec.spark.image_pull_policy:
         conf["spark.kubernetes.container.image.pullPolicy"] = spec.spark.image_pull_policy
@@ -500,6 +534,8 @@ def build_executor_pod_template(*, task: str, shard: str, key_groups: KeyGroupRa
     if storage is not None:
         pod_spec["volumes"].append(storage[0])
         container["volumeMounts"].append(storage[1])
+    pod_spec["volumes"].append(_spark_auth_volume(shard))
+    container["volumeMounts"].append(dict(SPARK_AUTH_MOUNT))
     resources = spec.spark.executors.resources if spec.spark.executors else None
     if resources is not None:
         container["resources"] = resources.to_k8s()

@@ -36,6 +36,7 @@ API_VERBS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "apply_configmap": (("", "configmaps", "create"), ("", "configmaps", "patch")),
     "delete_configmap": (("", "configmaps", "delete"),),
     "ensure_service": (("", "services", "create"),),
+    "ensure_secret": (("", "secrets", "create"),),
 }
 """(API group, resource, verb) of every call each method makes: the chart's RBAC grants exactly these plus
 :data:`KOPF_VERBS` (a test compares them)."""
@@ -213,6 +214,14 @@ class Kube:
     def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
         try:
             self.core.create_namespaced_service(namespace, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    def ensure_secret(self, namespace: str, body: dict[str, Any]) -> None:
+        """Create the Secret unless it exists (an existing one is kept as it is: never read, never replaced)."""
+        try:
+            self.core.create_namespaced_secret(namespace, body)
         except ApiException as e:
             if e.status != 409:
                 raise

@@ -117,7 +117,8 @@ def test_namespaced_by_default_watching_only_the_release_namespace():
     application = roles["ts-taskshard-operator-application"]["rules"]
     groups = {g for rule in application for g in rule["apiGroups"]}
     assert groups == {"taskshard.io", ""}, "the application role touches only TaskShard kinds and core objects"
-    assert not any("secrets" in rule["resources"] for rule in application), "the operator never reads secrets"
+    on_secrets = {verb for rule in application if "secrets" in rule["resources"] for verb in rule["verbs"]}
+    assert on_secrets == {"create"}, "the operator creates shards' Spark keys and never reads a Secret"
     assert not any("*" in rule["verbs"] or "*" in rule["resources"] for r in roles.values() for rule in r["rules"])
     # Cluster-wide: only Kopf's reads of cluster-scoped kinds (CRDs, namespaces); no ClusterKopfPeering grant.
     assert rules_of(roles["ts-taskshard-operator-framework"]) == {
@@ -296,3 +297,40 @@ def test_optional_pieces_render_only_when_enabled():
     assert "--standalone" in args
     assert by_kind(docs, "Deployment")[0]["spec"]["strategy"]["type"] == "Recreate"
     assert not by_kind(docs, "ClusterKopfPeering") and not by_kind(docs, "KopfPeering")
+
+
+def test_network_policies_close_the_shard_pods_in_every_watched_namespace():
+    """A driver's Spark ports only from executors, its metrics port only from the operator's pods (and
+    networkPolicy.metricsFrom); executors only from drivers and executors; per watched namespace; off by value.
+    The selectors are the labels the operator really puts on shard and executor pods."""
+    from taskshard_operator import builders, naming
+
+    docs = render(
+        "watchNamespaces={streams,batch}",
+        "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",
+    )
+    policies = {(p["metadata"]["namespace"], p["metadata"]["name"]): p["spec"] for p in by_kind(docs, "NetworkPolicy")}
+    assert set(policies) == {
+        (ns, f"ts-taskshard-operator-shard-{w}") for ns in ("streams", "batch") for w in ("drivers", "executors")
+    }
+    drivers = policies[("streams", "ts-taskshard-operator-shard-drivers")]
+    shard = {naming.LABEL_COMPONENT: naming.COMPONENT_SHARD}
+    executor = {naming.LABEL_COMPONENT: naming.COMPONENT_EXECUTOR}
+    assert drivers["podSelector"]["matchLabels"] == shard and drivers["policyTypes"] == ["Ingress"]
+    spark_rule, metrics_rule = drivers["ingress"]
+    assert spark_rule["from"] == [{"podSelector": {"matchLabels": executor}}]
+    assert sorted(p["port"] for p in spark_rule["ports"]) == [builders.DRIVER_PORT, builders.BLOCK_MANAGER_PORT]
+    operator_pods = by_kind(docs, "Deployment")[0]["spec"]["template"]["metadata"]["labels"]
+    operator_peer, prometheus = metrics_rule["from"]
+    assert operator_peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "taskshard-system"}
+    assert operator_peer["podSelector"]["matchLabels"].items() <= operator_pods.items()
+    assert prometheus == {"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}
+    from spark_runtime.live import METRICS_PORT
+
+    assert [p["port"] for p in metrics_rule["ports"]] == [METRICS_PORT]
+    executors = policies[("batch", "ts-taskshard-operator-shard-executors")]
+    assert executors["podSelector"]["matchLabels"] == executor
+    assert executors["ingress"] == [
+        {"from": [{"podSelector": {"matchLabels": shard}}, {"podSelector": {"matchLabels": executor}}]}
+    ]
+    assert not by_kind(render("networkPolicy.enabled=false"), "NetworkPolicy")

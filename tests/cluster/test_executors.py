@@ -9,7 +9,9 @@ tasks on them. One scenario, to share the pods on two cores:
 1. in a namespace that enforces Pod Security "restricted" (storage on a PersistentVolumeClaim, as restricted
    requires), a Task with ``executors.instances: 2``: two executor pods are admitted and run, owned by the driver
    pod, and the executors' logs show the shard's tasks finishing on them; results exact;
-   ``status.executors`` and the ``ExecutorsReady`` condition show them;
+   ``status.executors`` and the ``ExecutorsReady`` condition show them; the driver is closed: its executors prove
+   the shard's key (a Secret mounted as a file, in no pod spec), and an executor started by hand without it is
+   refused and exits; the driver's ServiceAccount may delete its executor pods and no other pod;
 2. one executor process is SIGKILLed while it runs a task of a micro-batch (its log shows a task started and not
    finished): the driver loses it, Spark retries the task and asks for a replacement pod, which runs; results stay
    exact;
@@ -20,7 +22,9 @@ tasks on them. One scenario, to share the pods on two cores:
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 
 import pytest
 
@@ -93,6 +97,30 @@ def container_pid(pod: dict) -> int:
     return int(state["containerID"].split("://")[1])
 
 
+AUTH_REFUSED = re.compile(r"(?i)authenticat|sasl|connection reset|closed|EOF")
+
+
+def foreign_executor(driver_ip: str) -> subprocess.CompletedProcess:
+    """Spark's executor backend, started by hand against the driver's RPC port without the shard's key (what any
+    pod of the cluster could run): it must be refused and exit, not register and be given tasks."""
+    from spark_runtime.kubernetes import executor_command
+    from taskshard_operator.builders import DRIVER_PORT
+
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        **({"JAVA_HOME": os.environ["JAVA_HOME"]} if os.environ.get("JAVA_HOME") else {}),
+        "SPARK_DRIVER_URL": f"spark://CoarseGrainedScheduler@{driver_ip}:{DRIVER_PORT}",
+        "SPARK_EXECUTOR_ID": "99",
+        "SPARK_EXECUTOR_CORES": "1",
+        "SPARK_EXECUTOR_MEMORY": "256m",
+        "SPARK_APPLICATION_ID": "foreign",
+        "SPARK_EXECUTOR_POD_IP": "127.0.0.1",
+    }
+    return subprocess.run(
+        executor_command(env), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240
+    )
+
+
 def test_two_executors_run_tasks_survive_a_kill_and_split(kubectl, kube_cluster, namespace, operator_process):  # noqa: F811
     op = operator_process
     kube_cluster.kubectl("label", "namespace", namespace, *(f"{k}={v}" for k, v in RESTRICTED.items()))
@@ -132,6 +160,24 @@ def test_two_executors_run_tasks_survive_a_kill_and_split(kubectl, kube_cluster,
         60,
         f"{PARENT}'s status.executors and ExecutorsReady",
     )
+
+    # 1b. The driver is closed: only holders of the shard's key (a Secret mounted as a file, in no pod spec) get in.
+    key = get_json(kubectl, "secret", f"{PARENT}-spark-auth")
+    assert key["metadata"]["ownerReferences"][0]["kind"] == "TaskShard"
+    for name in first:
+        env = get_json(kubectl, "pod", name)["spec"]["containers"][0].get("env") or []
+        assert not any(e["name"] == "SPARK_AUTHENTICATE_SECRET" for e in env), "the key is not in the pod spec"
+    foreign = foreign_executor(driver["status"]["podIP"])
+    assert foreign.returncode != 0, f"a client without the key registered as an executor:\n{foreign.stdout[-3000:]}"
+    assert AUTH_REFUSED.search(foreign.stdout), foreign.stdout[-3000:]
+    driver_log = kube_cluster.pod_log_path(namespace, f"{PARENT}-driver", "driver").read_text(errors="replace")
+    assert "Expected SaslMessage, received something else" in driver_log, "the driver refused it: no key, no entry"
+    assert len(running(executor_pods(kubectl, PARENT))) == 2
+    # The driver's ServiceAccount may delete its executors, and no other pod (the example's admission policy).
+    as_driver = ("--as", f"system:serviceaccount:{namespace}:taskshard-spark", "--dry-run=server")
+    kubectl("delete", "pod", first[0], *as_driver)
+    refused = kubectl("delete", "pod", f"{PARENT}-driver", *as_driver, check=False)
+    assert refused.returncode != 0 and "may create and delete executor pods only" in refused.stderr, refused.stderr
 
     # 2. SIGKILL one executor while it runs a task of a batch: Spark retries the task and replaces the executor.
     victim = get_json(kubectl, "pod", first[0])

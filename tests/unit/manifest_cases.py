@@ -264,6 +264,20 @@ BAD_CASES: list[BadCase] = [
         'spec.spark.conf["spark.kubernetes.namespace"]',
     ),
     BadCase(
+        "spark-conf-authenticate-reserved",
+        "Task",
+        {"spark": {"conf": {"spark.authenticate.secret": "guessable"}}},
+        'spec.spark.conf["spark.authenticate.secret"]',
+    ),
+    BadCase(
+        "spark-conf-ui-on",
+        "Task",
+        {"spark": {"conf": {"spark.ui.enabled": "true"}}},
+        'spec.spark.conf["spark.ui.enabled"]',
+        "spec.spark.ui: true",
+    ),
+    BadCase("no-progress-too-short", "Task", {"noProgressSeconds": 5}, "spec.noProgressSeconds"),
+    BadCase(
         "spark-bad-quantity",
         "Task",
         {"spark": {"resources": {"requests": {"cpu": "lots"}}}},

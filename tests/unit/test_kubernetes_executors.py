@@ -8,6 +8,7 @@ from localkube.clusterdns import render_hosts, slice_addresses
 from spark_runtime.__main__ import main
 from spark_runtime.kubernetes import (
     EXECUTOR_BACKEND,
+    LOCAL_DRIVER_CONF,
     POD_IP_ENV,
     ExecutorEnvError,
     driver_conf,
@@ -42,9 +43,12 @@ def test_executor_command_from_the_variables_spark_sets(tmp_path):
         "-Dspark.driver.port=7078",
         "-Dspark.last=1",
     ], "the JVM options in their numbered order (0, 1, 10), after the heap"
-    assert cmd[6:8] == ["-cp", f"/opt/taskshard/jars/a.jar:/opt/taskshard/jars/b.jar:{tmp_path}/*"]
-    args = dict(zip(cmd[9::2], cmd[10::2], strict=True))
-    assert cmd[8] == EXECUTOR_BACKEND
+    assert cmd[6] == "-Dspark.master=k8s://https://kubernetes.default.svc", (
+        "Spark reads the authentication key's file only for a Kubernetes master, which an executor starts without"
+    )
+    assert cmd[7:9] == ["-cp", f"/opt/taskshard/jars/a.jar:/opt/taskshard/jars/b.jar:{tmp_path}/*"]
+    args = dict(zip(cmd[10::2], cmd[11::2], strict=True))
+    assert cmd[9] == EXECUTOR_BACKEND
     assert args == {
         "--driver-url": EXECUTOR_ENV["SPARK_DRIVER_URL"],
         "--executor-id": "2",
@@ -82,7 +86,8 @@ def test_driver_conf_in_a_pod(tmp_path):
         "spark.driver.bindAddress": "10.1.0.7",
         "spark.blockManager.bindAddress": "10.1.0.7",
     }
-    assert driver_conf("local[2]", env, sa_dir=str(tmp_path)) == ("local[2]", {}), "local mode: nothing changes"
+    assert driver_conf("local[2]", env, sa_dir=str(tmp_path)) == ("local[2]", LOCAL_DRIVER_CONF), "local: loopback only"
+    assert set(LOCAL_DRIVER_CONF.values()) == {"127.0.0.1"}
     outside = driver_conf("k8s://https://kubernetes.default.svc:443", {}, sa_dir=str(tmp_path / "none"))
     assert outside == ("k8s://https://kubernetes.default.svc:443", {})
     assert in_cluster_master({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT_HTTPS": "443"}) == (

@@ -90,7 +90,11 @@ def test_build_shard_config_golden_and_valid_for_the_runtime():
         "sink": {"directory": {"path": "/data/output/orders", "format": "jsonl"}},
         "storage": {"path": "/data/state"},
         "restoreFrom": {"parent": "orders-0-128", "manifest": "/data/state/orders/shards/x/manifest.json"},
-        "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"}, "triggerInterval": "1 second"},
+        "spark": {
+            "master": "local[2]",
+            "conf": {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"},
+            "triggerInterval": "1 second",
+        },
         "terminationMessagePath": "/dev/termination-log",
         "readyFile": "/tmp/taskshard-emitting",
     }
@@ -237,6 +241,9 @@ def test_executor_manifests():
         "spark.kubernetes.executor.disableConfigMap": "true",
         "spark.kubernetes.driver.ownPersistentVolumeClaim": "false",
         "spark.kubernetes.driver.reusePersistentVolumeClaim": "false",
+        "spark.authenticate": "true",
+        "spark.authenticate.secret.file": "/etc/taskshard-spark-auth/secret",
+        "spark.network.crypto.enabled": "true",
         "spark.kubernetes.executor.request.cores": "1",
         "spark.kubernetes.executor.limit.cores": "2",
         "spark.executor.memory": "1g",
@@ -269,7 +276,11 @@ def test_executor_manifests():
                 {
                     "name": "executor",
                     "command": ["python", "-m", "spark_runtime"],
-                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "storage", "mountPath": "/data"}],
+                    "volumeMounts": [
+                        {"name": "tmp", "mountPath": "/tmp"},
+                        {"name": "storage", "mountPath": "/data"},
+                        {"name": "spark-auth", "mountPath": "/etc/taskshard-spark-auth", "readOnly": True},
+                    ],
                     "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "1Gi"}},
                     "securityContext": builders.CONTAINER_SECURITY_CONTEXT,
                 }
@@ -277,6 +288,7 @@ def test_executor_manifests():
             "volumes": [
                 {"name": "tmp", "emptyDir": {}},
                 {"name": "storage", "hostPath": {"path": "/srv/taskshard", "type": "DirectoryOrCreate"}},
+                {"name": "spark-auth", "secret": {"secretName": "orders-0-64-spark-auth"}},
             ],
         },
     }
@@ -295,8 +307,19 @@ def test_executor_manifests():
     assert [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]] == [9108, 7078, 7079]
     pod_ip = {"name": "TASKSHARD_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     assert pod_ip in pod["spec"]["containers"][0]["env"], "the runtime binds the driver to its pod IP"
+    auth = {"name": "spark-auth", "secret": {"secretName": "orders-0-64-spark-auth"}}
+    assert auth in pod["spec"]["volumes"], "the driver reads the shard's Spark key from its Secret"
+    assert {"name": "spark-auth", "mountPath": "/etc/taskshard-spark-auth", "readOnly": True} in pod["spec"][
+        "containers"
+    ][0]["volumeMounts"]
+    assert "SPARK_AUTHENTICATE_SECRET" not in json.dumps(pod) + json.dumps(template), "the key is in no pod spec"
+    key = builders.build_spark_auth_secret(task="orders", shard="orders-0-64", key_groups=R(0, 64))
+    assert key["metadata"]["name"] == "orders-0-64-spark-auth" and len(key["stringData"]["secret"]) == 64
+    other = builders.build_spark_auth_secret(task="orders", shard="orders-0-64", key_groups=R(0, 64))
+    assert other["stringData"] != key["stringData"], "a random key"
     local = builders.build_pod(task="orders", shard="orders-0-64", key_groups=R(0, 64), spec=spec(), template_hash="h")
     assert pod_ip not in local["spec"]["containers"][0]["env"]
+    assert auth not in local["spec"]["volumes"], "local mode: no executors, no key"
 
 
 def test_cleanup_pod():
@@ -555,3 +578,22 @@ def test_the_driver_pod_is_ready_only_when_the_runtime_emits():
     assert "/tmp" in tmp and naming.EMITTING_FILE.startswith("/tmp/"), "the runtime can write it: an emptyDir"
     config = builders.build_shard_config(task="o", namespace="ns", shard="o-0-8", key_groups=R(0, 8), spec=spec())
     assert config["readyFile"] == naming.EMITTING_FILE
+
+
+def test_the_spark_ui_is_off_unless_the_task_turns_it_on():
+    """No web UI by default (it shows the configuration and can kill jobs); spec.spark.ui: true turns it on, and
+    spark.conf may not set it (the one switch is the field)."""
+    from pydantic import ValidationError
+
+    def ui(spark: dict) -> str:
+        spec = TaskSpec.from_k8s({**SPEC, "spark": {**SPEC["spark"], **spark}})
+        config = builders.build_shard_config(
+            task="orders", namespace="ns1", shard="orders-0-64", key_groups=R(0, 64), spec=spec
+        )
+        return config["spark"]["conf"]["spark.ui.enabled"]
+
+    assert ui({}) == "false"
+    assert ui({"ui": True}) == "true"
+    with pytest.raises(ValidationError, match=r'spec.spark.conf\["spark.ui.enabled"\]: "true": .*spec.spark.ui: true'):
+        ui({"conf": {"spark.ui.enabled": "true"}})
+    assert ui({"conf": {"spark.ui.enabled": "false"}}) == "false", "saying the default stays valid"

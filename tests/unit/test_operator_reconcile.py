@@ -197,6 +197,10 @@ class FakeKube:
     def ensure_service(self, namespace, body):
         self._new("services", body)
 
+    def ensure_secret(self, namespace, body):
+        if ("secrets", body["metadata"]["name"]) not in self.objects:
+            self._new("secrets", body)
+
     # the cache (Observed): the objects themselves, read without counting as API reads
     def shard(self, namespace, name):
         obj = self.objects.get(("taskshards", name))

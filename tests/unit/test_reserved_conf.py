@@ -11,7 +11,13 @@ from pydantic import ValidationError
 
 from spark_runtime.config import ConfigError, parse_config
 from spark_runtime.keygroups import KeyGroupRange
-from spark_runtime.reserved_conf import RESERVED_SPARK_CONF, RESERVED_SPARK_CONF_PATTERNS, Owner, reserved_conf_message
+from spark_runtime.reserved_conf import (
+    RESERVED_SPARK_CONF,
+    RESERVED_SPARK_CONF_PATTERNS,
+    Owner,
+    reserved_by,
+    reserved_conf_message,
+)
 from spark_runtime.session import DEFAULT_CONF
 from spark_runtime.storage import S3Settings
 from taskshard_operator import builders
@@ -54,7 +60,7 @@ def test_crd_has_one_forbidding_rule_per_reserved_key_naming_it_and_why():
         assert rule["message"] == reserved_conf_message(key)
         assert rule["message"].startswith(f'spec.spark.conf["{key}"] is reserved: ')
         assert rule["reason"] == "FieldValueForbidden"
-    # The other rules on the map: one per reserved pattern, and the prefix rule; nothing else is there.
+    # The other rules on the map: one per reserved pattern, the prefix rule and the web UI's; nothing else.
     patterns = [r for r in _conf_rules_on_disk() if "k.matches(r'" in r["rule"]]
     assert len(patterns) == len(RESERVED_SPARK_CONF_PATTERNS)
     for rule, (pattern, reserved) in zip(patterns, RESERVED_SPARK_CONF_PATTERNS.items(), strict=True):
@@ -63,7 +69,7 @@ def test_crd_has_one_forbidding_rule_per_reserved_key_naming_it_and_why():
             and reserved.why in rule["message"]
             and "+ self.filter(" in rule["messageExpression"]
         )
-    assert len(_conf_rules_on_disk()) == len(rules) + len(patterns) + 1
+    assert len(_conf_rules_on_disk()) == len(rules) + len(patterns) + 2, "and the prefix and web UI rules"
 
 
 @pytest.mark.parametrize(
@@ -155,7 +161,10 @@ def test_the_runtimes_protocol_keys_are_reserved_for_the_runtime():
             (Path(sa) / name).write_text("x")
         env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443", POD_IP_ENV: "10.1.0.2"}
         in_pod = set(driver_conf("k8s://https://kubernetes.default.svc:443", env, sa_dir=sa)[1])
-    assert state_store | from_storage | in_pod | {"spark.master"} == set(RUNTIME_KEYS)
+    # The s3a keys are refused though the runtime never sets them: credentials stay in the environment.
+    keys = {"spark.hadoop.fs.s3a.access.key", "spark.hadoop.fs.s3a.secret.key"}
+    assert not keys & from_storage
+    assert state_store | from_storage | in_pod | {"spark.master"} | keys == set(RUNTIME_KEYS)
     assert "spark.sql.shuffle.partitions" not in RESERVED_SPARK_CONF
 
 
@@ -163,7 +172,15 @@ def test_every_key_of_build_executor_conf_is_reserved_for_the_operator():
     executors = {"instances": 2, "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "1Gi"}}}
     spec = TaskSpec.from_k8s(_spec({}, executors=executors, imagePullPolicy="Always"))
     conf = builders.build_executor_conf(task="orders", namespace="ns1", shard="orders-0-64", spec=spec)
-    assert set(conf) == set(OPERATOR_KEYS)
+    by_pattern = {k for k in conf if k not in RESERVED_SPARK_CONF}
+    assert by_pattern == {"spark.authenticate", "spark.authenticate.secret.file", "spark.network.crypto.enabled"}
+    assert all(reserved_by(k)[1].owner is Owner.OPERATOR for k in by_pattern)
+    assert set(conf) - by_pattern == set(OPERATOR_KEYS)
+
+    shard_conf = builders.build_shard_config(
+        task="orders", namespace="ns1", shard="orders-0-64", key_groups=KeyGroupRange(0, 64), spec=spec
+    )["spark"]["conf"]
+    assert set(OPERATOR_KEYS) <= set(shard_conf)
 
 
 # ---------------------------------------------------------------- the runtime's config

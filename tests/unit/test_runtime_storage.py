@@ -8,7 +8,15 @@ import json
 import pytest
 
 from spark_runtime.config import ConfigError, parse_config
-from spark_runtime.storage import S3Settings, StorageProblem, check_storage, location, s3_settings_from, storage_root
+from spark_runtime.storage import (
+    ENV_CREDENTIALS_PROVIDER,
+    S3Settings,
+    StorageProblem,
+    check_storage,
+    location,
+    s3_settings_from,
+    storage_root,
+)
 
 
 def test_local_location_reads_writes_lists_and_deletes(tmp_path):
@@ -54,13 +62,14 @@ def test_s3_settings_take_credentials_only_from_the_environment():
     assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
     assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
     assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
-    assert conf["spark.hadoop.fs.s3a.access.key"] == "AK"
+    assert "AK" not in json.dumps(conf) and "SK" not in json.dumps(conf), "no key in the SparkConf"
+    assert conf["spark.hadoop.fs.s3a.aws.credentials.provider"] == ENV_CREDENTIALS_PROVIDER
     assert "AK" not in json.dumps(s.options()) and "SK" not in json.dumps(s.options())
     assert S3Settings.from_options(s.options(), env) == s
     root = storage_root(spec, s)
     assert root.uri() == "s3a://bkt" and root.s3 == s
     no_keys = s3_settings_from(None, {})
-    assert "spark.hadoop.fs.s3a.access.key" not in no_keys.hadoop_conf()
+    assert "spark.hadoop.fs.s3a.aws.credentials.provider" not in no_keys.hadoop_conf(), "the AWS default chain"
 
 
 def test_unreachable_s3_endpoint_is_a_storage_problem_naming_the_field():

@@ -18,6 +18,7 @@ re-key state).
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
@@ -479,6 +480,13 @@ class EnvVar(K8sModel):
         return self
 
 
+UI_CONF = "spark.ui.enabled"
+UI_IN_CONF = (
+    f'spec.spark.conf["{UI_CONF}"]: the web UI is turned on by spec.spark.ui: true, not by spark.conf (it may only '
+    'say "false", the default)'
+)
+
+
 def _reserved_conf_rules() -> list[dict[str, str]]:
     """One CEL rule per key of ``RESERVED_SPARK_CONF`` (static messages cannot name a key found by a loop), and one
     per pattern of ``RESERVED_SPARK_CONF_PATTERNS`` whose message names the first matching key."""
@@ -534,10 +542,21 @@ class SparkSpec(K8sModel):
                     "spec.spark.conf: every key must start with 'spark.' (e.g. spark.sql.shuffle.partitions)",
                 ),
                 *_reserved_conf_rules(),
+                cel(
+                    f"!('{UI_CONF}' in self) || self['{UI_CONF}'] == 'false'",
+                    UI_IN_CONF,
+                    reason="FieldValueForbidden",
+                ),
             ),
         },
     )
     executors: ExecutorsSpec | None = Field(default=None, description="Executors; default none (local mode).")
+    ui: bool = Field(
+        default=False,
+        description="Serve Spark's web UI on the driver's port 4040 (default false: off). The UI shows the "
+        "shard's configuration and has links that kill jobs, and anyone who reaches the pod reaches it; turn it on "
+        "only to debug, and reach it with kubectl port-forward.",
+    )
     env: list[EnvVar] | None = Field(
         default=None,
         max_length=64,
@@ -558,6 +577,9 @@ class SparkSpec(K8sModel):
         reserved = reserved_conf_problems(self.conf or {})
         if reserved:
             raise ValueError("\n".join(reserved))
+        ui = (self.conf or {}).get(UI_CONF)
+        if ui is not None and ui != "false":
+            raise ValueError(f'spec.spark.conf["{UI_CONF}"]: {json.dumps(ui)}: {UI_IN_CONF.split(": ", 1)[1]}')
         return self
 
 
