@@ -285,13 +285,19 @@ class ShardMetrics:
             if known:
                 self._committed_at = self._clock()
 
-    def on_trigger(self, active: bool) -> None:
-        """Whether Spark's query has a trigger in flight now (``query.status['isTriggerActive']``)."""
+    def on_trigger(self, active: bool, *, idle_kafka: bool = False) -> None:
+        """Whether Spark's query has a trigger in flight now (``query.status['isTriggerActive']``). ``idle_kafka``:
+        a Kafka query's last trigger found no record past the committed offsets (Spark fetched the latest offsets
+        from the brokers for it: ``isDataAvailable`` false, "Waiting for data to arrive"), so its lag is 0 now on
+        every partition it reads, measured at poll time even when no batch has run since the runtime started."""
         with self._lock:
             if not active:
                 self._trigger_since = None
             elif self._trigger_since is None:
                 self._trigger_since = self._clock()
+            partitions = set(self._partitions)
+        if idle_kafka and not active:
+            self.set_lag("records", dict.fromkeys(partitions, 0))
 
     def batch_running(self) -> float:
         """Seconds the batch in flight has run without committing: since its trigger was first seen active, or

@@ -76,6 +76,9 @@ __all__ = ["ShardFailed", "ShardRunner", "StandbyStopped", "summary_message"]
 
 log = logging.getLogger("taskshard.shard")
 
+SPARK_BETWEEN_TRIGGERS = ("Waiting for data to arrive", "Waiting for next trigger")
+"""``query.status["message"]`` between triggers; with ``isDataAvailable`` false, the last trigger found nothing new
+in the sources (not at start: "Initializing sources")."""
 RESTART_BACKOFF_SECONDS = 2.0
 IN_PROCESS_RESTARTS = 3
 """How often a failed query is restarted in-process (from its checkpoint) before the shard gives up (exit 1)."""
@@ -668,7 +671,9 @@ class ShardRunner:
         now = time.monotonic()
         if now - self._trigger_polled_at >= TRIGGER_POLL_SECONDS:
             self._trigger_polled_at = now
-            m.on_trigger(bool(self.query.status.get("isTriggerActive")))
+            status = self.query.status
+            idle = status.get("message") in SPARK_BETWEEN_TRIGGERS and not status.get("isDataAvailable")
+            m.on_trigger(bool(status.get("isTriggerActive")), idle_kafka=idle and self.config.source.kafka is not None)
         m.refresh()
 
     def positions_at(self, batch_id: int) -> dict[str, Any]:

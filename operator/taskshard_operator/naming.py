@@ -65,12 +65,12 @@ CONFIG_DIR = "/etc/taskshard"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 EMITTING_FILE = "/tmp/taskshard-emitting"
+"""Created by the runtime once the shard writes to its sink (a split child: once it took over); the driver
+container's readiness probe tests it, so a TaskShard is Ready only while its shard emits."""
 SPARK_AUTH_DIR = "/etc/taskshard-spark-auth"
 SPARK_AUTH_KEY = "secret"
 SPARK_AUTH_FILE = f"{SPARK_AUTH_DIR}/{SPARK_AUTH_KEY}"
 """The file of the shard's Spark authentication key in the driver and executor containers (a Secret volume)."""
-"""Created by the runtime once the shard writes to its sink (a split child: once it took over); the driver
-container's readiness probe tests it, so a TaskShard is Ready only while its shard emits."""
 READINESS_PERIOD_SECONDS = 2
 
 
@@ -120,7 +120,7 @@ def driver_service_name(shard: str) -> str:
 
 
 def spark_auth_secret_name(shard: str) -> str:
-    """The Secret holding the shard's Spark authentication key (driver and executors; executors only)."""
+    """The Secret holding the Spark authentication key of a shard that runs executors (driver and executors)."""
     return f"{shard}-spark-auth"
 
 

@@ -132,13 +132,14 @@ class ShardContext:
 def create_pod(
     ctx: ShardContext, *, restarts_base: int, abort_split: tuple[str, ...] = (), abort_merge: bool = False
 ) -> None:
-    """Create the shard's driver pod (and, with executors, its Spark key's Secret and its Service): to process, or
-    only to undo a split
-    (``abort_split``: its children) or a merge (``abort_merge``) in storage."""
-    if builders.executor_instances(ctx.spec) > 0 and not (abort_split or abort_merge):
+    """Create the shard's driver pod (and, with executors, its Spark key's Secret, which every pod of it mounts,
+    and its Service): to process, or only to undo a split (``abort_split``: its children) or a merge
+    (``abort_merge``) in storage."""
+    if builders.executor_instances(ctx.spec) > 0:
         key = builders.build_spark_auth_secret(task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups)
         kopf.adopt(key, owner=ctx.shard)
         ctx.do(Create("secrets", key))  # kept when it exists: the shard's key for the life of the TaskShard
+    if builders.executor_instances(ctx.spec) > 0 and not (abort_split or abort_merge):
         svc = builders.build_executor_service(task=ctx.task_name, shard=ctx.name, key_groups=ctx.key_groups)
         kopf.adopt(svc, owner=ctx.shard)
         ctx.do(Create("services", svc))

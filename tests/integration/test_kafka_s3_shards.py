@@ -677,7 +677,8 @@ def test_a_second_runtime_on_s3_fences_the_first_and_results_stay_exact(spark, k
 def test_kafka_lag_per_partition_on_the_metrics_endpoint_equals_the_broker_s(spark, kafka_broker, minio, tmp_path):
     """The driver's ``taskshard_shard_partition_lag`` for Kafka: per partition, the broker's end offset minus the
     batch's end offset (Spark's progress, ``latestOffset - endOffset``), within one batch of what the admin
-    client reports, and 0 once the shard caught up."""
+    client reports, and 0 once the shard caught up. Before any record exists, the idle shard measures lag 0 at
+    poll time (Spark found nothing past the committed offsets), not "unknown"."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -686,23 +687,30 @@ def test_kafka_lag_per_partition_on_the_metrics_endpoint_equals_the_broker_s(spa
     from testinfra.common import free_port
 
     setup, rng = Setup(kafka_broker, minio, tmp_path, partitions=2), random.Random(31)
-    events = make_events(3000, rng, invalid_every=0)
-    kafka_broker.produce(setup.topic_in, events)
-    end = kafka_broker.end_offsets(setup.topic_in)
     port = free_port()
     shard = Running(setup.config("kt-0-16", 0, 16, metricsPort=port), spark)  # 400 records per batch
 
-    def scrape() -> dict[str, float]:
+    def samples(name: str) -> dict[str, float]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             text = response.read().decode()
-        return {
-            s.labels["partition"]: s.value
-            for f in text_string_to_metric_families(text)
-            for s in f.samples
-            if s.name == Metric.PARTITION_LAG
-        }
+        found = [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+        return {s.labels.get("partition", "total"): s.value for s in found}
+
+    def scrape() -> dict[str, float]:
+        return samples(Metric.PARTITION_LAG)
+
+    def idle_lag_zero() -> bool:
+        try:
+            return samples(Metric.LAG) == {"total": 0.0}
+        except OSError:  # run() has not bound the port yet
+            return False
 
     try:
+        shard.wait_for(idle_lag_zero, "lag 0 measured on the idle, empty topic", 120)
+        assert shard.runner.last_committed == -1, "no batch ran: the lag was measured at poll time"
+        events = make_events(3000, rng, invalid_every=0)
+        kafka_broker.produce(setup.topic_in, events)
+        end = kafka_broker.end_offsets(setup.topic_in)
         shard.wait_for(lambda: shard.runner.last_committed >= 1, "two committed batches")
         mid = scrape()
         committed = shard.committed_positions()

@@ -481,3 +481,25 @@ def test_a_hung_kafka_batch_ages_its_lag_out_and_shows_how_long_it_runs():
     assert metrics.batch_running() == pytest.approx(8.0)
     metrics.on_trigger(False)
     assert metrics.batch_running() == 0.0
+
+
+def test_an_idle_kafka_query_measures_lag_0_at_poll_time():
+    """Spark fetched the brokers' latest offsets for its last trigger and found nothing past the committed ones: the
+    lag is 0 on every partition, also for a shard that has not run a batch since it started (it used to have no lag
+    at all, which holds the autoscaler forever). A trigger in flight says nothing."""
+    metrics = ShardMetrics(TASK, SHARD, clock=Clock())
+    metrics.on_trigger(True, idle_kafka=True)
+    assert live_stats(scrape(metrics)).lag is None, "not measured while a trigger is in flight"
+    metrics.on_trigger(False, idle_kafka=True)
+    stats = live_stats(scrape(metrics))
+    assert (stats.lag, stats.lag_unit, stats.lag_seconds) == (0, "records", 0.0)
+    metrics.on_batch(KAFKA_PROGRESS)
+    assert live_stats(scrape(metrics)).lag == 35
+    metrics.on_trigger(False, idle_kafka=False)
+    assert live_stats(scrape(metrics)).lag == 35, "a trigger that found data does not zero it"
+    metrics.on_trigger(False, idle_kafka=True)
+    samples = scrape(metrics)
+    assert live_stats(samples).lag == 0
+    assert {lab["partition"]: v for n, lab, v in samples if n == Metric.PARTITION_LAG} == dict.fromkeys(
+        ("orders/0", "orders/1", "orders/2"), 0
+    )
