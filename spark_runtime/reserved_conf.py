@@ -147,7 +147,7 @@ RESERVED_SPARK_CONF_PATTERNS: dict[str, Reserved] = {
         "executors run on Kubernetes",
         secret=True,
     ),
-    r"^spark\.network\.crypto\.enabled$": Reserved(
+    r"^spark\.network\.crypto\.(enabled|saslFallback|authEngineVersion)$": Reserved(
         Owner.OPERATOR, "the operator encrypts the traffic between a driver and its executors"
     ),
     r"^spark\.speculation(\..+)?$": Reserved(

@@ -480,10 +480,13 @@ def build_executor_conf(*, task: str, namespace: str, shard: str, spec: TaskSpec
         "spark.kubernetes.driver.reusePersistentVolumeClaim": "false",
         # Only the shard's own executors talk to its driver: each side proves it holds the shard's key (a Secret
         # mounted as a file in both, never an environment variable Spark would put in the executor pod's spec),
-        # and the traffic between them is encrypted (AES, keys derived from that key).
+        # and the traffic between them is encrypted (AES, keys derived from that key). No fallback to SASL, which
+        # would accept a key holder's connection unencrypted; the newer key exchange (version 2).
         "spark.authenticate": "true",
         "spark.authenticate.secret.file": naming.SPARK_AUTH_FILE,
         "spark.network.crypto.enabled": "true",
+        "spark.network.crypto.saslFallback": "false",
+        "spark.network.crypto.authEngineVersion": "2",
     }
     if spec.spark.image_pull_policy:
         conf["spark.kubernetes.container.image.pullPolicy"] = spec.spark.image_pull_policy

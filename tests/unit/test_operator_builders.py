@@ -244,6 +244,8 @@ def test_executor_manifests():
         "spark.authenticate": "true",
         "spark.authenticate.secret.file": "/etc/taskshard-spark-auth/secret",
         "spark.network.crypto.enabled": "true",
+        "spark.network.crypto.saslFallback": "false",
+        "spark.network.crypto.authEngineVersion": "2",
         "spark.kubernetes.executor.request.cores": "1",
         "spark.kubernetes.executor.limit.cores": "2",
         "spark.executor.memory": "1g",
@@ -312,7 +314,7 @@ def test_executor_manifests():
     assert {"name": "spark-auth", "mountPath": "/etc/taskshard-spark-auth", "readOnly": True} in pod["spec"][
         "containers"
     ][0]["volumeMounts"]
-    assert "SPARK_AUTHENTICATE_SECRET" not in json.dumps(pod) + json.dumps(template), "the key is in no pod spec"
+    assert "_SPARK_AUTH_SECRET" not in json.dumps(pod) + json.dumps(template), "the key is in no pod spec"
     key = builders.build_spark_auth_secret(task="orders", shard="orders-0-64", key_groups=R(0, 64))
     assert key["metadata"]["name"] == "orders-0-64-spark-auth" and len(key["stringData"]["secret"]) == 64
     other = builders.build_spark_auth_secret(task="orders", shard="orders-0-64", key_groups=R(0, 64))

@@ -173,7 +173,13 @@ def test_every_key_of_build_executor_conf_is_reserved_for_the_operator():
     spec = TaskSpec.from_k8s(_spec({}, executors=executors, imagePullPolicy="Always"))
     conf = builders.build_executor_conf(task="orders", namespace="ns1", shard="orders-0-64", spec=spec)
     by_pattern = {k for k in conf if k not in RESERVED_SPARK_CONF}
-    assert by_pattern == {"spark.authenticate", "spark.authenticate.secret.file", "spark.network.crypto.enabled"}
+    assert by_pattern == {
+        "spark.authenticate",
+        "spark.authenticate.secret.file",
+        "spark.network.crypto.enabled",
+        "spark.network.crypto.saslFallback",
+        "spark.network.crypto.authEngineVersion",
+    }
     assert all(reserved_by(k)[1].owner is Owner.OPERATOR for k in by_pattern)
     assert set(conf) - by_pattern == set(OPERATOR_KEYS)
 
