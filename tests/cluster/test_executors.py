@@ -97,8 +97,8 @@ def container_pid(pod: dict) -> int:
     return int(state["containerID"].split("://")[1])
 
 
-AUTH_REFUSED = re.compile(r"(?i)authenticat|sasl|connection reset|closed|EOF")
-REFUSED_BY_DRIVER = re.compile(r"Failed to parse new auth challenge|Expected SaslMessage|Authentication failed")
+AUTH_REFUSED = re.compile(r"IllegalArgumentException: Unknown challenge message")
+"""What a client without the key gets back: the driver's authentication handler did not accept its first message."""
 
 
 def foreign_executor(driver_ip: str) -> subprocess.CompletedProcess:
@@ -169,10 +169,9 @@ def test_two_executors_run_tasks_survive_a_kill_and_split(kubectl, kube_cluster,
         env = get_json(kubectl, "pod", name)["spec"]["containers"][0].get("env") or []
         assert not any(e["name"] == "_SPARK_AUTH_SECRET" for e in env), "the key is not in the pod spec"
     foreign = foreign_executor(driver["status"]["podIP"])
+    (kube_cluster.run_dir / "foreign-executor.log").write_text(foreign.stdout)
     assert foreign.returncode != 0, f"a client without the key registered as an executor:\n{foreign.stdout[-3000:]}"
     assert AUTH_REFUSED.search(foreign.stdout), foreign.stdout[-3000:]
-    driver_log = kube_cluster.pod_log_path(namespace, f"{PARENT}-driver", "driver").read_text(errors="replace")
-    assert REFUSED_BY_DRIVER.search(driver_log), "the driver refused it: no key, no entry"
     assert len(running(executor_pods(kubectl, PARENT))) == 2
     # The driver's ServiceAccount may delete its executors, and no other pod (the example's admission policy).
     as_driver = ("--as", f"system:serviceaccount:{namespace}:taskshard-spark", "--dry-run=server")
