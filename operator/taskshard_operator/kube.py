@@ -212,19 +212,20 @@ class Kube:
                 raise
 
     def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
-        try:
-            self.core.create_namespaced_service(namespace, body)
-        except ApiException as e:
-            if e.status != 409:
-                raise
+        _unless_exists(self.core.create_namespaced_service, namespace, body)
 
     def ensure_secret(self, namespace: str, body: dict[str, Any]) -> None:
         """Create the Secret unless it exists (an existing one is kept as it is: never read, never replaced)."""
-        try:
-            self.core.create_namespaced_secret(namespace, body)
-        except ApiException as e:
-            if e.status != 409:
-                raise
+        _unless_exists(self.core.create_namespaced_secret, namespace, body)
+
+
+def _unless_exists(create: Any, namespace: str, body: dict[str, Any]) -> None:
+    """``create(namespace, body)``; an object of that name that exists already (409) is left as it is."""
+    try:
+        create(namespace, body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
 
 
 for _name in API_VERBS:
