@@ -165,6 +165,19 @@ class ShardMetrics:
             Metric.LAG_SECONDS,
             "Seconds to work off the lag at the pace the source was consumed over the rate window (+Inf: no progress).",
         )  # labelled once the lag is known
+        self._register_batch_series(gauge, own)
+        self._state_rows = gauge(Metric.STATE_ROWS, "State rows of all stateful operators.")  # labelled once known
+        self._state_bytes = gauge(Metric.STATE_BYTES, "State memory used in bytes.")
+        self._dead = counter(Metric.DEAD_LETTERS, "Dead letters of this shard.").labels(*own)
+        self._restarts = counter(Metric.RESTARTS, "In-process restarts of the streaming query.").labels(*own)
+        self._emitting = gauge(Metric.EMITTING, "1 while the shard writes to its sink.").labels(*own)
+        self._emitting.set(0)
+        self._epoch = gauge(Metric.WRITER_EPOCH, "This runtime's writer epoch (0: none claimed yet).").labels(*own)
+        self._epoch.set(0)
+        self._register_key_group_maps()
+
+    def _register_batch_series(self, gauge: Callable[..., Gauge], own: tuple[str, str]) -> None:
+        """The series of the batches themselves: the last committed one and its time, the one in flight, durations."""
         self._last = gauge(Metric.LAST_BATCH, "The last committed batch id (-1: none yet).").labels(*own)
         self._last.set(-1)
         self._last_time = gauge(
@@ -178,15 +191,6 @@ class ShardMetrics:
         self._duration = gauge(
             Metric.BATCH_DURATION, "The last batch's durations by part (Spark's durationMs keys).", "part"
         )
-        self._state_rows = gauge(Metric.STATE_ROWS, "State rows of all stateful operators.")  # labelled once known
-        self._state_bytes = gauge(Metric.STATE_BYTES, "State memory used in bytes.")
-        self._dead = counter(Metric.DEAD_LETTERS, "Dead letters of this shard.").labels(*own)
-        self._restarts = counter(Metric.RESTARTS, "In-process restarts of the streaming query.").labels(*own)
-        self._emitting = gauge(Metric.EMITTING, "1 while the shard writes to its sink.").labels(*own)
-        self._emitting.set(0)
-        self._epoch = gauge(Metric.WRITER_EPOCH, "This runtime's writer epoch (0: none claimed yet).").labels(*own)
-        self._epoch.set(0)
-        self._register_key_group_maps()
 
     def _register_key_group_maps(self) -> None:
         """The series per bucket of key groups: the load map (a counter) and the state map (gauges)."""
