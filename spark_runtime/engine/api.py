@@ -39,6 +39,29 @@ effects. The processor object lives in a Spark Python worker and may be re-creat
 everything that matters in ``state``. On a split, each child receives exactly the state rows of its keys.
 What a call costs follows the keys it touches, not the state's size (:mod:`spark_runtime.engine`).
 
+Event time
+----------
+With the Task's ``spec.eventTime``, ``events`` has a column ``event_time`` (int64, epoch milliseconds) and the
+shard keeps a **watermark**: the largest event time of the earlier batches minus ``maxOutOfOrdernessSeconds``
+(never lower than a split or merged shard's parents' final watermark; constant within a batch, so a replay decides
+the same). A record whose event time is before ``watermark - allowedLatenessSeconds`` is **late**: it goes to the
+dead letters with reason ``late``, once, and never to ``process``. ``self.watermark_ms`` holds the batch's
+watermark during a call.
+
+Timers
+------
+A processor that declares ``timers = "event"`` (fires once the watermark reaches the time) or ``timers =
+"processing"`` (fires once the batch's processing time reaches it) has one more state column, ``timer`` (int64
+epoch milliseconds; 0: none). It is part of the key's state like any other column: ``process`` sets or clears it
+in ``new_state``, it travels in snapshots to split children and merged shards, and it fires exactly once. In a
+batch, due timers fire **before** ``process`` sees the batch's events, and timers that ``process`` set at or before
+the threshold fire right after it. A due timer calls :meth:`Processor.on_timer` with ``timers`` (``key``,
+``timer``: many due keys per call) and ``state`` (their state rows); it returns ``(new_state, outputs)`` for those
+keys under the same rules as ``process``. A fired timer is cleared unless ``new_state`` sets a later one.
+Processing time is not deterministic across runs: a processing-time timer fires in the first batch whose time
+reaches it, and a shard whose processor declares them runs a batch every trigger even without input (that is what
+lets it fire with no new events). Event-time timers are deterministic.
+
 ``fields``, ``raw_value``, ``state_schema``, ``result_type``, ``result_schema`` and ``state_ttl_seconds`` are read
 from the *instance* after ``__init__``, so they may depend on ``parameters`` (see :class:`SumProcessor`).
 Column types (state and result): ``string``, ``bigint``/``long``, ``int``, ``double``, ``float``, ``boolean``,
@@ -58,6 +81,7 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from spark_runtime.engine.schema import Column, SchemaError, StateSchema, parse_columns, result_columns
+from spark_runtime.engine.timers import TIME_DOMAINS, TIMER
 
 __all__ = [
     "CountProcessor",
@@ -65,10 +89,12 @@ __all__ = [
     "ProcessorError",
     "ProcessorFailed",
     "SumProcessor",
+    "call_on_timer",
     "call_processor",
     "load_processor",
     "processor_result_columns",
     "processor_state_schema",
+    "processor_time_domain",
 ]
 
 
@@ -104,6 +130,16 @@ class Processor:
     state_ttl_seconds: ClassVar[float | None] = None
     """Forget a key's state this long after it was last written (processing time: the batch's timestamp, which
     Spark records with the batch, so a replay decides the same). None: keep it until ``process`` deletes it."""
+    timers: ClassVar[str | None] = None
+    """``"event"`` or ``"processing"``: each key may hold one timer of that kind, in its state column ``timer``
+    (epoch milliseconds, 0: none), and :meth:`on_timer` is called once it is due (see "Timers" in the module
+    docstring). ``"event"`` needs the Task's ``spec.eventTime``. None (default): no timers."""
+
+    watermark_ms: int | None = None
+    """Set by the runtime before each call: the event-time watermark of the batch (None without event time)."""
+    now_ms: int | None = None
+    """Set by the runtime before each call: the batch's processing time (epoch milliseconds; the same on a
+    replay of the batch)."""
 
     def __init__(self, parameters: dict[str, Any] | None = None) -> None:
         self.parameters: dict[str, Any] = dict(parameters or {})
@@ -111,6 +147,11 @@ class Processor:
     def process(self, events: pd.DataFrame, state: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Fold ``events`` into ``state``; return ``(new_state, outputs)`` (see the module docstring)."""
         raise NotImplementedError
+
+    def on_timer(self, timers: pd.DataFrame, state: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Handle due timers (``timers``: ``key``, ``timer``; ``state``: those keys' state); return ``(new_state,
+        outputs)`` for those keys, as :meth:`process` does (see "Timers" in the module docstring)."""
+        raise NotImplementedError(f"{type(self).__name__} declares timers but has no on_timer(timers, state)")
 
 
 class CountProcessor(Processor):
@@ -153,12 +194,31 @@ RESULT_RESERVED = ("key", "key_group", "shard", "batch")
 """Names every output record carries besides the results (see :mod:`spark_runtime.sink`)."""
 
 
+def processor_time_domain(proc: Processor) -> str | None:
+    """The processor's timers (``event``, ``processing``, or None); raises :class:`ProcessorError` for another
+    value or a processor with timers and no ``on_timer``."""
+    domain = getattr(proc, "timers", None)
+    if domain is None:
+        return None
+    if domain not in TIME_DOMAINS:
+        raise ProcessorError(f"timers: {domain!r} must be one of {', '.join(TIME_DOMAINS)} (or None)")
+    if getattr(type(proc), "on_timer", None) is Processor.on_timer:
+        raise ProcessorError(f"timers: {domain!r} needs an on_timer(timers, state) method")
+    return str(domain)
+
+
 def processor_state_schema(proc: Processor) -> StateSchema:
-    """The processor's declared state schema (raises :class:`ProcessorError` naming the problem)."""
+    """The processor's state schema: the declared columns, plus ``timer bigint default 0`` with timers (raises
+    :class:`ProcessorError` naming the problem)."""
     try:
-        return StateSchema.parse(getattr(proc, "state_schema", ""))
+        schema = StateSchema.parse(getattr(proc, "state_schema", ""))
     except SchemaError as exc:
         raise ProcessorError(str(exc)) from None
+    if processor_time_domain(proc) is None:
+        return schema
+    if TIMER in schema.names:
+        raise ProcessorError(f"state_schema: column {TIMER!r} is the timer's (declared with timers = ...)")
+    return StateSchema.parse(f"{schema.ddl()}, {TIMER} bigint default 0")
 
 
 def processor_result_columns(proc: Processor) -> list[Column]:
@@ -210,6 +270,7 @@ def load_processor(ref: str, parameters: dict[str, Any] | None = None) -> Proces
         instance = obj(dict(parameters or {}))
     except Exception as exc:
         raise ProcessorError(f"processor.python: {ref}(parameters) failed: {type(exc).__name__}: {exc}") from exc
+    processor_time_domain(instance)
     processor_state_schema(instance)
     processor_result_columns(instance)
     processor_ttl_ms(instance)
@@ -246,16 +307,41 @@ def call_processor(
     ``state_names``; a key of ``events`` without a row has its state deleted) and the outputs (``key`` +
     ``result_names``). Raises :class:`ProcessorFailed` with the user's exception, or naming what breaks the
     contract, and ``key_groups`` (the call's key groups, for the message)."""
-    name = type(proc).__name__
+    return _checked_call(proc, "process", events, state, state_names, result_names, key_groups)
+
+
+def call_on_timer(
+    proc: Processor,
+    timers: pd.DataFrame,
+    state: pd.DataFrame,
+    state_names: list[str],
+    result_names: list[str],
+    key_groups: Any = (),
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`call_processor` for ``proc.on_timer(timers, state)``: the keys of ``timers`` are the call's keys."""
+    return _checked_call(proc, "on_timer", timers, state, state_names, result_names, key_groups)
+
+
+def _checked_call(
+    proc: Processor,
+    method: str,
+    frame: pd.DataFrame,
+    state: pd.DataFrame,
+    state_names: list[str],
+    result_names: list[str],
+    key_groups: Any,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    name = f"{type(proc).__name__}.{method}"
     where = _call_place(key_groups)
-    event_keys = pd.unique(events["key"])
+    arg = "events" if method == "process" else "timers"
+    event_keys = pd.unique(frame["key"])
     try:
-        result = proc.process(events.reset_index(drop=True), state.reset_index(drop=True))
+        result = getattr(proc, method)(frame.reset_index(drop=True), state.reset_index(drop=True))
     except Exception as exc:
-        raise ProcessorFailed(f"{name}.process raised {type(exc).__name__}: {exc}{where}") from exc
+        raise ProcessorFailed(f"{name} raised {type(exc).__name__}: {exc}{where}") from exc
 
     def broken(what: str) -> ProcessorFailed:
-        return ProcessorFailed(f"{name}.process {what}{where}")
+        return ProcessorFailed(f"{name} {what}{where}")
 
     if not (isinstance(result, tuple) and len(result) == 2):
         raise broken(f"must return (new_state, outputs), got {type(result).__name__}")
@@ -268,13 +354,13 @@ def call_processor(
     stray = ~new_state["key"].isin(event_keys)
     if stray.any():
         raise broken(
-            f"new_state has key {new_state['key'][stray].iloc[0]!r}, which is not in events (only keys of this "
-            "call's events may change)"
+            f"new_state has key {new_state['key'][stray].iloc[0]!r}, which is not in {arg} (only keys of this "
+            f"call's {arg} may change)"
         )
     foreign = ~outputs["key"].isin(event_keys)
     if foreign.any():
         raise broken(
-            f"outputs has key {outputs['key'][foreign].iloc[0]!r}, which is not in events (a call emits results "
+            f"outputs has key {outputs['key'][foreign].iloc[0]!r}, which is not in {arg} (a call emits results "
             "only for its own keys)"
         )
     return new_state[names].reset_index(drop=True), outputs[out_names].reset_index(drop=True)
