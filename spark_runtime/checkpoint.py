@@ -14,7 +14,14 @@ from typing import Any
 
 from spark_runtime.storage import Loc, location
 
-__all__ = ["batch_metadata", "last_batch", "last_committed_batch", "last_planned_batch", "read_offsets"]
+__all__ = [
+    "batch_metadata",
+    "last_batch",
+    "last_committed_batch",
+    "last_planned_batch",
+    "next_watermark_ms",
+    "read_offsets",
+]
 
 
 def _loc(where: Loc | str | os.PathLike[str]) -> Loc:
@@ -51,3 +58,14 @@ def batch_metadata(checkpoint: Loc | str | os.PathLike[str], batch_id: int) -> d
     if len(lines) < 2 or not lines[0].startswith("v"):
         raise ValueError(f"{checkpoint}/offsets/{batch_id}: not a Spark offset log file")
     return json.loads(lines[1])
+
+
+def next_watermark_ms(checkpoint: Loc | str | os.PathLike[str], batch_id: int) -> int:
+    """The event-time watermark the batch after committed ``batch_id`` runs with: the commit log's
+    ``nextBatchWatermarkMs`` (0 without a watermark, or for ``batch_id`` -1)."""
+    if batch_id < 0:
+        return 0
+    lines = (_loc(checkpoint) / "commits" / str(batch_id)).read_text().splitlines()
+    if len(lines) < 2 or not lines[0].startswith("v"):
+        raise ValueError(f"{checkpoint}/commits/{batch_id}: not a Spark commit log file")
+    return int(json.loads(lines[1]).get("nextBatchWatermarkMs", 0))

@@ -162,6 +162,49 @@ class ProcessorSpec(_Model):
         return self
 
 
+# ---------------------------------------------------------------- event time
+
+MAX_TIME_BOUND_SECONDS = 7 * 86_400
+"""The largest out-of-orderness and allowed lateness (a week): state for windows and timers is kept that long."""
+
+
+class EventTimeSpec(_Model):
+    """The records' event time and the watermark's bounds: a record field holding epoch milliseconds or seconds;
+    the watermark trails the largest event time seen by ``maxOutOfOrdernessSeconds``; a record before ``watermark -
+    allowedLatenessSeconds`` is late (a dead letter, reason ``late``)."""
+
+    FIELD_PATH: ClassVar[str] = "eventTime"
+
+    field: str = Field(min_length=1, max_length=256)
+    format: Literal["epochMillis", "epochSeconds"] = "epochMillis"
+    max_out_of_orderness_seconds: float = Field(ge=0, le=MAX_TIME_BOUND_SECONDS)
+    allowed_lateness_seconds: float = Field(default=0, ge=0, le=MAX_TIME_BOUND_SECONDS)
+
+    @property
+    def delay_ms(self) -> int:
+        return int(round(self.max_out_of_orderness_seconds * 1000))
+
+    @property
+    def lateness_ms(self) -> int:
+        return int(round(self.allowed_lateness_seconds * 1000))
+
+    @property
+    def field_type(self) -> str:
+        """The record type the field is read as (a record whose field fails it is a dead letter)."""
+        return "long" if self.format == "epochMillis" else "double"
+
+    def millis_sql(self, column: str) -> str:
+        """SQL for the event time in epoch milliseconds from the field's column."""
+        if self.format == "epochMillis":
+            return f"cast(`{column}` as bigint)"
+        return f"cast(round(`{column}` * 1000) as bigint)"
+
+
+EVENT_TIME_NEEDS_PYTHON = (
+    "eventTime needs a Python processor (processor.python): the builtins count and sum have no notion of time"
+)
+
+
 # ---------------------------------------------------------------- source
 
 
@@ -447,6 +490,7 @@ class ShardConfig(_Model):
     key_groups: KeyGroupsSpec
     key_field: str = Field(default="key", min_length=1, max_length=256)
     processor: ProcessorSpec
+    event_time: EventTimeSpec | None = None
     source: ShardSourceSpec
     sink: SinkSpec
     storage: StorageSpec
@@ -495,6 +539,8 @@ class ShardConfig(_Model):
         rehearse = self.spark.conf.get(REHEARSE_CONF)
         if rehearse is not None and rehearse.lower() not in ("true", "false"):
             raise ValueError(f"spark.conf.{REHEARSE_CONF}: {rehearse!r} is invalid: expected true or false")
+        if self.event_time is not None and self.processor.python is None:
+            raise ValueError(EVENT_TIME_NEEDS_PYTHON)
         if self.merge_from is not None:
             if self.restore_from is not None:
                 raise ValueError("restoreFrom and mergeFrom exclude each other: a shard has one parent or two")

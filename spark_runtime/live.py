@@ -32,6 +32,10 @@ series carries the labels ``task`` and ``shard``. Names (:class:`Metric`):
 ``taskshard_shard_state_bytes``                   gauge     state memory used in bytes
 ``taskshard_shard_dead_letters_total``            counter   dead letters of this shard (journal: all runs, from its
                                                             dead-letter files; Kafka: this process's)
+``taskshard_shard_watermark_seconds``             gauge     the event-time watermark the next batch runs with (Unix
+                                                            time; only with event time)
+``taskshard_shard_late_records_total``            counter   records later than the watermark allows (dead letters
+                                                            with reason ``late``, all runs; only with event time)
 ``taskshard_shard_restarts_total``                counter   in-process query restarts
 ``taskshard_shard_emitting``                      gauge     1 while the shard writes to its sink
 ``taskshard_shard_key_group_rows_total``          counter   input rows per bucket of key groups (label ``key_groups``
@@ -166,6 +170,8 @@ class Metric(StrEnum):
     STATE_ROWS = "taskshard_shard_state_rows"
     STATE_BYTES = "taskshard_shard_state_bytes"
     DEAD_LETTERS = "taskshard_shard_dead_letters"  # counter
+    WATERMARK = "taskshard_shard_watermark_seconds"
+    LATE_RECORDS = "taskshard_shard_late_records"  # counter
     RESTARTS = "taskshard_shard_restarts"  # counter
     EMITTING = "taskshard_shard_emitting"
     WRITER_EPOCH = "taskshard_shard_writer_epoch"
@@ -197,6 +203,10 @@ class LiveStats:
     """Seconds to work off the lag (``inf``: no progress; None: not known)."""
     batch_running: float = 0.0
     """How long the batch in flight has run without committing (0: none in flight)."""
+    watermark: float | None = None
+    """The event-time watermark (Unix time; None: no event time)."""
+    late_records: int | None = None
+    """Late records so far (None: no event time)."""
 
     def to_status(self, *, observed_at: str) -> dict[str, Any]:
         """The ``status.live`` object; ``rate`` rounded to 0.1 rows/s so that noise does not cause writes."""
@@ -220,6 +230,10 @@ class LiveStats:
             out["stateRows"] = self.state_rows
         if self.state_map_batch is not None:
             out["stateMapBatch"] = self.state_map_batch
+        if self.watermark is not None:
+            out["watermark"] = datetime.fromtimestamp(self.watermark, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if self.late_records is not None:
+            out["lateRecords"] = self.late_records
         return out
 
 
@@ -263,6 +277,8 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
     lag_seconds = values.get(Metric.LAG_SECONDS)
     state_rows = values.get(Metric.STATE_ROWS)
     state_map_batch = values.get(Metric.STATE_MAP_BATCH)
+    watermark = values.get(Metric.WATERMARK)
+    late = values.get(f"{Metric.LATE_RECORDS}_total")
     return LiveStats(
         batch_id=int(values[Metric.LAST_BATCH]),
         batch_time=timestamp if timestamp else None,
@@ -277,4 +293,6 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
         key_group_state_rows=key_group_state_rows if state_map_batch is not None else {},
         state_map_batch=int(state_map_batch) if state_map_batch is not None else None,
         batch_running=float(values.get(Metric.BATCH_RUNNING, 0.0)),
+        watermark=watermark,
+        late_records=int(late) if late is not None else None,
     )

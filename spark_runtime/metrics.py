@@ -175,6 +175,16 @@ class ShardMetrics:
         self._epoch = gauge(Metric.WRITER_EPOCH, "This runtime's writer epoch (0: none claimed yet).").labels(*own)
         self._epoch.set(0)
         self._register_key_group_maps()
+        self._late_records = 0
+        self._watermark = gauge(Metric.WATERMARK, "The event-time watermark the next batch runs with (Unix time).")
+        self._late = counter(Metric.LATE_RECORDS, "Records later than the watermark allows (dead letters, late).")
+
+    def set_event_time(self, watermark_ms: int, late_total: int) -> None:
+        """The shard's watermark and its late-record total (the counter follows it up); only with event time."""
+        with self._lock:
+            self._watermark.labels(self.task, self.shard).set(watermark_ms / 1000.0)
+            self._late.labels(self.task, self.shard).inc(max(0, late_total - self._late_records))
+            self._late_records = max(self._late_records, late_total)
 
     def _register_batch_series(self, gauge: Callable[..., Gauge], own: tuple[str, str]) -> None:
         """The series of the batches themselves: the last committed one and its time, the one in flight, durations."""

@@ -25,14 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_runtime import live
-from spark_runtime.config import BuiltinProcessor, ShardConfig
+from spark_runtime.config import BuiltinProcessor, EventTimeSpec, ShardConfig
 from spark_runtime.engine.api import (
+    ProcessorError,
     load_processor,
     processor_result_columns,
     processor_state_schema,
+    processor_time_domain,
     processor_ttl_ms,
 )
 from spark_runtime.engine.schema import StateSchema
+from spark_runtime.engine.step import EVENT_TIME, LATE
 from spark_runtime.protocol import SkipRule
 from spark_runtime.records import RecordSpec
 
@@ -69,6 +72,25 @@ class Plan:
     """The runs layout's buckets of key groups: its grouping key (:func:`spark_runtime.engine.stateful.bucket_sql`)."""
     range_start: int = 0
     range_end: int = 0
+    event_time: EventTimeSpec | None = None
+    """The Task's event time (a Python processor only)."""
+    timers: str | None = None
+    """The processor's timers: ``event``, ``processing`` or None."""
+    watermark_floor_ms: int = 0
+    """A split or merged shard's parents' final watermark (:mod:`spark_runtime.watermark`)."""
+
+    @property
+    def time_mode(self) -> str:
+        """The stateful operator's ``timeMode``: ``EventTime`` with event time, ``ProcessingTime`` for
+        processing-time timers, else ``None``."""
+        if self.event_time is not None:
+            return "EventTime"
+        return "ProcessingTime" if self.timers == "processing" else "None"
+
+    @property
+    def uses_time(self) -> bool:
+        """Whether the shard has event time or timers (its hand-overs restore; see docs/split-protocol.md)."""
+        return self.event_time is not None or self.timers is not None
 
     @property
     def state_schema(self) -> str:
@@ -110,6 +132,23 @@ def make_plan(config: ShardConfig) -> Plan:
     assert proc.python is not None
     instance = load_processor(proc.python, proc.parameters)
     fields = dict(getattr(instance, "fields", {}) or {})
+    timers = processor_time_domain(instance)
+    event_time = config.event_time
+    if timers == "event" and event_time is None:
+        raise ProcessorError(f"{proc.python}: timers = 'event' needs the Task's spec.eventTime (the watermark)")
+    if timers == "processing" and event_time is not None:
+        raise ProcessorError(
+            f"{proc.python}: timers = 'processing' with spec.eventTime is not supported: use event-time timers, or "
+            "a Task without eventTime"
+        )
+    if event_time is not None:
+        declared = fields.get(event_time.field)
+        if declared is not None and declared.rstrip("?") != event_time.field_type:
+            raise ProcessorError(
+                f"{proc.python}: fields[{event_time.field!r}] is {declared!r}, but spec.eventTime.format "
+                f"{event_time.format} reads it as {event_time.field_type}"
+            )
+        fields[event_time.field] = event_time.field_type
     schema = processor_state_schema(instance)
     results = [(c.name, c.type) for c in processor_result_columns(instance)]
     r = config.key_groups
@@ -127,6 +166,8 @@ def make_plan(config: ShardConfig) -> Plan:
         state_buckets=default_state_buckets(config),
         range_start=r.start,
         range_end=r.end,
+        event_time=event_time,
+        timers=timers,
     )
 
 
@@ -221,25 +262,30 @@ def build_output_frame(
     if seed is not None:
         ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in ev.schema.fields)
         ev = seed_stream(spark, mode="blobs", schema_ddl=ddl, **seed).unionByName(ev)
-    return python_state_frame(plan, ev)
+    return python_state_frame(plan, ev, config.shard)
 
 
 def event_columns(plan: Plan) -> list[str]:
     """The columns of the ``events`` a Python processor receives."""
     columns = ["key"] + [f.name for f in plan.record_spec.fields]
     columns += ["value"] if plan.record_spec.raw_value else []
+    columns += [EVENT_TIME] if plan.event_time is not None else []
     return columns + ["partition", "offset"]
 
 
 def output_ddl(plan: Plan) -> str:
-    """The output's schema: ``key string, key_group int`` and the result columns."""
-    return ", ".join(["key string", "key_group int"] + [f"`{n}` {t}" for n, t in plan.result_columns])
+    """The output's schema: ``key string, key_group int``, the result columns, and with event time ``_late string``
+    (a late record's dead letter, on rows whose results are null)."""
+    late = [f"{LATE} string"] if plan.event_time is not None else []
+    return ", ".join(["key string", "key_group int"] + [f"`{n}` {t}" for n, t in plan.result_columns] + late)
 
 
-def python_state_frame(plan: Plan, ev: Any) -> Any:
+def python_state_frame(plan: Plan, ev: Any, shard: str = "") -> Any:
     """``ev`` (the shard's events and seed rows, with ``key_group``) through the Python processor, in the plan's
     state layout."""
     assert plan.python_ref is not None and plan.schema is not None
+    if plan.layout == "blob" and plan.uses_time:
+        raise ProcessorError("event time and timers need the runs state layout (this checkpoint holds the blob one)")
     if plan.layout == "blob":
         from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -272,11 +318,34 @@ def python_state_frame(plan: Plan, ev: Any) -> Any:
         event_columns=tuple(event_columns(plan)),
         cache_dir=plan.cache_dir or default_cache_dir(),
         ttl_ms=plan.ttl_ms,
+        time_mode=plan.time_mode,
+        timers=plan.timers,
+        lateness_ms=plan.event_time.lateness_ms if plan.event_time is not None else None,
+        watermark_floor_ms=plan.watermark_floor_ms,
+        shard=shard,
     )
     bucket = F.expr(bucket_sql(plan.range_start, plan.range_end, plan.state_buckets))
     if plan.ttl_ms is not None:  # the batch's own time (fixed per micro-batch, the same on a replay)
         ev = ev.withColumn(NOW, F.unix_millis(F.current_timestamp()))
+    if plan.event_time is not None:
+        ev = with_watermark(ev, plan.event_time)
     packed = ev.mapInArrow(pack_events, PACKED_DDL).withColumn("bucket", bucket)
     return packed.groupBy("bucket").transformWithStateInPandas(
-        RunsProcessor(settings), outputStructType=output_ddl(plan), outputMode="Update", timeMode="None"
+        RunsProcessor(settings), outputStructType=output_ddl(plan), outputMode="Update", timeMode=plan.time_mode
     )
+
+
+WATERMARK_COLUMN = "_event_ts"
+
+
+def with_watermark(ev: Any, event_time: EventTimeSpec) -> Any:
+    """``ev`` with the column ``event_time`` (epoch ms, from the record field) and Spark's watermark over it: the
+    largest event time of the earlier batches minus the out-of-orderness, kept in the offset log (a replay runs with
+    the same one). The timestamp column Spark tracks is dropped before the stateful operator, so Spark itself drops
+    no row: the runtime sends late records to the dead letters (:class:`spark_runtime.engine.stateful.
+    RunsProcessor`). Seed rows (no event time) count as time 0."""
+    from pyspark.sql import functions as F
+
+    ev = ev.withColumn(EVENT_TIME, F.expr(event_time.millis_sql(event_time.field)))
+    ev = ev.withColumn(WATERMARK_COLUMN, F.timestamp_millis(F.coalesce(F.col(EVENT_TIME), F.lit(0))))
+    return ev.withWatermark(WATERMARK_COLUMN, f"{event_time.delay_ms} milliseconds").drop(WATERMARK_COLUMN)

@@ -76,6 +76,9 @@ __all__ = ["ShardFailed", "ShardRunner", "StandbyStopped", "summary_message"]
 
 log = logging.getLogger("taskshard.shard")
 
+LATE_FILE_PREFIX = "late-b"
+"""Late records' dead-letter files: ``late-b<batch>.jsonl`` (one per batch that had any)."""
+
 SPARK_BETWEEN_TRIGGERS = ("Waiting for data to arrive", "Waiting for next trigger")
 """``query.status["message"]`` between triggers; with ``isDataAvailable`` false, the last trigger found nothing new
 in the sources (not at start: "Initializing sources")."""
@@ -163,6 +166,13 @@ class ShardRunner:
                     "storage.path (got storage.s3), or use sink.directory"
                 ]
             )
+        if config.event_time is not None and dead_letter_dir is None:
+            raise ConfigError(
+                [
+                    "eventTime: late records are dead letters, written to local files; with sink.kafka it needs "
+                    "storage.path (got storage.s3), or use sink.directory"
+                ]
+            )
         self.dead_letter_dir = dead_letter_dir
         self.plan: Plan = make_plan(config)
         if self.plan.kind == "python":  # the layout its checkpoint holds (recorded before a first batch)
@@ -201,8 +211,9 @@ class ShardRunner:
         self.drainer = Drain(self, drain_timeout)
         self.snapshots = SnapshotWriter(self)
         self.restarts_left = IN_PROCESS_RESTARTS
-        if catch_up is None:
-            catch_up = self.source.supports_catch_up
+        self._watermark_of = (-2, 0)
+        if catch_up is None:  # time needs the restore hand-over (docs/split-protocol.md, "Time across hand-overs")
+            catch_up = self.source.supports_catch_up and not self.plan.uses_time
         self.handover_mode = HandoverMode.CATCH_UP if catch_up else HandoverMode.RESTORE
         """How this shard takes over as a split child (``catch_up`` None: what its source supports)."""
         self.as_parent = ParentHandover(self)
@@ -330,6 +341,9 @@ class ShardRunner:
                 resumed=last_committed_batch(self.paths.checkpoint) >= 0,
             )
             self.start_positions = self.restore.start_positions
+            if self.plan.event_time is not None:  # never below the parents' final watermark
+                floor = max(int(p.manifest.get("watermarkMs") or 0) for p in self.restore.slices)
+                self.plan = dataclasses.replace(self.plan, watermark_floor_ms=floor)
         if self.plan.kind == "python":
             self._settle_state_schema()
         self._write_lineage()
@@ -494,6 +508,22 @@ class ShardRunner:
             self.stop()
             raise
 
+    def _write_late(self, df: Any, batch_id: int) -> Any:
+        """The batch's late records (rows with ``_late``, :mod:`spark_runtime.engine.stateful`) written to
+        ``late-b<batch>.jsonl`` in the dead letters (a replay of the batch rewrites the same file: counted once);
+        returns the result rows. ``df`` is cached by the caller, so the stateful operator runs once."""
+        from pyspark.sql import functions as F
+
+        from spark_runtime.engine.step import LATE
+        from spark_runtime.layout import write_atomic
+
+        letters = [r[0] for r in df.where(F.col(LATE).isNotNull()).select(LATE).collect()]
+        if letters and self.dead_letter_dir is not None:
+            self.fence.check(f"batch {batch_id}'s late records")
+            body = "".join(line + "\n" for line in letters).encode("utf-8")
+            write_atomic(self.dead_letter_dir / f"{LATE_FILE_PREFIX}{batch_id}.jsonl", body, fsync=False)
+        return df.where(F.col(LATE).isNull()).drop(LATE)
+
     def _write_batch(self, df: Any, batch_id: int) -> None:
         """``foreachBatch``: the source's guard (a mapping that no longer holds stops the shard before anything of
         the batch is written or committed), then the sink."""
@@ -507,6 +537,18 @@ class ShardRunner:
         except EnvironmentProblem as problem:
             self._stop_problem = problem
             raise
+        cached = None
+        if self.plan.event_time is not None:
+            cached = df.persist()
+            df = self._write_late(cached, int(batch_id))
+        try:
+            self._emit(df, int(batch_id))
+        finally:
+            if cached is not None:
+                cached.unpersist()
+
+    def _emit(self, df: Any, batch_id: int) -> None:
+        """The batch's results to the sink (a catching-up child's into nothing), then the fence check."""
         if self.as_child is not None and not self.as_child.emits(int(batch_id)):
             # Catching up: the parent emitted this input (spark_runtime.handover). The batch still runs to the
             # end (Spark commits the state stores only of a DataFrame executed in full), into nothing.
@@ -666,6 +708,8 @@ class ShardRunner:
         m = self.metrics
         m.on_commit(self.last_committed)
         m.set_dead_letters(self.dead_letter_total)
+        if self.plan.event_time is not None:
+            m.set_event_time(self.watermark_ms(), self.dead_letters.late_total if self.dead_letters else 0)
         m.set_emitting(bool(self.query.isActive) and not (self.as_child is not None and self.as_child.catching_up))
         self.progress.measure_journal_lag(self.last_committed)
         now = time.monotonic()
@@ -675,6 +719,14 @@ class ShardRunner:
             idle = status.get("message") in SPARK_BETWEEN_TRIGGERS and not status.get("isDataAvailable")
             m.on_trigger(bool(status.get("isTriggerActive")), idle_kafka=idle and self.config.source.kafka is not None)
         m.refresh()
+
+    def watermark_ms(self) -> int:
+        """The event-time watermark the next batch runs with (the last commit's, never below the shard's floor)."""
+        from spark_runtime.checkpoint import next_watermark_ms
+
+        if self.last_committed != self._watermark_of[0]:
+            self._watermark_of = (self.last_committed, next_watermark_ms(self.paths.checkpoint, self.last_committed))
+        return max(self._watermark_of[1], self.plan.watermark_floor_ms)
 
     def positions_at(self, batch_id: int) -> dict[str, Any]:
         """The source's end positions of committed ``batch_id`` (the start positions when -1)."""

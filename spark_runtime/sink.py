@@ -225,6 +225,11 @@ class DeadLetterCounter:
     def total(self) -> int:
         return sum(self.files.values())
 
+    @property
+    def late_total(self) -> int:
+        """Dead letters of late records (files ``late-b<batch>.jsonl``)."""
+        return sum(n for name, n in self.files.items() if name.startswith("late-b"))
+
     def refresh(self) -> int:
         """Scan for new files; return how many new dead letters were found."""
         try:

@@ -53,7 +53,10 @@ S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 def template_of(spec: TaskSpec) -> dict[str, Any]:
     """The part of a Task spec that shapes a shard's pod and config; a change rolls the shards."""
     data = spec.to_k8s()
-    return {k: data.get(k) for k in ("spark", "processor", "source", "sink", "keyField")}
+    template = {k: data.get(k) for k in ("spark", "processor", "source", "sink", "keyField")}
+    if data.get("eventTime"):  # only when set: a Task without it keeps the hash its shards run with
+        template["eventTime"] = data["eventTime"]
+    return template
 
 
 def template_hash(spec: TaskSpec) -> str:
@@ -169,6 +172,7 @@ def build_shard_config(
         "keyGroups": {"start": key_groups.start, "end": key_groups.end},
         "keyField": spec.key_field,
         "processor": data["processor"],
+        **({"eventTime": data["eventTime"]} if data.get("eventTime") else {}),
         "source": source,
         "sink": data["sink"],
         "storage": storage,

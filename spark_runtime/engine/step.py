@@ -23,6 +23,8 @@ from spark_runtime.engine.timers import TIMER, TimerIndex, cleared_fired, split_
 __all__ = ["BatchTime", "fire_due", "process_group", "state_rows_frame"]
 
 KEY_GROUP = "key_group"
+LATE = "_late"
+"""The output column of a late record's dead letter (JSON; null on result rows)."""
 EVENT_TIME = "event_time"
 """The events' event-time column (epoch milliseconds) when the Task has ``spec.eventTime``."""
 

@@ -21,13 +21,22 @@ from __future__ import annotations
 from typing import Any
 
 from spark_runtime import faults
+from spark_runtime.checkpoint import next_watermark_ms
 from spark_runtime.config import ShardConfig
 from spark_runtime.pipeline import Plan, key_group_column
 from spark_runtime.snapshot.layout import PARTITION_COLUMN, key_group_dir, parquet_files, slice_dirs
 from spark_runtime.snapshot.manifest import build_manifest, snapshot_stats
 from spark_runtime.storage import Loc, location
 
-__all__ = ["SnapshotWriter", "count_state_rows", "export_state", "state_rows"]
+__all__ = ["SnapshotWriter", "final_watermark_ms", "count_state_rows", "export_state", "state_rows"]
+
+
+def final_watermark_ms(plan: Any, checkpoint: Loc, batch_id: int) -> int | None:
+    """The watermark after committed ``batch_id`` (the commit log's, never below the shard's own floor); None
+    without event time. Its successors start at no lower one (docs/split-protocol.md, "Time across hand-overs")."""
+    if plan.event_time is None:
+        return None
+    return max(next_watermark_ms(checkpoint, batch_id), plan.watermark_floor_ms)
 
 
 class SnapshotWriter:
@@ -71,6 +80,7 @@ class SnapshotWriter:
             dead_letters=r.dead_letter_total,
             writer_epoch=r.fence.epoch,
             skip=r.restore.skip.to_json() if r.restore is not None and r.restore.skip is not None else None,
+            watermark_ms=final_watermark_ms(r.plan, r.paths.checkpoint, batch_id),
         )
         r.fence.check(f"the manifest of snapshot {batch_id}")
         if not manifest_path.create_exclusive_json(manifest):  # another export of this batch finished first

@@ -102,11 +102,13 @@ def build_manifest(
     dead_letters: int,
     writer_epoch: int | None,
     skip: list[Any] | None = None,
+    watermark_ms: int | None = None,
 ) -> dict[str, Any]:
     """The manifest of the snapshot of committed ``batch_id`` in ``state_dir`` (the format above) for a shard
-    with ``config`` (:class:`spark_runtime.config.ShardConfig`) and ``plan`` (:class:`spark_runtime.pipeline.Plan`);
-    ``stats`` is :func:`snapshot_stats` of ``state_dir``; ``skip`` the shard's skip rule
-    (:class:`spark_runtime.protocol.SkipRule` as JSON), which its children inherit. Pure."""
+        with ``config`` (:class:`spark_runtime.config.ShardConfig`) and ``plan`` (:class:`spark_runtime.pipeline.Plan`);
+        ``stats`` is :func:`snapshot_stats` of ``state_dir``; ``skip`` the shard's skip rule
+        (:class:`spark_runtime.protocol.SkipRule` as JSON), which its children inherit; ``watermark_ms`` the event-time
+    watermark after ``batch_id`` (None: no event time), below which no successor's watermark may start. Pure."""
     parent = config.restore_from
     return {
         "version": MANIFEST_VERSION,
@@ -129,6 +131,7 @@ def build_manifest(
         "deadLetters": dead_letters,
         "createdAt": utc_now(),
         "writerEpoch": writer_epoch,
+        "watermarkMs": watermark_ms,
     }
 
 

@@ -57,6 +57,7 @@ __all__ = [
     "JournalSource",
     "KafkaSink",
     "KafkaSource",
+    "EventTimeSpec",
     "ProcessorSpec",
     "ResourceRequirements",
     "PersistentVolumeClaimRef",
@@ -115,6 +116,21 @@ class ProcessorSpec(config.ProcessorSpec, K8sModel):
         default=None, description="Free-form parameters passed to the processor as a JSON object."
     )
     """The runtime's ``dict[str, Any]``, typed for the CRD: kept as is by the apiserver (no pruning)."""
+
+
+class EventTimeSpec(config.EventTimeSpec, K8sModel):
+    """The records' event time and the watermark's bounds."""
+
+    FIELD_PATH: ClassVar[str] = "spec.eventTime"
+    model_config = k8s_schema(
+        field="The event field holding each record's event time (a record without it, or not a number, is a dead "
+        "letter). Events reach a Python processor with a column event_time (epoch milliseconds).",
+        format="epochMillis (default) or epochSeconds (may have a fraction).",
+        max_out_of_orderness_seconds="How far behind the largest event time seen the watermark trails (the "
+        "out-of-orderness the Task tolerates). The watermark only moves forward, also across splits and merges.",
+        allowed_lateness_seconds="A record whose event time is before watermark - allowedLatenessSeconds is late: "
+        "a dead letter with reason late, counted once, never passed to the processor (default 0).",
+    )
 
 
 # ---------------------------------------------------------------- key groups nested in partitions
@@ -719,6 +735,18 @@ class TaskSpec(K8sModel):
             ),
             _multiple_rule("journal"),
             _multiple_rule("kafka"),
+            cel(
+                "!has(self.eventTime) || has(self.processor.python)",
+                f"spec.{config.EVENT_TIME_NEEDS_PYTHON}",
+                field_path=".eventTime",
+                reason="FieldValueForbidden",
+            ),
+            cel(
+                "has(self.eventTime) == has(oldSelf.eventTime)",
+                "spec.eventTime cannot be added to or removed from an existing Task: its shards' checkpoints keep "
+                "their time mode (create a new Task)",
+                field_path=".eventTime",
+            ),
         )
     }
 
@@ -779,6 +807,12 @@ class TaskSpec(K8sModel):
         ),
     )
     processor: ProcessorSpec = Field(description="The stateful per-key processor.")
+    event_time: EventTimeSpec | None = Field(
+        default=None,
+        description="Event time: the field holding each record's time, the watermark's out-of-orderness and the "
+        "allowed lateness (a Python processor only). Late records are dead letters (reason late). Cannot be added "
+        "to or removed from an existing Task (the shards' checkpoints keep their time mode).",
+    )
     source: SourceSpec = Field(description="Where events come from.")
     sink: SinkSpec = Field(description="Where results go.")
     storage: StorageSpec = Field(
@@ -825,6 +859,8 @@ class TaskSpec(K8sModel):
                     f"spec.autoscale.maxShards: {self.autoscale.max_shards} must be at most spec.maxKeyGroups "
                     f"({self.max_key_groups}): {SHARDS_LIMIT_REASON}"
                 )
+        if self.event_time is not None and self.processor.python is None:
+            raise ValueError(f"spec.{config.EVENT_TIME_NEEDS_PYTHON}")
         partitions = self.source.nested_partitions
         if partitions is not None and self.max_key_groups % partitions:
             raise ValueError(not_a_multiple_message(self.max_key_groups, self.source.kind, partitions))

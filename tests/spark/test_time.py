@@ -1,0 +1,143 @@
+"""Time in the processor on Spark: event-time sessions exact over a restart, a split and a merge with sessions
+open and timers pending, late records in the dead letters once, the watermark never going back across a
+hand-over; and a processing-time timer that fires with no new input.
+
+One shared SparkSession; each test is one chain of shards over a 16-key-group task.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import TaskEnv, wait_caught_up
+from .time_processors import reference_sessions
+
+pytestmark = pytest.mark.spark
+
+GAP_MS = 5_000
+EVENT_TIME = {"field": "ts", "maxOutOfOrdernessSeconds": 1}
+
+
+def session_events(n: int, start: int, rng: random.Random) -> list[dict]:
+    """``n`` events over 24 keys whose event times move forward, each out of order by less than the 1 s bound."""
+    out, t = [], start
+    for _ in range(n):
+        t += rng.randrange(0, 250)
+        out.append({"key": f"u{rng.randrange(24)}", "ts": t + rng.randrange(0, 900)})
+    return out
+
+
+def emitted(env: TaskEnv) -> list[dict]:
+    """Every published and pending output record of every shard (sessions are not one value per key)."""
+    rows = []
+    for path in sorted(env.sink.glob("shard=*/**/batch-*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def late_letters(env: TaskEnv) -> list[dict]:
+    rows = []
+    for path in sorted(env.sink.glob("_dead_letters/shard=*/late-b*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def drained_manifest(summary: dict) -> dict:
+    return json.loads(Path(summary["manifest"]).read_text())
+
+
+def test_sessions_stay_exact_across_a_restart_a_split_and_a_merge(make_task, shard_spark):
+    from spark_runtime.shard import ShardRunner
+
+    env = make_task(processor={"python": "tests.spark.time_processors:SessionWindow", "parameters": {"gapSeconds": 5}})
+    rng = random.Random(3)
+    events = session_events(1500, 1_000_000, rng)
+    late = []
+
+    def produce_late(n: int) -> None:  # far behind any watermark the earlier batches set
+        batch = [{"key": f"u{rng.randrange(24)}", "ts": 1_000 + i} for i in range(n)]
+        late.extend(batch)
+        env.produce(batch)
+
+    root = ShardRunner(env.config(0, 16, eventTime=EVENT_TIME), shard_spark)
+    root.start()
+    env.produce(events[:400])
+    wait_caught_up(env, [root])
+    produce_late(5)
+    env.produce(events[400:500])
+    wait_caught_up(env, [root])
+    root.stop()  # a restart resumes the watermark and the pending timers from the checkpoint
+    root = ShardRunner(env.config(0, 16, eventTime=EVENT_TIME), shard_spark)
+    root.start()
+    env.produce(events[500:700])
+    wait_caught_up(env, [root])
+    summary = root.drain()
+    parent_watermark = drained_manifest(summary)["watermarkMs"]
+    assert parent_watermark >= max(e["ts"] for e in events[:600]) - 1_000
+
+    # The split children restore open sessions and their timers, and start at the parent's final watermark: a
+    # record the parent would have called late is late in a child too.
+    restore = {"parent": "orders-0-16", "manifest": summary["manifest"]}
+    children = [ShardRunner(env.config(a, b, restore, eventTime=EVENT_TIME), shard_spark) for a, b in [(0, 8), (8, 16)]]
+    assert all(c.handover_mode == "restore" for c in children)
+    for c in children:
+        c.start()
+    produce_late(4)
+    assert min(c.plan.watermark_floor_ms for c in children) == parent_watermark
+    env.produce(events[700:1100])
+    wait_caught_up(env, children)
+    finals = [drained_manifest(c.drain())["watermarkMs"] for c in children]
+    assert min(finals) >= parent_watermark
+
+    parents = [
+        {"parent": name, "manifest": str(env.storage / env.task / "shards" / name / "drained.json")}
+        for name in ("orders-0-8", "orders-8-16")
+    ]
+    merged = ShardRunner(env.config(0, 16, shard="orders-0-16-m1", mergeFrom=parents, eventTime=EVENT_TIME), shard_spark)
+    merged.start()
+    assert merged.plan.watermark_floor_ms == max(finals)
+    produce_late(3)
+    env.produce(events[1100:] + [{"key": "end", "ts": 10**12}])
+    wait_caught_up(env, [merged])
+    deadline = time.monotonic() + 60
+    expected = reference_sessions([(e["key"], e["ts"]) for e in events], GAP_MS)
+    while time.monotonic() < deadline and len(emitted(env)) < len(expected):
+        merged.poll()  # the batch after the "end" record closes every session (Spark runs it as the watermark moves)
+        time.sleep(0.2)
+    merged.stop()
+
+    got = [(r["key"], r["start"], r["end"], r["count"]) for r in emitted(env)]
+    assert len(got) == len(set(got)), "a session was emitted twice"
+    assert set(got) == expected
+    letters = late_letters(env)
+    assert sorted((d["key"], json.loads(d["line"])["ts"]) for d in letters) == sorted((e["key"], e["ts"]) for e in late)
+    assert {d["reason"] for d in letters} == {"late"}
+    assert merged.dead_letters is not None and merged.dead_letters.late_total == 3  # its own: the last three
+
+
+def test_a_processing_time_timer_fires_without_new_input(make_task, shard_spark):
+    from spark_runtime.shard import ShardRunner
+
+    env = make_task(
+        processor={"python": "tests.spark.time_processors:SilenceAlert", "parameters": {"silenceSeconds": 2}}
+    )
+    runner = ShardRunner(env.config(0, 16), shard_spark)
+    runner.start()
+    env.produce([{"key": k} for k in ("s1", "s2", "s3")])
+    wait_caught_up(env, [runner])
+    input_batch = runner.last_committed
+    produced_at = time.time()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(emitted(env)) < 3:
+        runner.poll()
+        time.sleep(0.2)
+    alerts = emitted(env)
+    runner.stop()
+    assert sorted(r["key"] for r in alerts) == ["s1", "s2", "s3"]
+    assert all(r["silent_since"] / 1000 <= produced_at for r in alerts)
+    assert all(r["batch"] > input_batch for r in alerts), "alerts come from batches without input"
