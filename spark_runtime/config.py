@@ -203,6 +203,10 @@ class EventTimeSpec(_Model):
 EVENT_TIME_NEEDS_PYTHON = (
     "eventTime needs a Python processor (processor.python): the builtins count and sum have no notion of time"
 )
+EVENT_TIME_NEEDS_DEAD_LETTERS = (
+    "eventTime: late records are dead letters, written to local files: with sink.kafka it needs storage.path "
+    "(got storage.s3), or use sink.directory"
+)
 
 
 # ---------------------------------------------------------------- source
@@ -541,6 +545,8 @@ class ShardConfig(_Model):
             raise ValueError(f"spark.conf.{REHEARSE_CONF}: {rehearse!r} is invalid: expected true or false")
         if self.event_time is not None and self.processor.python is None:
             raise ValueError(EVENT_TIME_NEEDS_PYTHON)
+        if self.event_time is not None and self.sink.directory is None and self.storage.path is None:
+            raise ValueError(EVENT_TIME_NEEDS_DEAD_LETTERS)
         if self.merge_from is not None:
             if self.restore_from is not None:
                 raise ValueError("restoreFrom and mergeFrom exclude each other: a shard has one parent or two")

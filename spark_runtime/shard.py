@@ -44,7 +44,7 @@ from typing import Any
 
 from spark_runtime import faults
 from spark_runtime.checkpoint import last_committed_batch
-from spark_runtime.config import ConfigError, ShardConfig
+from spark_runtime.config import EVENT_TIME_NEEDS_DEAD_LETTERS, ConfigError, ShardConfig
 from spark_runtime.drain import Drain, wait_until
 from spark_runtime.fencing import WriterFence, WriterFenced
 from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped, own_drain_summary
@@ -166,13 +166,8 @@ class ShardRunner:
                     "storage.path (got storage.s3), or use sink.directory"
                 ]
             )
-        if config.event_time is not None and dead_letter_dir is None:
-            raise ConfigError(
-                [
-                    "eventTime: late records are dead letters, written to local files; with sink.kafka it needs "
-                    "storage.path (got storage.s3), or use sink.directory"
-                ]
-            )
+        if config.event_time is not None and dead_letter_dir is None:  # the config refuses it; a check, not a path
+            raise ConfigError([EVENT_TIME_NEEDS_DEAD_LETTERS])
         self.dead_letter_dir = dead_letter_dir
         self.plan: Plan = make_plan(config)
         if self.plan.kind == "python":  # the layout its checkpoint holds (recorded before a first batch)

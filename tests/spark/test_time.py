@@ -98,7 +98,9 @@ def test_sessions_stay_exact_across_a_restart_a_split_and_a_merge(make_task, sha
         {"parent": name, "manifest": str(env.storage / env.task / "shards" / name / "drained.json")}
         for name in ("orders-0-8", "orders-8-16")
     ]
-    merged = ShardRunner(env.config(0, 16, shard="orders-0-16-m1", mergeFrom=parents, eventTime=EVENT_TIME), shard_spark)
+    merged = ShardRunner(
+        env.config(0, 16, shard="orders-0-16-m1", mergeFrom=parents, eventTime=EVENT_TIME), shard_spark
+    )
     merged.start()
     assert merged.plan.watermark_floor_ms == max(finals)
     produce_late(3)

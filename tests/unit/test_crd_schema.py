@@ -134,6 +134,7 @@ def test_transition_rules_cover_the_immutable_fields():
         (tasks, "<root>.spec.source"),  # no journal <-> kafka switch with partitionedByKey
         (tasks, "<root>.spec.source.journal"),  # partitionedByKey, and partitions with it
         (tasks, "<root>.spec.source.kafka"),
+        (tasks, "<root>.spec"),  # eventTime present or absent for good (the checkpoints keep their time mode)
         (shards, "<root>.spec.keyGroups"),
         (shards, "<root>.spec.taskRef"),
         (shards, "<root>.spec.restoreFrom"),

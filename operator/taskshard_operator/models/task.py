@@ -742,6 +742,12 @@ class TaskSpec(K8sModel):
                 reason="FieldValueForbidden",
             ),
             cel(
+                "!has(self.eventTime) || has(self.sink.directory) || has(self.storage.path)",
+                f"spec.{config.EVENT_TIME_NEEDS_DEAD_LETTERS}",
+                field_path=".eventTime",
+                reason="FieldValueForbidden",
+            ),
+            cel(
                 "has(self.eventTime) == has(oldSelf.eventTime)",
                 "spec.eventTime cannot be added to or removed from an existing Task: its shards' checkpoints keep "
                 "their time mode (create a new Task)",
@@ -861,6 +867,8 @@ class TaskSpec(K8sModel):
                 )
         if self.event_time is not None and self.processor.python is None:
             raise ValueError(f"spec.{config.EVENT_TIME_NEEDS_PYTHON}")
+        if self.event_time is not None and self.sink.directory is None and self.storage.path is None:
+            raise ValueError(f"spec.{config.EVENT_TIME_NEEDS_DEAD_LETTERS}")
         partitions = self.source.nested_partitions
         if partitions is not None and self.max_key_groups % partitions:
             raise ValueError(not_a_multiple_message(self.max_key_groups, self.source.kind, partitions))

@@ -1,0 +1,182 @@
+"""Time in the processor, without Spark: the timer index (slots, stale entries, exact re-registration), the
+firing order in a batch, the contract of on_timer, the event-time spec's validation, the watermark floor a
+snapshot manifest carries, and the watermark in the live status."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from spark_runtime.engine.api import Processor, ProcessorError, ProcessorFailed, processor_state_schema
+from spark_runtime.engine.testing import ProcessorHarness
+from spark_runtime.engine.timers import TimerIndex, TimerVars, slot_of
+
+pytestmark = pytest.mark.unit
+
+
+class MemoryTimers:
+    def __init__(self) -> None:
+        self.due: dict[int, list[str]] = {}
+        self.registered: set[int] = set()
+
+    def index(self) -> TimerIndex:
+        return TimerIndex(
+            TimerVars(
+                registered=lambda: set(self.registered),
+                register=self.registered.add,
+                unregister=self.registered.discard,
+                get_due=lambda at: list(self.due.get(at, [])),
+                set_due=self.due.__setitem__,
+                remove_due=lambda at: self.due.pop(at, None),
+            )
+        )
+
+
+def test_timers_are_indexed_per_second_and_taken_once():
+    store = MemoryTimers()
+    index = store.index()
+    index.add(["a", "b", "c"], [1_200, 1_900, 3_050])
+    assert store.registered == {1_000, 3_000} and store.due[1_000] == ["a", "b"]
+    assert slot_of(1_999) == 1_000
+    assert store.index().take(999) == []
+    assert store.index().take(2_500) == ["a", "b"]
+    assert store.registered == {3_000} and 1_000 not in store.due
+    assert store.index().take(2_500) == []  # taken once
+
+
+class Pinger(Processor):
+    """Sets a timer ``delay`` after each event's time; on_timer emits and re-arms once (``again``)."""
+
+    timers = "event"
+    state_schema = "armed bigint"
+    result_type = "bigint"
+
+    def process(self, events, state):
+        last = events.groupby("key", sort=False)["event_time"].max()
+        new = pd.DataFrame({"key": last.index, "armed": last.to_numpy(), "timer": last.to_numpy() + 1_000})
+        return new, None
+
+    def on_timer(self, timers, state):
+        out = pd.DataFrame({"key": timers["key"], "result": timers["timer"]})
+        again = state.assign(armed=state["armed"] + 1, timer=state["timer"])  # the same time: stays fired
+        return again, out
+
+
+def test_a_fired_timer_is_cleared_unless_set_later_and_fires_once():
+    h = ProcessorHarness(Pinger(), event_time="ts")
+    h.run([{"key": "k", "ts": 10_000}])
+    assert h.state()["k"]["timer"] == 11_000
+    assert h.run([{"key": "z", "ts": 12_500}]).empty  # the watermark of this batch is 10 s
+    out = h.run([])  # watermark 12.5 s
+    assert out[["key", "result"]].to_dict("records") == [{"key": "k", "result": 11_000}]
+    assert h.state()["k"] == {"armed": 10_001, "timer": 0}
+    assert h.run([{"key": "y", "ts": 20_000}]).empty  # runs at watermark 12.5 s
+    assert h.run([])["key"].tolist() == ["z"]  # watermark 20 s: z's timer (13.5 s); k's never again
+
+
+def test_a_timer_in_a_due_slot_but_after_the_watermark_waits_for_it():
+    h = ProcessorHarness(Pinger(), event_time="ts", allowed_lateness_ms=1_000)
+    h.run([{"key": "a", "ts": 50_000}])
+    out = h.run([{"key": "b", "ts": 49_500}])  # watermark 50 s: b's timer (50.5 s, slot 50 s) is not due yet
+    assert out.empty and h.late == []
+    h.run([{"key": "c", "ts": 60_000}])
+    out = h.run([{"key": "d", "ts": 58_000}])  # watermark 60 s: a and b fire before d's event is processed
+    assert sorted(out["key"]) == ["a", "b"]
+
+
+def test_on_timer_may_change_only_its_own_keys():
+    class Stray(Pinger):
+        def on_timer(self, timers, state):
+            return state.assign(key="other"), None
+
+    h = ProcessorHarness(Stray(), event_time="ts")
+    h.run([{"key": "k", "ts": 10_000}])
+    h.run([{"key": "z", "ts": 20_000}])
+    with pytest.raises(ProcessorFailed, match=r"Stray.on_timer new_state has key 'other', which is not in timers"):
+        h.run([])
+
+
+def test_timer_declarations_are_checked():
+    class NoHandler(Processor):
+        timers = "event"
+        state_schema = "n bigint"
+
+    class Wrong(Pinger):
+        timers = "wall"
+
+    class Taken(Pinger):
+        state_schema = "timer bigint"
+
+    with pytest.raises(ProcessorError, match="needs an on_timer"):
+        processor_state_schema(NoHandler())
+    with pytest.raises(ProcessorError, match="'wall' must be one of event, processing"):
+        processor_state_schema(Wrong())
+    with pytest.raises(ProcessorError, match="column 'timer' is the timer's"):
+        processor_state_schema(Taken())
+    assert processor_state_schema(Pinger()).ddl().endswith("timer bigint default 0")
+
+
+def shard_config(**extra):
+    from spark_runtime.config import parse_config
+
+    return parse_config(
+        {
+            "task": "t",
+            "shard": "t-0-8",
+            "maxKeyGroups": 8,
+            "keyGroups": {"start": 0, "end": 8},
+            "processor": {"python": "a.b:C"},
+            "source": {"journal": {"path": "/j"}},
+            "sink": {"directory": {"path": "/o"}},
+            "storage": {"path": "/s"},
+            **extra,
+        }
+    )
+
+
+def test_event_time_needs_a_python_processor_and_a_place_for_dead_letters():
+    from spark_runtime.config import ConfigError
+
+    et = {"field": "ts", "format": "epochSeconds", "maxOutOfOrdernessSeconds": 2.5, "allowedLatenessSeconds": 1}
+    cfg = shard_config(eventTime=et)
+    assert (cfg.event_time.delay_ms, cfg.event_time.lateness_ms) == (2_500, 1_000)
+    assert cfg.event_time.millis_sql("ts") == "cast(round(`ts` * 1000) as bigint)"
+    with pytest.raises(ConfigError, match="eventTime needs a Python processor"):
+        shard_config(eventTime=et, processor={"builtin": "count"})
+    with pytest.raises(ConfigError, match="maxOutOfOrdernessSeconds"):
+        shard_config(eventTime={"field": "ts", "maxOutOfOrdernessSeconds": -1})
+    kafka_only = {"kafka": {"bootstrapServers": "b:9092", "topic": "out"}}
+    with pytest.raises(ConfigError, match="late records are dead letters"):
+        shard_config(eventTime=et, sink=kafka_only, storage={"s3": {"bucket": "state"}})
+
+
+def test_the_manifest_carries_the_final_watermark_never_below_the_floor(tmp_path):
+    from types import SimpleNamespace
+
+    from spark_runtime.snapshot.export import final_watermark_ms
+    from spark_runtime.storage import location
+
+    commits = tmp_path / "commits"
+    commits.mkdir()
+    (commits / "4").write_text('v1\n{"nextBatchWatermarkMs":7000}\n')
+    plan = SimpleNamespace(event_time=object(), watermark_floor_ms=5_000)
+    assert final_watermark_ms(plan, location(tmp_path), 4) == 7_000
+    assert (
+        final_watermark_ms(SimpleNamespace(event_time=object(), watermark_floor_ms=9_000), location(tmp_path), 4)
+        == 9_000
+    )
+    assert final_watermark_ms(plan, location(tmp_path), -1) == 5_000  # drained before a first batch
+    assert final_watermark_ms(SimpleNamespace(event_time=None, watermark_floor_ms=0), location(tmp_path), 4) is None
+
+
+def test_the_watermark_and_late_records_reach_the_live_status():
+    from spark_runtime.live import Metric, live_stats
+
+    samples = [
+        (Metric.LAST_BATCH, {}, 3.0),
+        (Metric.WATERMARK, {}, 1_795_000_000.0),
+        (f"{Metric.LATE_RECORDS}_total", {}, 4.0),
+    ]
+    status = live_stats(samples).to_status(observed_at="x")
+    assert status["watermark"] == "2026-11-18T11:06:40Z" and status["lateRecords"] == 4
+    assert "watermark" not in live_stats(samples[:1]).to_status(observed_at="x")
