@@ -19,7 +19,6 @@ from taskshard_operator.models import Task, TaskShard
 from tests.unit.manifest_cases import (
     BAD_CASES,
     CRDS_DIR,
-    EXAMPLES_DIR,
     GOOD_CASES,
     base_shard,
     base_task,
@@ -97,7 +96,8 @@ def test_examples_pass_server_dry_run(k, path):
 
 
 def test_examples_apply_and_come_back_as_valid_models(k):
-    k("apply", "-f", str(EXAMPLES_DIR))
+    for path in example_files():
+        k("apply", "-f", str(path))
     listed = json.loads(k("get", "tasks", "-o", "json").stdout)["items"]
     names = {t["metadata"]["name"] for t in listed}
     for path in example_files():

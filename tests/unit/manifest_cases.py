@@ -21,11 +21,13 @@ CRDS_DIR = ROOT / "crds"
 
 
 def load_example(name: str) -> dict[str, Any]:
+    """An example Task by its path under ``examples/``."""
     return yaml.safe_load((EXAMPLES_DIR / name).read_text(encoding="utf-8"))
 
 
 def example_files() -> list[Path]:
-    return sorted(EXAMPLES_DIR.glob("*.yaml"))
+    """The example Tasks: ``examples/*.yaml`` and the example processor package's ``examples/processors/*.yaml``."""
+    return sorted(EXAMPLES_DIR.glob("*.yaml")) + sorted(EXAMPLES_DIR.glob("processors/*.yaml"))
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from spark_runtime.keygroups import KeyGroupRange
@@ -31,7 +32,6 @@ from .manifest_cases import (
     example_files,
     journal_source,
     kafka_source,
-    load_example,
     merge_patch,
 )
 
@@ -67,7 +67,7 @@ def _subset(small, big) -> bool:
 
 @pytest.mark.parametrize("path", example_files(), ids=lambda p: p.name)
 def test_examples_round_trip(path):
-    raw = load_example(path.name)
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     task = Task.from_k8s(raw)
     dumped = task.to_k8s()
     assert _subset(raw, dumped), "the model dropped or changed a field of the example"
@@ -76,7 +76,7 @@ def test_examples_round_trip(path):
 
 
 def test_there_are_three_examples_of_each_processor_kind():
-    specs = [Task.from_k8s(load_example(p.name)).spec for p in example_files()]
+    specs = [Task.from_k8s(yaml.safe_load(p.read_text(encoding="utf-8"))).spec for p in example_files()]
     assert {s.processor.builtin for s in specs if s.processor.builtin} == {"count", "sum"}
     assert any(s.processor.python for s in specs)
 
