@@ -169,13 +169,15 @@ MAX_TIME_BOUND_SECONDS = 7 * 86_400
 
 
 class EventTimeSpec(_Model):
-    """The records' event time and the watermark's bounds: a record field holding epoch milliseconds or seconds;
-    the watermark trails the largest event time seen by ``maxOutOfOrdernessSeconds``; a record before ``watermark -
-    allowedLatenessSeconds`` is late (a dead letter, reason ``late``)."""
+    """The records' event time and the watermark's bounds: a record field holding epoch milliseconds or seconds,
+    or the Kafka record's timestamp (exactly one); the watermark trails the largest event time seen by
+    ``maxOutOfOrdernessSeconds``; a record before ``watermark - allowedLatenessSeconds`` is late (a dead letter,
+    reason ``late``)."""
 
     FIELD_PATH: ClassVar[str] = "eventTime"
 
-    field: str = Field(min_length=1, max_length=256)
+    field: str | None = Field(default=None, min_length=1, max_length=256)
+    kafka_timestamp: bool = False
     format: Literal["epochMillis", "epochSeconds"] = "epochMillis"
     max_out_of_orderness_seconds: float = Field(ge=0, le=MAX_TIME_BOUND_SECONDS)
     allowed_lateness_seconds: float = Field(default=0, ge=0, le=MAX_TIME_BOUND_SECONDS)
@@ -193,6 +195,15 @@ class EventTimeSpec(_Model):
         """The record type the field is read as (a record whose field fails it is a dead letter)."""
         return "long" if self.format == "epochMillis" else "double"
 
+    @model_validator(mode="after")
+    def _one_clock(self) -> Self:
+        if (self.field is None) == (not self.kafka_timestamp):
+            raise ValueError(
+                f"{self.FIELD_PATH}: exactly one of field (an event field) or kafkaTimestamp: true (the Kafka record's "
+                f"timestamp) must be set (got field={_v(self.field)}, kafkaTimestamp={self.kafka_timestamp})"
+            )
+        return self
+
     def millis_sql(self, column: str) -> str:
         """SQL for the event time in epoch milliseconds from the field's column."""
         if self.format == "epochMillis":
@@ -203,6 +214,7 @@ class EventTimeSpec(_Model):
 EVENT_TIME_NEEDS_PYTHON = (
     "eventTime needs a Python processor (processor.python): the builtins count and sum have no notion of time"
 )
+EVENT_TIME_KAFKA_ONLY = "eventTime.kafkaTimestamp needs source.kafka (the journal's records have no timestamp)"
 EVENT_TIME_NEEDS_DEAD_LETTERS = (
     "eventTime: late records are dead letters, written to local files: with sink.kafka it needs storage.path "
     "(got storage.s3), or use sink.directory"
@@ -547,6 +559,8 @@ class ShardConfig(_Model):
             raise ValueError(EVENT_TIME_NEEDS_PYTHON)
         if self.event_time is not None and self.sink.directory is None and self.storage.path is None:
             raise ValueError(EVENT_TIME_NEEDS_DEAD_LETTERS)
+        if self.event_time is not None and self.event_time.kafka_timestamp and self.source.kafka is None:
+            raise ValueError(EVENT_TIME_KAFKA_ONLY)
         if self.merge_from is not None:
             if self.restore_from is not None:
                 raise ValueError("restoreFrom and mergeFrom exclude each other: a shard has one parent or two")

@@ -20,6 +20,7 @@ directory), so a child reads only its key groups' files.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,7 @@ from spark_runtime.engine.api import (
 from spark_runtime.engine.schema import StateSchema
 from spark_runtime.engine.step import EVENT_TIME, LATE
 from spark_runtime.protocol import SkipRule
-from spark_runtime.records import RecordSpec
+from spark_runtime.records import RECORD_TIME, RecordSpec
 
 __all__ = ["Plan", "build_output_frame", "key_group_column", "make_plan"]
 
@@ -141,7 +142,7 @@ def make_plan(config: ShardConfig) -> Plan:
             f"{proc.python}: timers = 'processing' with spec.eventTime is not supported: use event-time timers, or "
             "a Task without eventTime"
         )
-    if event_time is not None:
+    if event_time is not None and event_time.field is not None:
         declared = fields.get(event_time.field)
         if declared is not None and declared.rstrip("?") != event_time.field_type:
             raise ProcessorError(
@@ -154,7 +155,10 @@ def make_plan(config: ShardConfig) -> Plan:
     r = config.key_groups
     return Plan(
         "python",
-        RecordSpec.build(config.key_field, fields, bool(getattr(instance, "raw_value", False))),
+        dataclasses.replace(
+            RecordSpec.build(config.key_field, fields, bool(getattr(instance, "raw_value", False))),
+            record_time=event_time is not None and event_time.kafka_timestamp,
+        ),
         f"python/v{STATE_FORMAT_VERSION}",
         schema.pairs,
         results[0][1],
@@ -346,6 +350,9 @@ def with_watermark(ev: Any, event_time: EventTimeSpec) -> Any:
     RunsProcessor`). Seed rows (no event time) count as time 0."""
     from pyspark.sql import functions as F
 
-    ev = ev.withColumn(EVENT_TIME, F.expr(event_time.millis_sql(event_time.field)))
+    if event_time.field is not None:
+        ev = ev.withColumn(EVENT_TIME, F.expr(event_time.millis_sql(event_time.field)))
+    else:  # the Kafka record's timestamp (the source's record_time column)
+        ev = ev.withColumn(EVENT_TIME, F.col(RECORD_TIME)).drop(RECORD_TIME)
     ev = ev.withColumn(WATERMARK_COLUMN, F.timestamp_millis(F.coalesce(F.col(EVENT_TIME), F.lit(0))))
     return ev.withWatermark(WATERMARK_COLUMN, f"{event_time.delay_ms} milliseconds").drop(WATERMARK_COLUMN)

@@ -141,7 +141,9 @@ class FieldSpec:
         return FIELD_TYPES[self.type]
 
 
-RESERVED_COLUMNS = ("key", "key_group", "partition", "offset", "value", "seed")
+RECORD_TIME = "record_time"
+"""The source column of a record's own timestamp (Kafka's), with :attr:`RecordSpec.record_time`."""
+RESERVED_COLUMNS = ("key", "key_group", "partition", "offset", "value", "seed", RECORD_TIME)
 
 
 @dataclass(frozen=True)
@@ -150,12 +152,14 @@ class RecordSpec:
 
     The source's valid-record columns are, in order: ``key string, partition int, offset bigint``, one column
     per field (named as the field, typed by :attr:`FieldSpec.spark_type`), then ``value string`` (the whole
-    line) when ``raw_value`` is set.
+    line) when ``raw_value`` is set, then ``record_time bigint`` (the Kafka record's timestamp in epoch
+    milliseconds) when ``record_time`` is set (a source without record timestamps refuses it).
     """
 
     key_field: str = "key"
     fields: tuple[FieldSpec, ...] = ()
     raw_value: bool = False
+    record_time: bool = False
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.fields]
@@ -177,6 +181,8 @@ class RecordSpec:
         cols += [(f.name, f.spark_type) for f in self.fields]
         if self.raw_value:
             cols.append(("value", "string"))
+        if self.record_time:
+            cols.append((RECORD_TIME, "bigint"))
         return cols
 
     def ddl(self) -> str:
@@ -189,13 +195,15 @@ class RecordSpec:
                 "keyField": self.key_field,
                 "fields": [[f.name, f.type + ("?" if f.optional else "")] for f in self.fields],
                 "rawValue": self.raw_value,
+                "recordTime": self.record_time,
             }
         )
 
     @classmethod
     def from_json(cls, text: str) -> RecordSpec:
         data = json.loads(text)
-        return cls(data["keyField"], tuple(FieldSpec.parse(n, t) for n, t in data["fields"]), data["rawValue"])
+        fields = tuple(FieldSpec.parse(n, t) for n, t in data["fields"])
+        return cls(data["keyField"], fields, data["rawValue"], bool(data.get("recordTime", False)))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -403,11 +403,13 @@ def produce(
     *,
     key_field: str | None = "key",
     partition: int | None = None,
+    timestamps: Sequence[int] | None = None,
     timeout: float = 60,
 ) -> list[tuple[int, int]]:
     """Produce each record as JSON, keyed by ``str(record[key_field])`` (Kafka's default partitioner then picks the
-    partition unless ``partition`` is given). Idempotent producer, ``acks=all``. Returns ``(partition, offset)`` per
-    record in order; raises when any delivery failed."""
+    partition unless ``partition`` is given), with the record timestamp ``timestamps[i]`` (epoch ms) when given.
+    Idempotent producer, ``acks=all``. Returns ``(partition, offset)`` per record in order; raises when any delivery
+    failed."""
     ck = _confluent()
     producer = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
     results: list[tuple[int, int] | None] = []
@@ -432,6 +434,8 @@ def produce(
         }
         if partition is not None:
             kw["partition"] = partition
+        if timestamps is not None:
+            kw["timestamp"] = int(timestamps[i])
         while True:
             try:
                 producer.produce(topic, **kw)

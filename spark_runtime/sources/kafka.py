@@ -51,7 +51,7 @@ from typing import Any
 from spark_runtime.kafka_client import KafkaCredentialsMissing, client_properties
 from spark_runtime.keygroups import KeyGrouping
 from spark_runtime.problems import EnvironmentProblem
-from spark_runtime.records import MAX_KEY_BYTES, MAX_RECORD_BYTES, RecordSpec
+from spark_runtime.records import MAX_KEY_BYTES, MAX_RECORD_BYTES, RECORD_TIME, RecordSpec
 from spark_runtime.sources.base import SourceContext
 
 __all__ = ["KafkaReader", "kafka_start_offsets", "kafka_topic_partitions", "parse_kafka_records"]
@@ -85,6 +85,7 @@ def parse_kafka_records(
     parsed = raw.select(
         F.col("partition").cast("int").alias("partition"),
         F.col("offset").cast("bigint").alias("offset"),
+        F.unix_millis(F.col("timestamp")).alias("_ts"),
         F.when(fits, F.col("value").cast("string")).alias("_raw"),
         (F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length("value"), F.lit(0))).alias("_bytes"),
     ).withColumn("_v", F.try_parse_json("_raw"))
@@ -120,6 +121,8 @@ def parse_kafka_records(
         columns.append(F.when(present, value).cast(f.spark_type).alias(f.name))
     if spec.raw_value:
         columns.append(F.col("_raw").alias("value"))
+    if spec.record_time:
+        columns.append(F.col("_ts").alias(RECORD_TIME))
     flagged = parsed.select(*columns, F.coalesce(ok, F.lit(False)).alias("_ok"), F.col("_bytes"))
     kg = F.expr(grouping.sql("key", "partition"))
     dead_owned = (~F.col("_ok")) & kg.between(start, end - 1)

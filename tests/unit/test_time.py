@@ -148,6 +148,13 @@ def test_event_time_needs_a_python_processor_and_a_place_for_dead_letters():
     kafka_only = {"kafka": {"bootstrapServers": "b:9092", "topic": "out"}}
     with pytest.raises(ConfigError, match="late records are dead letters"):
         shard_config(eventTime=et, sink=kafka_only, storage={"s3": {"bucket": "state"}})
+    with pytest.raises(ConfigError, match="exactly one of field .* or kafkaTimestamp"):
+        shard_config(eventTime={**et, "kafkaTimestamp": True})
+    with pytest.raises(ConfigError, match="kafkaTimestamp needs source.kafka"):
+        shard_config(eventTime={"kafkaTimestamp": True, "maxOutOfOrdernessSeconds": 1})
+    kafka_in = {"kafka": {"bootstrapServers": "b:9092", "topic": "in"}}
+    cfg = shard_config(eventTime={"kafkaTimestamp": True, "maxOutOfOrdernessSeconds": 1}, source=kafka_in)
+    assert cfg.event_time.kafka_timestamp and cfg.event_time.field is None
 
 
 def test_the_manifest_carries_the_final_watermark_never_below_the_floor(tmp_path):

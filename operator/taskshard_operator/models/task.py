@@ -123,9 +123,16 @@ class EventTimeSpec(config.EventTimeSpec, K8sModel):
 
     FIELD_PATH: ClassVar[str] = "spec.eventTime"
     model_config = k8s_schema(
+        cel(
+            "has(self.field) != (has(self.kafkaTimestamp) && self.kafkaTimestamp)",
+            "spec.eventTime: exactly one of spec.eventTime.field or spec.eventTime.kafkaTimestamp: true must be set",
+        ),
         field="The event field holding each record's event time (a record without it, or not a number, is a dead "
-        "letter). Events reach a Python processor with a column event_time (epoch milliseconds).",
-        format="epochMillis (default) or epochSeconds (may have a fraction).",
+        "letter). Events reach a Python processor with a column event_time (epoch milliseconds). Exactly one of "
+        "field or kafkaTimestamp.",
+        kafka_timestamp="true: the Kafka record's timestamp is the event time (the producer's CreateTime, or the "
+        "broker's LogAppendTime when the topic says so). Needs spec.source.kafka.",
+        format="With field: epochMillis (default) or epochSeconds (may have a fraction).",
         max_out_of_orderness_seconds="How far behind the largest event time seen the watermark trails (the "
         "out-of-orderness the Task tolerates). The watermark only moves forward, also across splits and merges.",
         allowed_lateness_seconds="A record whose event time is before watermark - allowedLatenessSeconds is late: "
@@ -742,6 +749,13 @@ class TaskSpec(K8sModel):
                 reason="FieldValueForbidden",
             ),
             cel(
+                "!has(self.eventTime) || !has(self.eventTime.kafkaTimestamp) || !self.eventTime.kafkaTimestamp"
+                " || has(self.source.kafka)",
+                f"spec.{config.EVENT_TIME_KAFKA_ONLY}",
+                field_path=".eventTime.kafkaTimestamp",
+                reason="FieldValueForbidden",
+            ),
+            cel(
                 "!has(self.eventTime) || has(self.sink.directory) || has(self.storage.path)",
                 f"spec.{config.EVENT_TIME_NEEDS_DEAD_LETTERS}",
                 field_path=".eventTime",
@@ -869,6 +883,8 @@ class TaskSpec(K8sModel):
             raise ValueError(f"spec.{config.EVENT_TIME_NEEDS_PYTHON}")
         if self.event_time is not None and self.sink.directory is None and self.storage.path is None:
             raise ValueError(f"spec.{config.EVENT_TIME_NEEDS_DEAD_LETTERS}")
+        if self.event_time is not None and self.event_time.kafka_timestamp and self.source.kafka is None:
+            raise ValueError(f"spec.{config.EVENT_TIME_KAFKA_ONLY}")
         partitions = self.source.nested_partitions
         if partitions is not None and self.max_key_groups % partitions:
             raise ValueError(not_a_multiple_message(self.max_key_groups, self.source.kind, partitions))

@@ -1,0 +1,94 @@
+"""Event time from the Kafka record timestamp, against the real broker and MinIO: a session-window Task split while
+sessions are open and timers pending, exact against a plain-Python sessionization; late records in the dead
+letters once, by the shard that owns their key."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from pathlib import Path
+
+import pytest
+
+from spark_runtime.keygroups import key_group
+from tests.spark.time_processors import reference_sessions
+
+from .test_kafka_s3_shards import MAX_KEY_GROUPS, Running, Setup
+
+pytestmark = pytest.mark.integration
+
+GAP_MS = 5_000
+
+
+def timed_events(n: int, start: int, rng: random.Random) -> list[tuple[dict, int]]:
+    """``(record, timestamp)`` pairs: 30 keys, times moving forward, out of order by less than the 1 s bound. The
+    record's JSON has no time: the shard must take the Kafka timestamp."""
+    out, t = [], start
+    for _ in range(n):
+        t += rng.randrange(0, 250)
+        out.append(({"key": f"u{rng.randrange(30)}"}, t + rng.randrange(0, 900)))
+    return out
+
+
+def produce(broker, topic: str, pairs: list[tuple[dict, int]]) -> None:
+    broker.produce(topic, [r for r, _ in pairs], timestamps=[t for _, t in pairs])
+
+
+def key_in(start: int, end: int, prefix: str) -> str:
+    return next(k for k in (f"{prefix}{i}" for i in range(1000)) if start <= key_group(k, MAX_KEY_GROUPS) < end)
+
+
+def lines(paths: list[Path]) -> list[dict]:
+    return [json.loads(line) for p in paths for line in p.read_text().splitlines() if line.strip()]
+
+
+def test_sessions_on_kafka_record_time_stay_exact_across_a_split(spark, kafka_broker, minio, tmp_path):
+    processor = {"python": "tests.spark.time_processors:SessionWindow", "parameters": {"gapSeconds": 5}}
+    setup, rng = Setup(kafka_broker, minio, tmp_path, processor=processor), random.Random(11)
+    out = tmp_path / "out"
+    over = {
+        "sink": {"directory": {"path": str(out)}},
+        "eventTime": {"kafkaTimestamp": True, "maxOutOfOrdernessSeconds": 1},
+    }
+    events = timed_events(2400, 1_700_000_000_000, rng)
+    late: list[tuple[dict, int]] = []
+    produce(kafka_broker, setup.topic_in, events[:800])
+    parent = Running(setup.config("kt-0-16", 0, 16, **over), spark)
+    parent.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
+    late += [({"key": f"u{i}"}, 1_000 + i) for i in range(6)]  # far behind the watermark: late
+    produce(kafka_broker, setup.topic_in, late)
+    # The split happens under load, with sessions open and their timers pending.
+    producer = threading.Thread(target=produce, args=(kafka_broker, setup.topic_in, events[800:1600]))
+    producer.start()
+    summary = parent.finish()
+    producer.join(60)
+    manifest_watermark = json.loads(
+        json.dumps(
+            parent.runner.snapshots.runner.paths.manifest(summary["batchId"], parent.runner.fence.epoch).read_json()
+        )
+    )["watermarkMs"]
+    assert manifest_watermark > 1_700_000_000_000
+
+    restore = {"parent": "kt-0-16", "manifest": summary["manifest"]}
+    children = [
+        Running(setup.config(n, a, b, restore, **over), spark) for n, a, b in (("kt-0-8", 0, 8), ("kt-8-16", 8, 16))
+    ]
+    ends = [({"key": key_in(0, 8, "end-a")}, 10**13), ({"key": key_in(8, 16, "end-b")}, 10**13)]
+    produce(kafka_broker, setup.topic_in, events[1600:] + ends)
+    end = kafka_broker.end_offsets(setup.topic_in)
+    expected = reference_sessions([(r["key"], t) for r, t in events], GAP_MS)
+    for child in children:
+        child.wait_caught_up(end)
+        assert child.runner.plan.watermark_floor_ms == manifest_watermark
+    published = lambda: lines(sorted(out.glob("shard=*/**/batch-*.jsonl")))  # noqa: E731
+    children[0].wait_for(lambda: len(published()) >= len(expected), "every session closed")
+    for child in children:
+        child.finish()
+
+    got = [(r["key"], r["start"], r["end"], r["count"]) for r in published()]
+    assert len(got) == len(set(got)), "a session was emitted twice"
+    assert set(got) == expected
+    letters = lines(sorted(out.glob("_dead_letters/shard=*/late-b*.jsonl")))
+    assert sorted(d["key"] for d in letters) == sorted(r["key"] for r, _ in late)
+    assert all(d["reason"] == "late" for d in letters)
