@@ -27,6 +27,8 @@ The benchmarks (issue 8), each a script that prints its table and writes JSON + 
     count over time, exact results).
 14. ``state-layouts``: ``bench/state_layouts.py`` (the Python processor's state layouts: per-batch time, CPU and
     changelog bytes at 100,000, 1,000,000 and 10,000,000 keys of state).
+15. ``time``: ``bench/time_engine.py`` (the event-time session processor next to the Python count; a split and a
+    merge in the middle of open sessions and pending timers, exact against a plain-Python sessionization).
 
 They run one after another (never two at once: they would measure each other), each in its own process, with
 the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
@@ -169,6 +171,14 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         "result": "state_layouts",
         "full": ["--keys", "100000,1000000,10000000"],
         "quick": ["--keys", "100000,1000000", "--per-key-max", "100000"],
+    },
+    "time": {
+        "number": 15,
+        "title": "Time in the processor: sessions, and exactness across hand-overs",
+        "script": "bench/time_engine.py",
+        "result": "time_engine",
+        "full": ["--repeat", "2"],
+        "quick": ["--events", "300000", "--repeat", "1", "--exact-events", "60000"],
     },
 }
 
