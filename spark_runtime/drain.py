@@ -283,10 +283,12 @@ class Drain:
         r = self.runner
         if r.query is None:
             return
-        # A source that cannot hold back new data (Kafka) may run batches back to back under a backlog, so
-        # waiting long for a boundary only delays the split: stop soon and let the children redo the
-        # interrupted batch (the snapshot is of the last committed one).
-        timeout = self.timeout if r.source.supports_drain_marker else min(self.timeout, STOP_SOON_SECONDS)
+        # A source that cannot hold back new data (Kafka) may run batches back to back under a backlog, and a
+        # processor with processing-time timers runs a batch every trigger even without input, so waiting long for
+        # a boundary only delays the split: stop soon and let the children redo the interrupted batch (the
+        # snapshot is of the last committed one).
+        back_to_back = not r.source.supports_drain_marker or r.plan.time_mode == "ProcessingTime"
+        timeout = min(self.timeout, STOP_SOON_SECONDS) if back_to_back else self.timeout
         if not wait_until(self.at_boundary, timeout):
             log.warning(
                 "no batch boundary within %.0fs; stopping anyway (the snapshot uses the last "
