@@ -234,6 +234,12 @@ def task_live_patch(
     if len(units) == 1:
         summed["lag"] = sum(int(live.get("lag") or 0) for live in lives if live.get("lag") is not None)
         summed["lagUnit"] = units.pop()
+    watermarks = [str(live["watermark"]) for live in lives if live.get("watermark")]
+    if watermarks:  # RFC 3339 in UTC, one format: the text order is the time order
+        summed["watermark"] = min(watermarks)
+    late = [int(live["lateRecords"]) for live in lives if live.get("lateRecords") is not None]
+    if late:
+        summed["lateRecords"] = sum(late)
     if _comparable(summed) == _comparable(current):
         return None, None
     age = _age_seconds((current or {}).get("observedAt"), now)

@@ -280,3 +280,15 @@ def test_an_answer_older_than_three_intervals_is_stale():
     assert store.get(NS, PARENT, now=131.0).stale is True
     store.put(NS, PARENT, Scraped(STATS, "2026-11-26T00:00:31Z", "10.0.0.1"), now=131.0)
     assert store.get(NS, PARENT, now=132.0).stale is False, "a new answer is fresh again"
+
+
+def test_a_tasks_watermark_is_its_slowest_shards_and_late_records_add_up():
+    now = dt.datetime(2026, 11, 23, 2, 0, 30, tzinfo=dt.UTC)
+    lives = [
+        {"rate": 1.0, "watermark": "2026-11-23T01:59:10Z", "lateRecords": 3},
+        {"rate": 1.0, "watermark": "2026-11-23T01:58:55Z", "lateRecords": 2},
+        {"rate": 1.0},  # a shard without event time reports neither
+    ]
+    patch, _ = task_live_patch(None, lives, now=now)
+    assert patch["watermark"] == "2026-11-23T01:58:55Z" and patch["lateRecords"] == 5
+    assert "watermark" not in task_live_patch(None, lives[2:], now=now)[0]

@@ -473,15 +473,6 @@ class ShardLive(LiveCommon):
         "by: state); absent: none counted.",
     )
     emitting: bool = Field(default=False, description="Whether it writes to its sink (a split child: once live).")
-    watermark: datetime | None = Field(
-        default=None, description="The event-time watermark the next batch runs with (only with spec.eventTime)."
-    )
-    late_records: int | None = Field(
-        default=None,
-        ge=0,
-        description="Records later than the watermark allows, sent to the dead letters with reason late (only with "
-        "spec.eventTime).",
-    )
 
 
 class ExecutorsStatus(K8sModel):
