@@ -126,6 +126,15 @@ def build_shard(
 # ---------------------------------------------------------------- shard runtime config
 
 
+def _pinned_source(source: dict[str, Any], task_created: str | None) -> dict[str, Any]:
+    """The Task's source, with ``kafka.startingOffsets: latest`` pinned to the Task's creation (epoch ms)."""
+    kafka = source.get("kafka")
+    if kafka is None or kafka.get("startingOffsets") != "latest" or not task_created:
+        return source
+    stamp = datetime.datetime.fromisoformat(task_created.replace("Z", "+00:00"))
+    return {"kafka": {**kafka, "startingTimestamp": int(stamp.timestamp() * 1000)}}
+
+
 def build_shard_config(
     *,
     task: str,
@@ -151,11 +160,7 @@ def build_shard_config(
     ``metadata.uid``) is the identity the Task's storage directory must hold (``spark_runtime.identity``).
     """
     data = spec.to_k8s()
-    source = data["source"]
-    kafka = source.get("kafka")
-    if kafka is not None and kafka.get("startingOffsets") == "latest" and task_created:
-        stamp = datetime.datetime.fromisoformat(task_created.replace("Z", "+00:00"))
-        source = {"kafka": {**kafka, "startingTimestamp": int(stamp.timestamp() * 1000)}}
+    source = _pinned_source(data["source"], task_created)
     spark = data["spark"]
     instances = executor_instances(spec)
     conf = dict(spark.get("conf") or {})
