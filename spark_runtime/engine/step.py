@@ -132,7 +132,7 @@ def fire_due(
     current = state_rows_frame(found.rows, schema.names)
     current[KEY_GROUP] = found.rows.column(GROUP).to_numpy(zero_copy_only=False) if found.rows.num_rows else []
     due, later = split_due(current, threshold)
-    timers.add(later[KEY].to_numpy(), later[TIMER].to_numpy(), exact=True)
+    timers.add(later[KEY].to_numpy(), later[TIMER].to_numpy(), together=True)
     if not len(due):
         return empty
     groups = due.set_index(KEY)[KEY_GROUP]

@@ -9,10 +9,11 @@ The index only says *where to look*: per group of keys (a bucket of key groups o
 harness) a map ``due[at] -> keys`` and a set of registered times, on callbacks (:class:`TimerVars`; on Spark they
 are a ``transformWithStateInPandas`` MapState and the operator's own timers, which Spark fires when the watermark
 or the batch time passes them). A key is added under ``slot(timer)`` (the timer rounded down to
-:data:`SLOT_MS`), so a batch that moves many timers registers a few times, not one per key. Entries are never
-removed when a key's timer changes: :func:`fire_due` checks every candidate against its state and drops the stale
-ones, so the index may hold a key too often but never too rarely. A candidate whose timer lies in a due slot but
-after the threshold is re-registered at its exact time.
+:data:`SLOT_MS`), so a batch that moves many timers registers a few times, not one per key: each registered time
+costs a few calls into Spark's state store per batch, the index's whole cost. Entries are never removed when a
+key's timer changes: :func:`~spark_runtime.engine.step.fire_due` checks every candidate against its state and
+drops the stale ones, so the index may hold a key too often but never too rarely. The candidates of a due slot
+whose timers lie after the threshold are registered again, all under the earliest of their times.
 
 Firing order in a batch with threshold ``T`` (the watermark for event time, the batch's time for processing
 time): timers ``<= T`` fire first, then ``process`` sees the batch's events, then timers that ``process`` set at or
@@ -34,8 +35,9 @@ TIMER = "timer"
 """The state column of a key's timer (epoch milliseconds; 0: none), present when the processor declares timers."""
 TIME_DOMAINS = ("event", "processing")
 """What a processor's timers measure: the watermark (``event``) or the batch's processing time."""
-SLOT_MS = 1000
-"""Timers are indexed (not fired) at this granularity."""
+SLOT_MS = 10_000
+"""Timers are indexed (not fired) at this granularity (measured: 1 s slots spent most of a session processor's
+batch in state-store calls, one slot per second of event time a batch covers)."""
 
 
 def slot_of(at: int) -> int:
@@ -67,15 +69,15 @@ class TimerIndex:
             self._registered = {int(t) for t in self.vars.registered()}
         return self._registered
 
-    def add(self, keys: Any, timers: Any, *, exact: bool = False) -> None:
-        """Index ``keys`` under their ``timers`` (> 0; under the exact time when ``exact``)."""
+    def add(self, keys: Any, timers: Any, *, together: bool = False) -> None:
+        """Index ``keys`` under their ``timers`` (> 0); ``together``: all under the earliest of the timers."""
         keys = np.asarray(keys, dtype=object)
         timers = np.asarray(timers, dtype="int64")
         keep = timers > 0
         keys, timers = keys[keep], timers[keep]
         if not len(keys):
             return
-        slots = timers if exact else timers - timers % SLOT_MS
+        slots = np.full(len(timers), timers.min()) if together else timers - timers % SLOT_MS
         registered = self._times()
         for slot in np.unique(slots):
             at = int(slot)
@@ -108,7 +110,7 @@ class TimerIndex:
 
 def split_due(state: pd.DataFrame, threshold: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``state`` rows (``key`` + :data:`TIMER`, of candidate keys) as ``(due, later)``: timers in ``(0,
-    threshold]`` and timers after it (to be re-indexed at their exact time)."""
+    threshold]`` and timers after it (to be indexed again, together)."""
     timer = state[TIMER].fillna(0).to_numpy(dtype="int64")
     due = (timer > 0) & (timer <= threshold)
     return state[due].reset_index(drop=True), state[timer > threshold].reset_index(drop=True)

@@ -32,16 +32,18 @@ class MemoryTimers:
         )
 
 
-def test_timers_are_indexed_per_second_and_taken_once():
+def test_timers_are_indexed_per_slot_and_taken_once():
     store = MemoryTimers()
     index = store.index()
-    index.add(["a", "b", "c"], [1_200, 1_900, 3_050])
-    assert store.registered == {1_000, 3_000} and store.due[1_000] == ["a", "b"]
-    assert slot_of(1_999) == 1_000
-    assert store.index().take(999) == []
-    assert store.index().take(2_500) == ["a", "b"]
-    assert store.registered == {3_000} and 1_000 not in store.due
-    assert store.index().take(2_500) == []  # taken once
+    index.add(["a", "b", "c"], [12_000, 19_000, 30_500])
+    assert store.registered == {10_000, 30_000} and store.due[10_000] == ["a", "b"]
+    assert slot_of(19_999) == 10_000
+    assert store.index().take(9_999) == []
+    assert store.index().take(25_000) == ["a", "b"]
+    assert store.registered == {30_000} and 10_000 not in store.due
+    assert store.index().take(25_000) == []  # taken once
+    store.index().add(["d", "e"], [41_000, 47_000], together=True)  # the not-yet-due rest of a slot: one entry
+    assert store.registered == {30_000, 41_000} and store.due[41_000] == ["d", "e"]
 
 
 class Pinger(Processor):
