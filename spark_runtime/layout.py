@@ -126,6 +126,12 @@ class ShardPaths:
         return self.shard_dir / protocol.HANDOVER_DIR
 
     @property
+    def time_mode(self) -> Loc:
+        """``time-mode.json``: the Spark ``timeMode`` of the Python processor's checkpoint (``None``,
+        ``EventTime``, ``ProcessingTime``), recorded at its first start and checked at every later one."""
+        return self.shard_dir / "time-mode.json"
+
+    @property
     def state_schema(self) -> Loc:
         """``state-schema.json``: the Python processor's state schema the shard's state is written with (its
         columns with defaults, and the names retired by drops), checked at every start

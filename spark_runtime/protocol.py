@@ -202,7 +202,10 @@ FAILURE_EVENTS = (SummaryEvent.FAILED, SummaryEvent.FENCED, SummaryEvent.REFUSED
 """The events of a :class:`FailureSummary`."""
 STATE_SCHEMA_INCOMPATIBLE = "StateSchemaIncompatible"
 """The reason of a refusal: the Python processor's state schema cannot read the stored state (it names the column)."""
-REFUSAL_REASONS = frozenset({STATE_SCHEMA_INCOMPATIBLE})
+TIME_MODE_CHANGED = "TimeModeChanged"
+"""The reason of a refusal: the processor's timers or the Task's event time ask a checkpoint for another Spark
+``timeMode`` than the one it was written with (Spark cannot change it)."""
+REFUSAL_REASONS = frozenset({STATE_SCHEMA_INCOMPATIBLE, TIME_MODE_CHANGED})
 """Reasons of :data:`SummaryEvent.REFUSED` summaries: the operator rolls the next template to such a shard first."""
 
 

@@ -57,7 +57,7 @@ from spark_runtime.metrics import TRIGGER_POLL_SECONDS, ShardMetrics
 from spark_runtime.pipeline import Plan, build_output_frame, make_plan
 from spark_runtime.problems import EnvironmentProblem, TemplateRefused
 from spark_runtime.progress import Progress
-from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE, HandoverMode, StandbyStopSummary
+from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE, TIME_MODE_CHANGED, HandoverMode, StandbyStopSummary
 from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter, KafkaSinkWriter
 from spark_runtime.snapshot import utc_now
 from spark_runtime.snapshot.export import SnapshotWriter
@@ -341,6 +341,7 @@ class ShardRunner:
                 self.plan = dataclasses.replace(self.plan, watermark_floor_ms=floor)
         if self.plan.kind == "python":
             self._settle_state_schema()
+            self._settle_time_mode()
         self._write_lineage()
         return True
 
@@ -370,6 +371,28 @@ class ShardRunner:
             self.fence.check("recording its state schema")
             record.write_json(effective.to_json())
         self.plan = dataclasses.replace(self.plan, schema=effective)
+
+    def _settle_time_mode(self) -> None:
+        """The checkpoint's ``timeMode`` (:attr:`spark_runtime.pipeline.Plan.time_mode`), recorded in
+        ``time-mode.json`` at the first start (a checkpoint without the record predates time: ``None``). Spark
+        refuses another one on restart, after the query started; this refuses it before anything runs.
+        Raises :class:`TemplateRefused` (``TimeModeChanged``)."""
+        record = self.paths.time_mode
+        committed = last_committed_batch(self.paths.checkpoint)
+        recorded = record.read_json()["timeMode"] if record.exists() else ("None" if committed >= 0 else None)
+        wanted = self.plan.time_mode
+        if recorded is not None and recorded != wanted:
+            raise TemplateRefused(
+                TIME_MODE_CHANGED,
+                "processor.python",
+                f"this shard's state was written in Spark's timeMode {recorded}, and the processor's timers and the "
+                f"Task's eventTime now ask for {wanted}, which Spark cannot change in a checkpoint; go back to the "
+                "processor's former timers (and eventTime), or run the new processor as a new Task. The shard "
+                "keeps its state and stays stopped until the Task's template changes",
+            )
+        if not record.exists():
+            self.fence.check("recording its time mode")
+            record.write_json({"timeMode": wanted})
 
     # ---------------------------------------------------------------- standby (a split child, spark_runtime.handover)
 

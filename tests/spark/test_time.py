@@ -151,3 +151,25 @@ def test_a_processing_time_timer_fires_without_new_input_once_across_a_split(mak
     alerts = emitted(env)
     assert sorted(r["key"] for r in alerts) == keys, "each silent key alerts once, by the child that owns it"
     assert {r["shard"] for r in alerts} <= {"orders-0-8", "orders-8-16"}
+
+
+def test_declaring_timers_on_a_running_checkpoint_is_refused_before_anything_runs(make_task, shard_spark):
+    from spark_runtime.checkpoint import last_committed_batch
+    from spark_runtime.problems import TemplateRefused
+    from spark_runtime.shard import ShardRunner
+
+    env = make_task(processor={"python": "tests.spark.time_processors:LastSeen"})
+    runner = ShardRunner(env.config(0, 16), shard_spark)
+    runner.start()
+    env.produce([{"key": "a"}])
+    wait_caught_up(env, [runner])
+    runner.stop()
+    committed = runner.last_committed
+    # The same state plus a timer column (a schema change the engine accepts), but another Spark timeMode.
+    env.processor = {"python": "tests.spark.time_processors:SilenceAlert", "parameters": {"silenceSeconds": 5}}
+    again = ShardRunner(env.config(0, 16), shard_spark)
+    with pytest.raises(TemplateRefused) as refused:
+        again.prepare()
+    assert refused.value.reason == "TimeModeChanged"
+    assert "timeMode None" in str(refused.value) and "ProcessingTime" in str(refused.value)
+    assert last_committed_batch(again.paths.checkpoint) == committed, "nothing ran"

@@ -14,3 +14,13 @@ from taskshard_examples.sessions import SessionWindow, reference_sessions  # noq
 from taskshard_examples.silence import SilenceAlert  # noqa: E402
 
 __all__ = ["SessionWindow", "SilenceAlert", "reference_sessions"]
+
+
+class LastSeen(SilenceAlert):
+    """:class:`SilenceAlert`'s state without its timers (a processor that declares timers later)."""
+
+    timers = None
+
+    def process(self, events, state):  # type: ignore[no-untyped-def]
+        new_state, outputs = super().process(events, state)
+        return new_state.drop(columns=["timer"]), outputs
