@@ -219,6 +219,12 @@ def wait_results(data_dir: Path, task: str, timeout: float) -> dict[str, int]:
     return expected
 
 
+def split(kubectl, shard: str, at: int | None = None) -> None:
+    """Request a split of ``shard`` (at its midpoint, or at key group ``at``) as ``kubectl edit`` would."""
+    body = {"spec": {"split": {"requested": True, **({"at": at} if at is not None else {})}}}
+    kubectl("patch", "taskshard", shard, "--type=merge", "-p", json.dumps(body))
+
+
 def running_pods(kubectl) -> dict[str, str]:
     pods = get_json(kubectl, "pods", "-l", "taskshard.io/component=shard")["items"]
     return {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}

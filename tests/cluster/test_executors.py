@@ -34,12 +34,12 @@ from tests.cluster.operator_fixtures import (  # noqa: F401 - fixtures
     apply,
     operator_crds,
     operator_process,
+    split,
     task_manifest,
     wait_phases,
     wait_results,
     write_events,
 )
-from tests.cluster.test_operator_e2e import split
 from tests.cluster.test_pod_security import RESTRICTED
 from tests.waiting import get_json, wait_for
 

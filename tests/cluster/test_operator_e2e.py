@@ -31,6 +31,7 @@ from tests.cluster.operator_fixtures import (  # noqa: F401 - fixtures
     operator_process,
     running_pods,
     shard_phases,
+    split,
     task_manifest,
     wait_phases,
     wait_results,
@@ -207,11 +208,6 @@ def assert_live_status(kubectl, op, shard: str, rows: int) -> None:
     assert row[5] != "<none>" and row[7] != "<none>" and int(row[7]) >= batch, table
     samples = op.metrics()
     assert samples.get(("taskshard_operator_live_scrapes_total", (("outcome", "ok"),)), 0) > 0
-
-
-def split(kubectl, shard: str, at: int | None = None) -> None:
-    body = {"spec": {"split": {"requested": True, **({"at": at} if at is not None else {})}}}
-    kubectl("patch", "taskshard", shard, "--type=merge", "-p", json.dumps(body))
 
 
 def status(kubectl, kind: str, name: str) -> dict:
