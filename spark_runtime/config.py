@@ -215,10 +215,6 @@ EVENT_TIME_NEEDS_PYTHON = (
     "eventTime needs a Python processor (processor.python): the builtins count and sum have no notion of time"
 )
 EVENT_TIME_KAFKA_ONLY = "eventTime.kafkaTimestamp needs source.kafka (the journal's records have no timestamp)"
-EVENT_TIME_NEEDS_DEAD_LETTERS = (
-    "eventTime: late records are dead letters, written to local files: with sink.kafka it needs storage.path "
-    "(got storage.s3), or use sink.directory"
-)
 
 
 # ---------------------------------------------------------------- source
@@ -557,8 +553,6 @@ class ShardConfig(_Model):
             raise ValueError(f"spark.conf.{REHEARSE_CONF}: {rehearse!r} is invalid: expected true or false")
         if self.event_time is not None and self.processor.python is None:
             raise ValueError(EVENT_TIME_NEEDS_PYTHON)
-        if self.event_time is not None and self.sink.directory is None and self.storage.path is None:
-            raise ValueError(EVENT_TIME_NEEDS_DEAD_LETTERS)
         if self.event_time is not None and self.event_time.kafka_timestamp and self.source.kafka is None:
             raise ValueError(EVENT_TIME_KAFKA_ONLY)
         if self.merge_from is not None:

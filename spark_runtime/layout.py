@@ -126,6 +126,12 @@ class ShardPaths:
         return self.shard_dir / protocol.HANDOVER_DIR
 
     @property
+    def late_letters(self) -> Loc:
+        """``dead-letters/``: late records' dead letters of a shard without a local dead-letter directory (a Kafka
+        sink with S3 storage; :mod:`spark_runtime.late`)."""
+        return self.shard_dir / "dead-letters"
+
+    @property
     def time_mode(self) -> Loc:
         """``time-mode.json``: the Spark ``timeMode`` of the Python processor's checkpoint (``None``,
         ``EventTime``, ``ProcessingTime``), recorded at its first start and checked at every later one."""

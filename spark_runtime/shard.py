@@ -44,11 +44,12 @@ from typing import Any
 
 from spark_runtime import faults
 from spark_runtime.checkpoint import last_committed_batch
-from spark_runtime.config import EVENT_TIME_NEEDS_DEAD_LETTERS, ConfigError, ShardConfig
+from spark_runtime.config import ConfigError, ShardConfig
 from spark_runtime.drain import Drain, wait_until
 from spark_runtime.fencing import WriterFence, WriterFenced
 from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped, own_drain_summary
 from spark_runtime.identity import claim_task_storage
+from spark_runtime.late import LateLetters
 from spark_runtime.layout import ShardPaths, SinkPaths
 from spark_runtime.live import METRICS_HOST_ENV, state_map_seconds
 from spark_runtime.logs import set_phase as set_log_phase
@@ -70,14 +71,12 @@ from spark_runtime.sources import (
     make_source,
 )
 from spark_runtime.state_map import StateMapper
-from spark_runtime.storage import Loc, check_storage, s3_settings_from, storage_root
+from spark_runtime.storage import Loc, check_storage, location, s3_settings_from, storage_root
 
 __all__ = ["ShardFailed", "ShardRunner", "StandbyStopped", "summary_message"]
 
 log = logging.getLogger("taskshard.shard")
 
-LATE_FILE_PREFIX = "late-b"
-"""Late records' dead-letter files: ``late-b<batch>.jsonl`` (one per batch that had any)."""
 
 SPARK_BETWEEN_TRIGGERS = ("Waiting for data to arrive", "Waiting for next trigger")
 """``query.status["message"]`` between triggers; with ``isDataAvailable`` false, the last trigger found nothing new
@@ -166,8 +165,6 @@ class ShardRunner:
                     "storage.path (got storage.s3), or use sink.directory"
                 ]
             )
-        if config.event_time is not None and dead_letter_dir is None:  # the config refuses it; a check, not a path
-            raise ConfigError([EVENT_TIME_NEEDS_DEAD_LETTERS])
         self.dead_letter_dir = dead_letter_dir
         self.plan: Plan = make_plan(config)
         if self.plan.kind == "python":  # the layout its checkpoint holds (recorded before a first batch)
@@ -190,6 +187,11 @@ class ShardRunner:
             kafka = config.sink.kafka
             self.sink = KafkaSinkWriter(kafka.bootstrap_servers, kafka.topic, config.shard, kafka.options)
         self.dead_letters = DeadLetterCounter(dead_letter_dir) if dead_letter_dir is not None else None
+        self.late_letters: LateLetters | None = None
+        """Late records' dead letters (only with event time; :mod:`spark_runtime.late`)."""
+        if config.event_time is not None:
+            late_dir = location(str(dead_letter_dir)) if dead_letter_dir is not None else self.paths.late_letters
+            self.late_letters = LateLetters(late_dir)
         self._checked = False
         self._listed_at = 0.0
         self.start_positions: dict[str, Any] | None = None
@@ -267,7 +269,8 @@ class ShardRunner:
     @property
     def dead_letter_total(self) -> int:
         files = self.dead_letters.total if self.dead_letters is not None else 0
-        return files + int(self.source_metrics["deadLetters"])
+        late = self.late_letters.total if self.late_letters is not None else 0
+        return files + late + int(self.source_metrics["deadLetters"])
 
     def check_environment(self) -> None:
         """Preflight: storage is writable and holds this Task's state, not another's (every start,
@@ -528,18 +531,16 @@ class ShardRunner:
 
     def _write_late(self, df: Any, batch_id: int) -> Any:
         """The batch's late records (rows with ``_late``, :mod:`spark_runtime.engine.stateful`) written to
-        ``late-b<batch>.jsonl`` in the dead letters (a replay of the batch rewrites the same file: counted once);
-        returns the result rows. ``df`` is cached by the caller, so the stateful operator runs once."""
+        ``late-b<batch>.jsonl`` (:mod:`spark_runtime.late`: a replay of the batch rewrites the same file, counted
+        once); returns the result rows. ``df`` is cached by the caller, so the stateful operator runs once."""
         from pyspark.sql import functions as F
 
         from spark_runtime.engine.step import LATE
-        from spark_runtime.layout import write_atomic
 
         letters = [r[0] for r in df.where(F.col(LATE).isNotNull()).select(LATE).collect()]
-        if letters and self.dead_letter_dir is not None:
+        if letters and self.late_letters is not None:
             self.fence.check(f"batch {batch_id}'s late records")
-            body = "".join(line + "\n" for line in letters).encode("utf-8")
-            write_atomic(self.dead_letter_dir / f"{LATE_FILE_PREFIX}{batch_id}.jsonl", body, fsync=False)
+            self.late_letters.write(batch_id, letters)
         return df.where(F.col(LATE).isNull()).drop(LATE)
 
     def _write_batch(self, df: Any, batch_id: int) -> None:
@@ -727,7 +728,7 @@ class ShardRunner:
         m.on_commit(self.last_committed)
         m.set_dead_letters(self.dead_letter_total)
         if self.plan.event_time is not None:
-            m.set_event_time(self.watermark_ms(), self.dead_letters.late_total if self.dead_letters else 0)
+            m.set_event_time(self.watermark_ms(), self.late_letters.total if self.late_letters else 0)
         m.set_emitting(bool(self.query.isActive) and not (self.as_child is not None and self.as_child.catching_up))
         self.progress.measure_journal_lag(self.last_committed)
         now = time.monotonic()

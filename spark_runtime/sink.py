@@ -68,6 +68,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from spark_runtime.late import LATE_FILE_PREFIX
 from spark_runtime.layout import SinkPaths, parse_batch_file_name, write_atomic
 
 __all__ = ["DeadLetterCounter", "DirectorySinkWriter", "KafkaSinkWriter", "OUTPUT_COLUMNS"]
@@ -225,15 +226,14 @@ class DeadLetterCounter:
     def total(self) -> int:
         return sum(self.files.values())
 
-    @property
-    def late_total(self) -> int:
-        """Dead letters of late records (files ``late-b<batch>.jsonl``)."""
-        return sum(n for name, n in self.files.items() if name.startswith("late-b"))
-
     def refresh(self) -> int:
         """Scan for new files; return how many new dead letters were found."""
         try:
-            names = [n for n in os.listdir(self.directory) if n.endswith(".jsonl") and not n.startswith(".")]
+            names = [
+                n
+                for n in os.listdir(self.directory)
+                if n.endswith(".jsonl") and not n.startswith((".", LATE_FILE_PREFIX))  # late ones: spark_runtime.late
+            ]
         except FileNotFoundError:
             return 0
         added = 0

@@ -136,7 +136,7 @@ def shard_config(**extra):
     )
 
 
-def test_event_time_needs_a_python_processor_and_a_place_for_dead_letters():
+def test_event_time_needs_a_python_processor_and_one_clock():
     from spark_runtime.config import ConfigError
 
     et = {"field": "ts", "format": "epochSeconds", "maxOutOfOrdernessSeconds": 2.5, "allowedLatenessSeconds": 1}
@@ -147,9 +147,8 @@ def test_event_time_needs_a_python_processor_and_a_place_for_dead_letters():
         shard_config(eventTime=et, processor={"builtin": "count"})
     with pytest.raises(ConfigError, match="maxOutOfOrdernessSeconds"):
         shard_config(eventTime={"field": "ts", "maxOutOfOrdernessSeconds": -1})
-    kafka_only = {"kafka": {"bootstrapServers": "b:9092", "topic": "out"}}
-    with pytest.raises(ConfigError, match="late records are dead letters"):
-        shard_config(eventTime=et, sink=kafka_only, storage={"s3": {"bucket": "state"}})
+    kafka_only = {"kafka": {"bootstrapServers": "b:9092", "topic": "out"}}  # late records go to the storage then
+    assert shard_config(eventTime=et, sink=kafka_only, storage={"s3": {"bucket": "state"}}).event_time is not None
     with pytest.raises(ConfigError, match="exactly one of field .* or kafkaTimestamp"):
         shard_config(eventTime={**et, "kafkaTimestamp": True})
     with pytest.raises(ConfigError, match="kafkaTimestamp needs source.kafka"):
@@ -189,3 +188,25 @@ def test_the_watermark_and_late_records_reach_the_live_status():
     status = live_stats(samples).to_status(observed_at="x")
     assert status["watermark"] == "2026-11-18T11:06:40Z" and status["lateRecords"] == 4
     assert "watermark" not in live_stats(samples[:1]).to_status(observed_at="x")
+
+
+def test_late_letters_are_counted_once_across_replays_and_restarts(tmp_path):
+    from spark_runtime.late import LateLetters
+    from spark_runtime.sink import DeadLetterCounter
+    from spark_runtime.storage import location
+
+    where = location(str(tmp_path / "dead"))
+    first = LateLetters(where)
+    assert first.total == 0  # no directory yet
+    first.write(3, ['{"key":"a"}', '{"key":"b"}'])
+    first.write(3, ['{"key":"a"}', '{"key":"b"}'])  # batch 3 replayed: the same file, counted once
+    first.write(5, ['{"key":"c"}'])
+    assert first.total == 3
+    again = LateLetters(where)  # a restarted runtime lists what is there
+    assert again.total == 3
+    again.write(5, ['{"key":"c"}'])
+    assert again.total == 3
+    (tmp_path / "dead" / "p0-0-10.jsonl").write_text('{"reason":"bad_json"}\n')
+    other = DeadLetterCounter(tmp_path / "dead")
+    other.refresh()
+    assert other.total == 1, "the other dead letters leave the late ones to their own count"

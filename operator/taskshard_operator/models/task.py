@@ -756,12 +756,6 @@ class TaskSpec(K8sModel):
                 reason="FieldValueForbidden",
             ),
             cel(
-                "!has(self.eventTime) || has(self.sink.directory) || has(self.storage.path)",
-                f"spec.{config.EVENT_TIME_NEEDS_DEAD_LETTERS}",
-                field_path=".eventTime",
-                reason="FieldValueForbidden",
-            ),
-            cel(
                 "has(self.eventTime) == has(oldSelf.eventTime)",
                 "spec.eventTime cannot be added to or removed from an existing Task: its shards' checkpoints keep "
                 "their time mode (create a new Task)",
@@ -881,8 +875,6 @@ class TaskSpec(K8sModel):
                 )
         if self.event_time is not None and self.processor.python is None:
             raise ValueError(f"spec.{config.EVENT_TIME_NEEDS_PYTHON}")
-        if self.event_time is not None and self.sink.directory is None and self.storage.path is None:
-            raise ValueError(f"spec.{config.EVENT_TIME_NEEDS_DEAD_LETTERS}")
         if self.event_time is not None and self.event_time.kafka_timestamp and self.source.kafka is None:
             raise ValueError(f"spec.{config.EVENT_TIME_KAFKA_ONLY}")
         partitions = self.source.nested_partitions
