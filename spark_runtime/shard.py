@@ -185,7 +185,13 @@ class ShardRunner:
         else:
             assert config.sink.kafka is not None
             kafka = config.sink.kafka
-            self.sink = KafkaSinkWriter(kafka.bootstrap_servers, kafka.topic, config.shard, kafka.options)
+            self.sink = KafkaSinkWriter(
+                kafka.bootstrap_servers,
+                kafka.topic,
+                config.shard,
+                kafka.options,
+                several_per_key=self.plan.kind == "python",
+            )
         self.dead_letters = DeadLetterCounter(dead_letter_dir) if dead_letter_dir is not None else None
         self.late_letters: LateLetters | None = None
         """Late records' dead letters (only with event time; :mod:`spark_runtime.late`)."""

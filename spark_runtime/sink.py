@@ -253,7 +253,9 @@ class KafkaSinkWriter:
 
     Record: Kafka key = the result's key (so every update of a key lands in one partition, in order), value =
     JSON ``{"key", "key_group", "shard", "result", "batch"}`` (several result columns: those in place of
-    ``result``), header ``taskshard-id`` = ``<shard>/<batch>/<key>``.
+    ``result``), header ``taskshard-id`` = ``<shard>/<batch>/<key>``. A Python processor may emit several records of
+    one key in a batch (sessions closed by a timer and by an event, say): the second and later of them (ordered by
+    their value, so a replay numbers them the same) have ids ``<shard>/<batch>/<key>/<n>``.
 
     Guarantee: *effectively once*, not transactional. A batch Spark replays after a crash (or a parent's batch
     interrupted by a drain and redone by its children) writes its records again; a replay writes the very same
@@ -263,7 +265,17 @@ class KafkaSinkWriter:
     applies the lineage rule for readers that want to drop superseded records explicitly.
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str, shard: str, options: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        shard: str,
+        options: dict[str, str] | None = None,
+        *,
+        several_per_key: bool = False,
+    ) -> None:
+        self.several_per_key = several_per_key
+        """Whether a batch may emit several records of a key (a Python processor): the ids then number them."""
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.shard = shard
@@ -296,18 +308,21 @@ class KafkaSinkWriter:
 
     def records(self, df: Any, batch_id: int) -> Any:
         """The DataFrame Spark's Kafka writer takes: ``key``, ``value``, ``headers``."""
+        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         shard, batch = F.lit(self.shard), F.lit(batch_id).cast("bigint")
         ident = F.concat_ws("/", shard, batch.cast("string"), F.col("key"))
-        return df.select(
-            F.col("key").cast("string").alias("key"),
-            F.to_json(
-                F.struct("key", "key_group", shard.alias("shard"), *result_columns(df), batch.alias("batch")),
-                {"ignoreNullFields": "false"},
-            ).alias("value"),
-            F.array(F.struct(F.lit("taskshard-id").alias("key"), ident.cast("binary").alias("value"))).alias("headers"),
+        value = F.to_json(
+            F.struct("key", "key_group", shard.alias("shard"), *result_columns(df), batch.alias("batch")),
+            {"ignoreNullFields": "false"},
         )
+        out = df.select(F.col("key").cast("string").alias("key"), value.alias("value"))
+        if self.several_per_key:  # the n-th record of a key in the batch, by value (identical ones are alike)
+            n = F.row_number().over(Window.partitionBy("key").orderBy("value"))
+            ident = F.when(n == 1, ident).otherwise(F.concat_ws("/", ident, n.cast("string")))
+        header = F.array(F.struct(F.lit("taskshard-id").alias("key"), ident.cast("binary").alias("value")))
+        return out.select("key", "value", header.alias("headers"))
 
     def __call__(self, df: Any, batch_id: int) -> None:
         batch_id = int(batch_id)

@@ -41,7 +41,7 @@ def key_in(start: int, end: int, prefix: str) -> str:
 
 def sessions(setup: Setup) -> list[tuple]:
     """The closed sessions in the output topic, one per record id (a replayed batch writes its records again with
-    the same ids: the Kafka sink is effectively once)."""
+    the same ids: the Kafka sink is effectively once; a key's several sessions of one batch have ids of their own)."""
     by_id = {r.headers["taskshard-id"]: r.value for r in setup.output_records()}
     return [(v["key"], v["start"], v["end"], v["count"]) for v in by_id.values() if not v["key"].startswith("end")]
 

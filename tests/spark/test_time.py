@@ -119,7 +119,7 @@ def test_sessions_stay_exact_across_a_restart_a_split_and_a_merge(make_task, sha
     letters = late_letters(env)
     assert sorted((d["key"], json.loads(d["line"])["ts"]) for d in letters) == sorted((e["key"], e["ts"]) for e in late)
     assert {d["reason"] for d in letters} == {"late"}
-    assert merged.dead_letters is not None and merged.dead_letters.late_total == 3  # its own: the last three
+    assert merged.late_letters is not None and merged.late_letters.total == 3  # its own: the last three
 
 
 def test_a_processing_time_timer_fires_without_new_input_once_across_a_split(make_task, shard_spark):
