@@ -175,6 +175,10 @@ class ShardMetrics:
         self._epoch = gauge(Metric.WRITER_EPOCH, "This runtime's writer epoch (0: none claimed yet).").labels(*own)
         self._epoch.set(0)
         self._register_key_group_maps()
+        self._register_time_series(gauge, counter)
+
+    def _register_time_series(self, gauge: Callable[..., Gauge], counter: Callable[..., Counter]) -> None:
+        """The event-time series (labelled once the shard reports them: only with event time)."""
         self._late_records = 0
         self._watermark = gauge(Metric.WATERMARK, "The event-time watermark the next batch runs with (Unix time).")
         self._late = counter(Metric.LATE_RECORDS, "Records later than the watermark allows (dead letters, late).")

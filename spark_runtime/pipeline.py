@@ -78,7 +78,7 @@ class Plan:
     timers: str | None = None
     """The processor's timers: ``event``, ``processing`` or None."""
     watermark_floor_ms: int = 0
-    """A split or merged shard's parents' final watermark (:mod:`spark_runtime.watermark`)."""
+    """A split or merged shard's parents' final watermark (docs/split-protocol.md, "Time across hand-overs")."""
 
     @property
     def time_mode(self) -> str:
@@ -135,21 +135,7 @@ def make_plan(config: ShardConfig) -> Plan:
     fields = dict(getattr(instance, "fields", {}) or {})
     timers = processor_time_domain(instance)
     event_time = config.event_time
-    if timers == "event" and event_time is None:
-        raise ProcessorError(f"{proc.python}: timers = 'event' needs the Task's spec.eventTime (the watermark)")
-    if timers == "processing" and event_time is not None:
-        raise ProcessorError(
-            f"{proc.python}: timers = 'processing' with spec.eventTime is not supported: use event-time timers, or "
-            "a Task without eventTime"
-        )
-    if event_time is not None and event_time.field is not None:
-        declared = fields.get(event_time.field)
-        if declared is not None and declared.rstrip("?") != event_time.field_type:
-            raise ProcessorError(
-                f"{proc.python}: fields[{event_time.field!r}] is {declared!r}, but spec.eventTime.format "
-                f"{event_time.format} reads it as {event_time.field_type}"
-            )
-        fields[event_time.field] = event_time.field_type
+    fields.update(_time_fields(proc.python, timers, event_time, fields))
     schema = processor_state_schema(instance)
     results = [(c.name, c.type) for c in processor_result_columns(instance)]
     r = config.key_groups
@@ -173,6 +159,27 @@ def make_plan(config: ShardConfig) -> Plan:
         event_time=event_time,
         timers=timers,
     )
+
+
+def _time_fields(ref: str, timers: str | None, event_time: EventTimeSpec | None, fields: dict) -> dict[str, str]:
+    """The record field the event time is read from (none for the Kafka timestamp, or without event time); raises
+    :class:`ProcessorError` for timers the Task cannot serve, or a field the processor reads with another type."""
+    if timers == "event" and event_time is None:
+        raise ProcessorError(f"{ref}: timers = 'event' needs the Task's spec.eventTime (the watermark)")
+    if timers == "processing" and event_time is not None:
+        raise ProcessorError(
+            f"{ref}: timers = 'processing' with spec.eventTime is not supported: use event-time timers, or a Task "
+            "without eventTime"
+        )
+    if event_time is None or event_time.field is None:
+        return {}
+    declared = fields.get(event_time.field)
+    if declared is not None and declared.rstrip("?") != event_time.field_type:
+        raise ProcessorError(
+            f"{ref}: fields[{event_time.field!r}] is {declared!r}, but spec.eventTime.format {event_time.format} "
+            f"reads it as {event_time.field_type}"
+        )
+    return {event_time.field: event_time.field_type}
 
 
 STATE_BUCKETS_CONF = "spark.taskshard.stateBuckets"

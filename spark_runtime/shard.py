@@ -77,7 +77,6 @@ __all__ = ["ShardFailed", "ShardRunner", "StandbyStopped", "summary_message"]
 
 log = logging.getLogger("taskshard.shard")
 
-
 SPARK_BETWEEN_TRIGGERS = ("Waiting for data to arrive", "Waiting for next trigger")
 """``query.status["message"]`` between triggers; with ``isDataAvailable`` false, the last trigger found nothing new
 in the sources (not at start: "Initializing sources")."""
@@ -178,20 +177,7 @@ class ShardRunner:
         self.spark = spark
         self.available_now = available_now
         self.query: Any = None
-        self.sink: DirectorySinkWriter | KafkaSinkWriter
-        if config.sink.directory is not None:
-            assert self.sink_paths is not None
-            self.sink = DirectorySinkWriter(self.sink_paths, config.sink.directory.format, config.shard)
-        else:
-            assert config.sink.kafka is not None
-            kafka = config.sink.kafka
-            self.sink = KafkaSinkWriter(
-                kafka.bootstrap_servers,
-                kafka.topic,
-                config.shard,
-                kafka.options,
-                several_per_key=self.plan.kind == "python",
-            )
+        self.sink: DirectorySinkWriter | KafkaSinkWriter = self._make_sink()
         self.dead_letters = DeadLetterCounter(dead_letter_dir) if dead_letter_dir is not None else None
         self.late_letters: LateLetters | None = None
         """Late records' dead letters (only with event time; :mod:`spark_runtime.late`)."""
@@ -271,6 +257,17 @@ class ShardRunner:
     def already_drained(self) -> bool:
         """A valid drain summary of this shard exists (:func:`spark_runtime.handover.own_drain_summary`)."""
         return own_drain_summary(self.paths) is not None
+
+    def _make_sink(self) -> DirectorySinkWriter | KafkaSinkWriter:
+        """The sink writer of ``config.sink`` (a Python processor's Kafka records are numbered per key and batch)."""
+        cfg = self.config
+        if cfg.sink.directory is not None:
+            assert self.sink_paths is not None
+            return DirectorySinkWriter(self.sink_paths, cfg.sink.directory.format, cfg.shard)
+        assert cfg.sink.kafka is not None
+        kafka = cfg.sink.kafka
+        several = self.plan.kind == "python"
+        return KafkaSinkWriter(kafka.bootstrap_servers, kafka.topic, cfg.shard, kafka.options, several_per_key=several)
 
     @property
     def dead_letter_total(self) -> int:

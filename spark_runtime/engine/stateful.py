@@ -150,7 +150,7 @@ class RunsProcessor(StatefulProcessor):
         """The batch's processing time and watermark (the parents' final one at least)."""
         s = self.settings
         now = _now_ms(packed) if s.ttl_ms is not None and packed is not None else None
-        if now is None and s.time_mode == "ProcessingTime":
+        if now is None and s.time_mode != "None":  # the batch's timestamp, as current_timestamp() gives it
             now = int(timer_values.getCurrentProcessingTimeInMs())
         watermark = None
         if s.time_mode == "EventTime":
