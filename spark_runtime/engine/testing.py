@@ -43,10 +43,13 @@ from spark_runtime.engine.step import EVENT_TIME, process_group
 from spark_runtime.engine.timers import TimerIndex, TimerVars
 from spark_runtime.keygroups import key_group
 
-__all__ = ["ProcessorHarness"]
+__all__ = ["GroupStore", "ProcessorHarness"]
 
 
-class _GroupStore:
+class GroupStore:
+    """One key group's state and timer index, in memory (the harness's store; the state layout's and the timer
+    index's tests use it too)."""
+
     def __init__(self) -> None:
         self.meta: str | None = None
         self.runs: dict[str, bytes] = {}
@@ -108,13 +111,13 @@ class ProcessorHarness:
         self.late: list[dict[str, Any]] = []
         """The late records so far (as passed to :meth:`run`), in the order they came."""
         self._max_event_time: int | None = None
-        self._groups: dict[int, _GroupStore] = {}
+        self._groups: dict[int, GroupStore] = {}
         self._cache = RunCache(tempfile.mkdtemp(prefix="taskshard-harness-"))
         self._offset = 0
         self.batches = 0
 
     def _state(self, group: int) -> KeyGroupRuns:
-        store = self._groups.setdefault(group, _GroupStore())
+        store = self._groups.setdefault(group, GroupStore())
         return KeyGroupRuns(store.vars(), self._cache, self.schema, ttl=self.ttl_ms is not None)
 
     def _frame(self, events: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFrame:
@@ -163,9 +166,7 @@ class ProcessorHarness:
             events_g = frame[frame["key_group"] == group]
             events_g = events_g.sort_values(["partition", "offset"], kind="stable").reset_index(drop=True)
             timers = (
-                TimerIndex(self._groups.setdefault(int(group), _GroupStore()).timer_vars())
-                if self.time_domain
-                else None
+                TimerIndex(self._groups.setdefault(int(group), GroupStore()).timer_vars()) if self.time_domain else None
             )
             out = process_group(
                 self._state(int(group)),

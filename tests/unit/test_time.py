@@ -8,28 +8,15 @@ import pandas as pd
 import pytest
 
 from spark_runtime.engine.api import Processor, ProcessorError, ProcessorFailed, processor_state_schema
-from spark_runtime.engine.testing import ProcessorHarness
-from spark_runtime.engine.timers import TimerIndex, TimerVars, slot_of
+from spark_runtime.engine.testing import GroupStore, ProcessorHarness
+from spark_runtime.engine.timers import TimerIndex, slot_of
 
 pytestmark = pytest.mark.unit
 
 
-class MemoryTimers:
-    def __init__(self) -> None:
-        self.due: dict[int, list[str]] = {}
-        self.registered: set[int] = set()
-
+class MemoryTimers(GroupStore):
     def index(self) -> TimerIndex:
-        return TimerIndex(
-            TimerVars(
-                registered=lambda: set(self.registered),
-                register=self.registered.add,
-                unregister=self.registered.discard,
-                get_due=lambda at: list(self.due.get(at, [])),
-                set_due=self.due.__setitem__,
-                remove_due=lambda at: self.due.pop(at, None),
-            )
-        )
+        return TimerIndex(self.timer_vars())
 
 
 def test_timers_are_indexed_per_slot_and_taken_once():
