@@ -119,13 +119,11 @@ def run_throughput(spark: Any, work: Path, journal: Path, processor: dict, conf:
 
 
 def emitted(root: Path) -> list[tuple[str, int, int, int]]:
-    out = []
-    for path in sorted((root / "out").glob("shard=*/**/batch-*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                out.append((r["key"], r["start"], r["end"], r["count"]))
-    return out
+    """The sessions of every shard's committed batches (not a batch in flight, which a stop may interrupt)."""
+    from spark_runtime.results import read_committed, read_sink
+
+    records = read_sink(root / "out", read_committed(root / "state", "tb"))
+    return [(r["key"], r["start"], r["end"], r["count"]) for r in records]
 
 
 def late_letters(root: Path) -> list[dict]:
