@@ -85,7 +85,7 @@ def parse_kafka_records(
     parsed = raw.select(
         F.col("partition").cast("int").alias("partition"),
         F.col("offset").cast("bigint").alias("offset"),
-        F.unix_millis(F.col("timestamp")).alias("_ts"),
+        *([F.unix_millis(F.col("timestamp")).alias("_ts")] if spec.record_time else []),
         F.when(fits, F.col("value").cast("string")).alias("_raw"),
         (F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length("value"), F.lit(0))).alias("_bytes"),
     ).withColumn("_v", F.try_parse_json("_raw"))
