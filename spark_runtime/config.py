@@ -78,9 +78,13 @@ __all__ = [
     "SparkSettings",
     "StorageSpec",
     "VolumeSpec",
+    "WindowEmit",
+    "WindowKind",
+    "WindowSpec",
     "load_config",
     "parse_config",
     "parse_trigger_interval",
+    "time_problems",
 ]
 
 PYTHON_REF = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
@@ -131,11 +135,108 @@ class BuiltinProcessor(StrEnum):
     """Count events per key (result: bigint)."""
     SUM = "sum"
     """Sum the numeric event field ``processor.field`` per key (result: double)."""
+    MIN = "min"
+    """The smallest value of the numeric event field ``processor.field`` per key (result: double)."""
+    MAX = "max"
+    """The largest value of the numeric event field ``processor.field`` per key (result: double)."""
+
+    @property
+    def needs_field(self) -> bool:
+        """Whether it reads ``processor.field`` (all but count)."""
+        return self is not BuiltinProcessor.COUNT
+
+
+class WindowKind(StrEnum):
+    """The builtin processors' event-time windows."""
+
+    TUMBLING = "tumbling"
+    """Fixed windows of ``sizeSeconds`` aligned to the epoch; each record is in one."""
+    SLIDING = "sliding"
+    """Windows of ``sizeSeconds`` starting every ``slideSeconds``; a record is in every one that covers it."""
+    SESSION = "session"
+    """Per key, a window that closes after ``gapSeconds`` without a record; it grows while records come."""
+
+
+class WindowEmit(StrEnum):
+    """When a builtin window's result is written."""
+
+    FINAL = "final"
+    """Once, when the watermark passes the window's end (Spark's append mode)."""
+    UPDATES = "updates"
+    """After every batch that changed it, the last one final (Spark's update mode)."""
+
+
+MAX_WINDOW_SECONDS = 7 * 86_400
+"""The longest window size, slide and session gap (a week)."""
+
+
+def _millis(seconds: float | None) -> int:
+    return int(round((seconds or 0) * 1000))
+
+
+class WindowSpec(_Model):
+    """An event-time window for a builtin processor (needs the Task's ``eventTime``): ``tumbling`` with
+    ``sizeSeconds``, ``sliding`` with ``sizeSeconds`` and ``slideSeconds`` (at most the size), or ``session`` with
+    ``gapSeconds``; ``emit`` says when results are written."""
+
+    FIELD_PATH: ClassVar[str] = "processor.window"
+
+    type: WindowKind
+    size_seconds: float | None = Field(default=None, ge=0.001, le=MAX_WINDOW_SECONDS)
+    slide_seconds: float | None = Field(default=None, ge=0.001, le=MAX_WINDOW_SECONDS)
+    gap_seconds: float | None = Field(default=None, ge=0.001, le=MAX_WINDOW_SECONDS)
+    emit: WindowEmit = WindowEmit.FINAL
+
+    @property
+    def size_ms(self) -> int:
+        return _millis(self.size_seconds)
+
+    @property
+    def slide_ms(self) -> int:
+        """The slide (a tumbling window's is its size)."""
+        return _millis(self.slide_seconds) if self.type == WindowKind.SLIDING else self.size_ms
+
+    @property
+    def gap_ms(self) -> int:
+        return _millis(self.gap_seconds)
+
+    def describe(self) -> str:
+        """``tumbling-60000ms``, ``sliding-60000ms-20000ms`` or ``session-30000ms`` (part of the state format: a
+        snapshot restores only into the same windows)."""
+        if self.type == WindowKind.SESSION:
+            return f"session-{self.gap_ms}ms"
+        if self.type == WindowKind.SLIDING:
+            return f"sliding-{self.size_ms}ms-{self.slide_ms}ms"
+        return f"tumbling-{self.size_ms}ms"
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        p = self.FIELD_PATH
+        wanted = {
+            WindowKind.TUMBLING: {"sizeSeconds"},
+            WindowKind.SLIDING: {"sizeSeconds", "slideSeconds"},
+            WindowKind.SESSION: {"gapSeconds"},
+        }[self.type]
+        given = {
+            "sizeSeconds": self.size_seconds,
+            "slideSeconds": self.slide_seconds,
+            "gapSeconds": self.gap_seconds,
+        }
+        for name, value in given.items():
+            if name in wanted and value is None:
+                raise ValueError(f"{p}.{name} is required with {p}.type: {self.type.value}")
+            if name not in wanted and value is not None:
+                raise ValueError(f"{p}.{name} ({value}) is not valid with {p}.type: {self.type.value}")
+        if self.type == WindowKind.SLIDING and self.slide_ms > self.size_ms:
+            raise ValueError(
+                f"{p}.slideSeconds ({self.slide_seconds}) must be at most {p}.sizeSeconds ({self.size_seconds})"
+            )
+        return self
 
 
 class ProcessorSpec(_Model):
     """The stateful per-key processor: exactly one of ``builtin`` or ``python``; ``field`` with (and only with)
-    ``builtin: sum``."""
+    ``builtin: sum``, ``min`` or ``max``; ``window`` with a builtin only."""
 
     FIELD_PATH: ClassVar[str] = "processor"
     """Where the object sits in the document being parsed; messages name its fields under it (the operator's
@@ -145,20 +246,26 @@ class ProcessorSpec(_Model):
     field: str | None = Field(default=None, min_length=1, max_length=256)
     python: str | None = Field(default=None, max_length=512, pattern=PYTHON_REF)
     parameters: dict[str, Any] | None = None
+    window: WindowSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Self:
+        p = self.FIELD_PATH
         if (self.builtin is None) == (self.python is None):
             raise ValueError(
-                "exactly one of builtin (count | sum) or python ('package.module:Class') must be set "
+                "exactly one of builtin (count | sum | min | max) or python ('package.module:Class') must be set "
                 f"(got builtin={_v(self.builtin)}, python={_v(self.python)})"
             )
-        if self.builtin == BuiltinProcessor.SUM and self.field is None:
+        if self.builtin is not None and self.builtin.needs_field and self.field is None:
             raise ValueError(
-                f"{self.FIELD_PATH}.field is required with builtin: sum (the numeric event field to add up)"
+                f"{p}.field is required with builtin: {self.builtin.value} (the numeric event field it reads)"
             )
-        if self.field is not None and self.builtin != BuiltinProcessor.SUM:
-            raise ValueError(f"{self.FIELD_PATH}.field ({self.field!r}) is only valid with builtin: sum")
+        if self.field is not None and (self.builtin is None or not self.builtin.needs_field):
+            raise ValueError(f"{p}.field ({self.field!r}) is only valid with builtin: sum, min or max")
+        if self.window is not None and self.builtin is None:
+            raise ValueError(
+                f"{p}.window is only valid with a builtin: a Python processor keeps its own windows with timers"
+            )
         return self
 
 
@@ -212,9 +319,28 @@ class EventTimeSpec(_Model):
 
 
 EVENT_TIME_NEEDS_PYTHON = (
-    "eventTime needs a Python processor (processor.python): the builtins count and sum have no notion of time"
+    "eventTime needs a Python processor (processor.python) or a builtin with processor.window: a builtin without "
+    "a window has no notion of time"
+)
+WINDOW_NEEDS_EVENT_TIME = "processor.window needs eventTime (the watermark that closes the windows)"
+WINDOW_NO_LATENESS = (
+    "eventTime.allowedLatenessSeconds must be 0 with processor.window: a window closes (and is written) when the "
+    "watermark passes its end, and a record for a closed window is late; raise eventTime.maxOutOfOrdernessSeconds "
+    "to wait longer"
 )
 EVENT_TIME_KAFKA_ONLY = "eventTime.kafkaTimestamp needs source.kafka (the journal's records have no timestamp)"
+
+
+def time_problems(processor: ProcessorSpec, event_time: EventTimeSpec | None) -> list[str]:
+    """What is wrong with the processor's and the event time's combination (messages name fields relative to
+    ``spec``; empty: nothing)."""
+    if event_time is not None and processor.python is None and processor.window is None:
+        return [EVENT_TIME_NEEDS_PYTHON]
+    if processor.window is not None and event_time is None:
+        return [WINDOW_NEEDS_EVENT_TIME]
+    if processor.window is not None and event_time is not None and event_time.lateness_ms:
+        return [WINDOW_NO_LATENESS]
+    return []
 
 
 # ---------------------------------------------------------------- source
@@ -551,8 +677,8 @@ class ShardConfig(_Model):
         rehearse = self.spark.conf.get(REHEARSE_CONF)
         if rehearse is not None and rehearse.lower() not in ("true", "false"):
             raise ValueError(f"spark.conf.{REHEARSE_CONF}: {rehearse!r} is invalid: expected true or false")
-        if self.event_time is not None and self.processor.python is None:
-            raise ValueError(EVENT_TIME_NEEDS_PYTHON)
+        for message in time_problems(self.processor, self.event_time):
+            raise ValueError(message)
         if self.event_time is not None and self.event_time.kafka_timestamp and self.source.kafka is None:
             raise ValueError(EVENT_TIME_KAFKA_ONLY)
         if self.merge_from is not None:

@@ -3,10 +3,11 @@
 
 Two processing kinds share the source, the filter, the seeding and the sink:
 
-``builtin`` (count, sum)
+``builtin`` (count, sum, min, max)
     Spark's native streaming aggregation ``groupBy(key).agg(sum(delta))`` (delta = 1 for count, the field
-    for sum), state in the RocksDB state store. Seeded by one seed row per key whose delta is the parent's
-    total. State rows in the checkpoint: key ``{key}``, value ``{sum}``; snapshot columns ``key, value``.
+    for sum; ``min``/``max`` of the field), state in the RocksDB state store. Seeded by one seed row per key whose
+    delta is the parent's total. State rows in the checkpoint: key ``{key}``, value ``{sum}``; snapshot columns
+    ``key, value``. With ``processor.window``: per key and event-time window (:mod:`spark_runtime.windows`).
 ``python``
     One Python call per key group per batch with a pandas DataFrame of many keys (the user's processor,
     :mod:`spark_runtime.engine.api`), over one of two state layouts (:mod:`spark_runtime.engine`): ``runs``
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_runtime import live
-from spark_runtime.config import BuiltinProcessor, EventTimeSpec, ShardConfig
+from spark_runtime.config import BuiltinProcessor, EventTimeSpec, ShardConfig, WindowSpec
 from spark_runtime.engine.api import (
     ProcessorError,
     load_processor,
@@ -40,7 +41,7 @@ from spark_runtime.engine.step import EVENT_TIME, LATE
 from spark_runtime.protocol import SkipRule
 from spark_runtime.records import RECORD_TIME, RecordSpec
 
-__all__ = ["Plan", "build_output_frame", "key_group_column", "make_plan"]
+__all__ = ["Plan", "build_output_frame", "key_group_column", "make_plan", "owned_records"]
 
 STATE_FORMAT_VERSION = 1
 
@@ -79,6 +80,10 @@ class Plan:
     """The processor's timers: ``event``, ``processing`` or None."""
     watermark_floor_ms: int = 0
     """A split or merged shard's parents' final watermark (docs/split-protocol.md, "Time across hand-overs")."""
+    builtin: BuiltinProcessor | None = None
+    """The builtin processor (None: a Python one)."""
+    window: WindowSpec | None = None
+    """A builtin's event-time window (:mod:`spark_runtime.windows`)."""
 
     @property
     def time_mode(self) -> str:
@@ -110,26 +115,8 @@ partitions (Spark merges the partitions' partial histograms bin by bin until the
 
 def make_plan(config: ShardConfig) -> Plan:
     proc = config.processor
-    if proc.builtin == BuiltinProcessor.COUNT:
-        return Plan(
-            "builtin",
-            RecordSpec.build(config.key_field),
-            "builtin-count/v1",
-            [("value", "bigint")],
-            "bigint",
-            result_columns=[("result", "bigint")],
-        )
-    if proc.builtin == BuiltinProcessor.SUM:
-        assert proc.field is not None
-        return Plan(
-            "builtin",
-            RecordSpec.build(config.key_field, {proc.field: "double"}),
-            "builtin-sum/v1",
-            [("value", "double")],
-            "double",
-            delta_expr_field=proc.field,
-            result_columns=[("result", "double")],
-        )
+    if proc.builtin is not None:
+        return _builtin_plan(config)
     assert proc.python is not None
     instance = load_processor(proc.python, proc.parameters)
     fields = dict(getattr(instance, "fields", {}) or {})
@@ -158,6 +145,37 @@ def make_plan(config: ShardConfig) -> Plan:
         range_end=r.end,
         event_time=event_time,
         timers=timers,
+    )
+
+
+def _builtin_plan(config: ShardConfig) -> Plan:
+    """count, sum, min or max per key, or per key and window (then with the Task's event time)."""
+    from spark_runtime.windows import WINDOW_RESULT_COLUMNS
+
+    proc = config.processor
+    assert proc.builtin is not None
+    typ = "bigint" if proc.builtin == BuiltinProcessor.COUNT else "double"
+    fields = {proc.field: "double"} if proc.field is not None else {}
+    window = proc.window
+    event_time = config.event_time if window is not None else None
+    if event_time is not None and event_time.field is not None:
+        fields[event_time.field] = event_time.field_type
+    spec = RecordSpec.build(config.key_field, fields)
+    if event_time is not None and event_time.kafka_timestamp:
+        spec = dataclasses.replace(spec, record_time=True)
+    bounds = WINDOW_RESULT_COLUMNS if window is not None else []
+    shape = f"-{window.describe()}" if window is not None else ""
+    return Plan(
+        "builtin",
+        spec,
+        f"builtin-{proc.builtin.value}{shape}/v1",
+        [*bounds, ("value", typ)],
+        typ,
+        delta_expr_field=proc.field,
+        result_columns=[*bounds, ("result", typ)],
+        event_time=event_time,
+        builtin=proc.builtin,
+        window=window,
     )
 
 
@@ -209,6 +227,19 @@ def key_group_column(config: ShardConfig, column: str = "key") -> Any:
     return F.expr(config.key_grouping.sql(column, "partition")).cast("int")
 
 
+def owned_records(config: ShardConfig, events: Any, skip: SkipRule | None = None) -> Any:
+    """Step 1 of the plan: ``events`` with their ``key_group``, only the shard's (a merged child's ``skip`` rule
+    applied): the native key-group filter, right after the source (no Python on this path)."""
+    from pyspark.sql import functions as F
+
+    r = config.range
+    mine = events.withColumn("key_group", key_group_column(config))
+    mine = mine.where(F.col("key_group").between(r.start, r.end - 1))
+    if skip is not None:
+        mine = mine.where(F.expr(skip.sql("key_group", "partition", "offset")))
+    return mine
+
+
 def build_output_frame(
     spark: Any,
     config: ShardConfig,
@@ -227,10 +258,7 @@ def build_output_frame(
 
     r = config.range
     kg = key_group_column(config)
-    # Step 1: the native key-group filter, right after the source (no Python on this path).
-    mine = events.withColumn("key_group", kg).where(F.col("key_group").between(r.start, r.end - 1))
-    if skip is not None:
-        mine = mine.where(F.expr(skip.sql("key_group", "partition", "offset")))
+    mine = owned_records(config, events, skip)
     if live.key_group_metrics_enabled(config.spark.conf):
         # Rows per bucket of key groups, per batch (in the progress' observedMetrics): the shard's load map. One
         # aggregate, histogram_numeric over the bucket index. Its merge of the partitions' partial histograms keeps
@@ -247,6 +275,10 @@ def build_output_frame(
             F.histogram_numeric(bucket, F.lit(max(2, n * LOAD_MAP_BINS_PER_BUCKET))).alias("buckets"),
             F.count(F.lit(1)).alias("rows"),
         )
+    if plan.window is not None:
+        from spark_runtime.windows import window_frame
+
+        return window_frame(spark, config, plan, mine, kg, seed)
     if plan.kind == "builtin":
         delta_type = plan.result_type
         if plan.delta_expr_field is None:
@@ -263,10 +295,11 @@ def build_output_frame(
             ddl = f"key string, delta {delta_type}"
         if seed is not None:
             deltas = seed_stream(spark, mode="rows", schema_ddl=ddl, **seed).unionByName(deltas)
+        total = {BuiltinProcessor.MIN: F.min, BuiltinProcessor.MAX: F.max}.get(plan.builtin, F.sum)
         if config.key_grouping.nested:
-            agg = deltas.groupBy("key", "key_group").agg(F.sum("delta").alias("result"))
+            agg = deltas.groupBy("key", "key_group").agg(total("delta").alias("result"))
             return agg.select("key", "key_group", "result")
-        agg = deltas.groupBy("key").agg(F.sum("delta").alias("result"))
+        agg = deltas.groupBy("key").agg(total("delta").alias("result"))
         return agg.select("key", kg.alias("key_group"), "result")
 
     ev = mine.withColumn("seed", F.lit(None).cast("binary"))

@@ -66,12 +66,14 @@ from spark_runtime.snapshot.restore import RestorePlan, plan_restore
 from spark_runtime.sources import (
     ChecksEnvironment,
     GuardsBatches,
+    ReadsRanges,
     ResolvesStartPositions,
     SourceContext,
     make_source,
 )
 from spark_runtime.state_map import StateMapper
 from spark_runtime.storage import Loc, check_storage, location, s3_settings_from, storage_root
+from spark_runtime.windows import WindowLateFinder, output_mode
 
 __all__ = ["ShardFailed", "ShardRunner", "StandbyStopped", "summary_message"]
 
@@ -177,6 +179,9 @@ class ShardRunner:
         self.spark = spark
         self.available_now = available_now
         self.query: Any = None
+        self._query_name = f"taskshard-{config.shard}-{uuid.uuid4().hex[:6]}"
+        self.window_late: WindowLateFinder | None = None
+        """A builtin window's late-record finder (set when the query starts)."""
         self.sink: DirectorySinkWriter | KafkaSinkWriter = self._make_sink()
         self.dead_letters = DeadLetterCounter(dead_letter_dir) if dead_letter_dir is not None else None
         self.late_letters: LateLetters | None = None
@@ -259,14 +264,15 @@ class ShardRunner:
         return own_drain_summary(self.paths) is not None
 
     def _make_sink(self) -> DirectorySinkWriter | KafkaSinkWriter:
-        """The sink writer of ``config.sink`` (a Python processor's Kafka records are numbered per key and batch)."""
+        """The sink writer of ``config.sink`` (a Python processor's and a window's Kafka records are numbered per key
+        and batch)."""
         cfg = self.config
         if cfg.sink.directory is not None:
             assert self.sink_paths is not None
             return DirectorySinkWriter(self.sink_paths, cfg.sink.directory.format, cfg.shard)
         assert cfg.sink.kafka is not None
         kafka = cfg.sink.kafka
-        several = self.plan.kind == "python"
+        several = self.plan.kind == "python" or self.plan.window is not None
         return KafkaSinkWriter(kafka.bootstrap_servers, kafka.topic, cfg.shard, kafka.options, several_per_key=several)
 
     @property
@@ -487,9 +493,10 @@ class ShardRunner:
             )
             self.plan = dataclasses.replace(self.plan, layout=chosen.layout, state_buckets=chosen.buckets)
         out = build_output_frame(self.spark, cfg, self.plan, events, seed, restore.skip if restore else None)
+        self.window_late = self._window_late_finder(ctx)
         writer = (
-            out.writeStream.outputMode("update")
-            .queryName(f"taskshard-{cfg.shard}-{uuid.uuid4().hex[:6]}")
+            out.writeStream.outputMode(output_mode(self.plan.window))
+            .queryName(self._query_name)
             .option("checkpointLocation", self.paths.checkpoint.uri())
             .foreachBatch(self._write_batch)
         )
@@ -560,7 +567,7 @@ class ShardRunner:
             self._stop_problem = problem
             raise
         cached = None
-        if self.plan.event_time is not None:
+        if self.plan.kind == "python" and self.plan.event_time is not None:
             cached = df.persist()
             df = self._write_late(cached, int(batch_id))
         try:
@@ -568,6 +575,26 @@ class ShardRunner:
         finally:
             if cached is not None:
                 cached.unpersist()
+        if self.window_late is not None:
+            self._write_window_late(int(batch_id))
+
+    def _window_late_finder(self, ctx: SourceContext) -> WindowLateFinder | None:
+        """A builtin window's late-record finder (:mod:`spark_runtime.windows`), None for other plans."""
+        if self.plan.window is None:
+            return None
+        if not isinstance(self.source, ReadsRanges):  # journal and Kafka both can
+            raise ConfigError([f"processor.window: the {self.source.kind} source cannot read a batch's range again"])
+        return WindowLateFinder(self.config, self.plan, self.source, ctx, self.positions_at)
+
+    def _write_window_late(self, batch_id: int) -> None:
+        """A builtin window batch's late records to ``late-b<batch>.jsonl`` (after its output: Spark's count of
+        dropped rows is complete then; before the commit, so a replay rewrites the same file)."""
+        assert self.window_late is not None
+        query = self.query or next(q for q in self.spark.streams.active if q.name == self._query_name)
+        letters = self.window_late.letters(self.spark, query, batch_id)
+        if letters and self.late_letters is not None:
+            self.fence.check(f"batch {batch_id}'s late records")
+            self.late_letters.write(batch_id, letters)
 
     def _emit(self, df: Any, batch_id: int) -> None:
         """The batch's results to the sink (a catching-up child's into nothing), then the fence check."""

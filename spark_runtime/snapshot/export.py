@@ -141,6 +141,10 @@ def state_rows(spark: Any, config: ShardConfig, plan: Plan, checkpoint: Any, bat
     if plan.kind == "python" and plan.layout == "runs":
         return _runs_rows(spark, plan, checkpoint, batch_id)
     st = spark.read.format("statestore").option("batchId", batch_id).load(str(checkpoint))
+    if plan.window is not None:
+        from spark_runtime.windows import window_state_rows
+
+        return window_state_rows(st, config, key_group_column(config))
     if plan.kind == "builtin":
         value_field = st.schema["value"].dataType.fields[0].name
         value = F.col(f"value.`{value_field}`").alias("value")

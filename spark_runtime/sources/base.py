@@ -50,6 +50,7 @@ __all__ = [
     "ChecksEnvironment",
     "GuardsBatches",
     "NamesFixedPositions",
+    "ReadsRanges",
     "RecountsBatches",
     "ResolvesStartPositions",
     "Source",
@@ -168,6 +169,17 @@ class RecountsBatches(Protocol):
     def recount(
         self, spark: SparkSession, ctx: SourceContext, start: dict[str, Any], end: dict[str, Any]
     ) -> dict[str, int] | None: ...
+
+
+@runtime_checkable
+class ReadsRanges(Protocol):
+    """A source that can read exactly one batch's position range again, as a batch DataFrame of valid records with
+    the stream's columns, writing no dead letters (journal, Kafka). A builtin window's late records are found that
+    way (:mod:`spark_runtime.windows`)."""
+
+    def read_range(self, spark: SparkSession, ctx: SourceContext, start: dict[str, Any], end: dict[str, Any]) -> Any:
+        """The valid records from positions ``start`` to ``end``."""
+        ...
 
 
 @runtime_checkable

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -186,6 +186,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_bytes = int(options.get("maxbytespertrigger") or 0)
         self.piece_bytes = int(options.get("partitionbytes") or 32 * 1024 * 1024)
         self.target: dict[str, int] | None = None  # set by prepareForTriggerAvailableNow
+        self.writes_dead_letters = options.get("deadletters", "true") != "false"
 
     # ---- driver side (Spark runs these in a Python worker next to the driver)
 
@@ -318,6 +319,8 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _write_dead_letters(self, piece: JournalPiece, dead: list) -> None:
         from spark_runtime.layout import write_atomic
 
+        if not self.writes_dead_letters:
+            return
         owned = []
         for d in dead:
             kg = self.grouping.of(d.key, piece.index)  # its key's group, or the null key's without one
@@ -343,6 +346,27 @@ class JournalDataSource(DataSource):
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return JournalStreamReader({k.lower(): v for k, v in self.options.items()})
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return JournalRangeReader({k.lower(): v for k, v in self.options.items()})
+
+
+class JournalRangeReader(DataSourceReader):
+    """``spark.read.format("taskshard_journal")``: the records from positions ``rangeFrom`` to ``rangeTo`` (JSON),
+    parsed as the stream parses them, writing no dead letters (:meth:`JournalSource.read_range`)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.stream = JournalStreamReader({**options, "deadletters": "false"})
+        self.start = json.loads(options["rangefrom"])
+        self.end = json.loads(options["rangeto"])
+
+    def partitions(self) -> list[InputPartition]:
+        return self.stream.partitions(self.start, self.end)
+
+    def read(self, partition: JournalPiece) -> Iterator[Any]:  # type: ignore[override]
+        if not isinstance(getattr(partition, "index", None), int):  # an empty range: Spark's one empty partition
+            return iter(())
+        return self.stream.read(partition)
 
 
 class JournalSource:
@@ -423,7 +447,17 @@ class JournalSource:
     def stream(self, spark: Any, ctx: SourceContext) -> Any:
         self.path.mkdir(parents=True, exist_ok=True)
         spark.dataSource.register(JournalDataSource)
-        options = {
+        return spark.readStream.format(FORMAT).options(**self._options(ctx)).load()
+
+    def read_range(self, spark: Any, ctx: SourceContext, start: dict[str, Any], end: dict[str, Any]) -> Any:
+        """The valid records from positions ``start`` to ``end`` (a batch read of those bytes, no dead letters)."""
+        spark.dataSource.register(JournalDataSource)
+        ranged = {"rangeFrom": json.dumps(start), "rangeTo": json.dumps(end)}
+        return spark.read.format(FORMAT).options(**self._options(ctx), **ranged).load()
+
+    def _options(self, ctx: SourceContext) -> dict[str, str]:
+        """The data source's options for the shard of ``ctx``."""
+        return {
             "path": str(self.path),
             "partitions": str(self.partitions),
             "recordSpec": ctx.record_spec.to_json(),
@@ -443,4 +477,3 @@ class JournalSource:
             "maxBytesPerTrigger": str(ctx.max_bytes_per_trigger or 0),
             "partitionBytes": str(ctx.partition_bytes),
         }
-        return spark.readStream.format(FORMAT).options(**options).load()

@@ -458,13 +458,36 @@ class KafkaReader:
         """The source metrics (``rowsRead``, ``bytesRead``, ``deadLetters``) of the records from positions
         ``start`` to ``end`` (a committed batch's range), counted by a batch read of exactly that range with the
         stream's own parsing. None when ``start`` is not a set of offsets (``latest``, or a timestamp)."""
+        flagged = self._parsed_range(spark, ctx, start, end)
+        if flagged is None:
+            return None
+        if flagged is False:
+            return {"rowsRead": 0, "bytesRead": 0, "deadLetters": 0}
+        frame, dead_owned = flagged
+        row = frame.agg(*_metric_columns(dead_owned)).first()
+        return {name: int(row[name] or 0) for name in ("rowsRead", "bytesRead", "deadLetters")}
+
+    def read_range(self, spark: Any, ctx: SourceContext, start: dict[str, Any], end: dict[str, Any]) -> Any:
+        """The valid records from positions ``start`` to ``end`` (a batch read of that range, the stream's own
+        parsing); raises ``ValueError`` when ``start`` is not a set of offsets."""
+        flagged = self._parsed_range(spark, ctx, start, end)
+        if flagged is None:
+            raise ValueError(f"source.kafka: positions {start} are not offsets; the range cannot be read again")
+        if flagged is False:
+            return spark.createDataFrame([], ctx.record_spec.ddl())
+        frame, _ = flagged
+        return frame.where("_ok").drop("_ok", "_bytes")
+
+    def _parsed_range(self, spark: Any, ctx: SourceContext, start: dict[str, Any], end: dict[str, Any]) -> Any:
+        """``(parsed records, owned-dead-letter column)`` from ``start`` to ``end``; False for an empty range, None
+        when ``start`` is not a set of offsets."""
         begin = {str(p): int(o) for p, o in (start.get(self.topic) or {}).items()}
         stop = {str(p): int(o) for p, o in (end.get(self.topic) or {}).items()}
         if not stop or any(o == -1 for o in begin.values()):
             return None
         begin = {p: begin.get(p, -2) for p in stop}  # a partition the start does not name: from its beginning
         if begin == stop:
-            return {"rowsRead": 0, "bytesRead": 0, "deadLetters": 0}
+            return False
         raw = (
             spark.read.format("kafka")
             .options(**self._client_options())
@@ -475,11 +498,7 @@ class KafkaReader:
             .option("failOnDataLoss", "true")
             .load()
         )
-        flagged, dead_owned = parse_kafka_records(
-            raw, ctx.record_spec, ctx.key_grouping, ctx.range_start, ctx.range_end
-        )
-        row = flagged.agg(*_metric_columns(dead_owned)).first()
-        return {name: int(row[name] or 0) for name in ("rowsRead", "bytesRead", "deadLetters")}
+        return parse_kafka_records(raw, ctx.record_spec, ctx.key_grouping, ctx.range_start, ctx.range_end)
 
 
 def _metric_columns(dead_owned: Any) -> list[Any]:

@@ -16,7 +16,10 @@ store* by its first micro-batch, and its own checkpoint takes over from there:
 - modes: ``rows`` emits one row per key, ``(key, key_group, <delta column> = value)``, for the builtin native
   aggregation (the parent's total becomes the first delta); ``blobs`` emits one row per key group whose
   ``seed`` column holds the key group's per-key state table as Arrow IPC bytes, for Python processors
-  (see :mod:`spark_runtime.processor`), all other columns null.
+  (see :mod:`spark_runtime.processor`), all other columns null. In ``rows`` mode a column the snapshot has
+  under the same name is copied too (a window's bounds, :mod:`spark_runtime.windows`).
+- carrier: with option ``carrier`` (a JSON object of column values), batch 0 has one more row with those values
+  and every other column null (a builtin window's watermark floor, :mod:`spark_runtime.windows`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,13 @@ class SeedPiece(InputPartition):
         self.groups = groups
 
 
+class CarrierPiece(InputPartition):
+    """The one row of option ``carrier``."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+
+
 class SeedStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.s3 = S3Settings.from_options(options)
@@ -69,6 +79,7 @@ class SeedStreamReader(DataSourceStreamReader):
         self.value_column = options.get("valuecolumn", "delta")
         self.report_dir = location(options["reportdir"], self.s3)
         self.tasks = max(1, int(options.get("tasks", "2")))
+        self.carrier = json.loads(options.get("carrier") or "null")
 
     def initialOffset(self) -> dict:
         return {"seed": 0}
@@ -81,9 +92,18 @@ class SeedStreamReader(DataSourceStreamReader):
             return []
         groups = [(kg, d.uri()) for state, a, b in self.slices for kg, d in slice_dirs(state, a, b).items()]
         pieces = min(len(groups), self.tasks)
-        return [SeedPiece(i, groups[i::pieces]) for i in range(pieces)]
+        out: list[InputPartition] = [SeedPiece(i, groups[i::pieces]) for i in range(pieces)]
+        return out + ([CarrierPiece(pieces)] if self.carrier is not None else [])
 
-    def read(self, partition: SeedPiece) -> Iterator[Any]:
+    def read(self, partition: SeedPiece | CarrierPiece) -> Iterator[Any]:
+        import pyarrow as pa
+
+        if isinstance(partition, CarrierPiece):
+            schema = pa.schema([(n, arrow_type(t)) for n, t in self.columns])
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([self.carrier.get(n)], arrow_type(t)) for n, t in self.columns], schema=schema
+            )
+            return
         for key_group, directory in partition.groups:
             yield from self._read_key_group(key_group, directory)
 
@@ -112,6 +132,8 @@ class SeedStreamReader(DataSourceStreamReader):
                     arrays.append(pa.array([key_group] * rows, pa.int32()))
                 elif name == self.value_column:
                     arrays.append(table.column("value").combine_chunks().cast(arrow_type(typ)))
+                elif name in table.column_names:
+                    arrays.append(table.column(name).combine_chunks().cast(arrow_type(typ)))
                 else:
                     arrays.append(pa.nulls(rows, arrow_type(typ)))
             yield pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -147,9 +169,11 @@ def seed_stream(
     schema_ddl: str,
     report_dir: Loc,
     value_column: str = "delta",
+    carrier: dict[str, Any] | None = None,
 ) -> Any:
     """The seed streaming DataFrame (``schema_ddl`` must equal the event stream's schema for the union) of the
-    key groups ``[start, end)`` of each ``(state directory, start, end)`` in ``slices``."""
+    key groups ``[start, end)`` of each ``(state directory, start, end)`` in ``slices``; ``carrier``: the values of
+    one more row (see the module docstring)."""
     spark.dataSource.register(SeedDataSource)
     s3 = next((d.s3 for d, _, _ in slices if d.s3 is not None), None) or report_dir.s3
     return (
@@ -162,6 +186,7 @@ def seed_stream(
             valueColumn=value_column,
             reportDir=report_dir.uri(),
             tasks=str(_parallelism(spark)),
+            carrier=json.dumps(carrier) if carrier is not None else "",
         )
         .load()
     )

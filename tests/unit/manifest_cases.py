@@ -97,6 +97,10 @@ def kafka_source(**fields: Any) -> dict[str, Any]:
     return {"source": {"journal": None, "kafka": {**KAFKA, **fields}}}
 
 
+WINDOW_EVENT_TIME = {"field": "ts", "maxOutOfOrdernessSeconds": 10}
+"""An event time for the windowed builtins' cases."""
+
+
 def journal_source(**fields: Any) -> dict[str, Any]:
     """A spec patch setting ``fields`` on the base task's journal (path /data/journal/orders, 4 partitions)."""
     return {"source": {"journal": fields}}
@@ -121,6 +125,17 @@ GOOD_CASES: list[GoodCase] = [
         kafka_source(
             options={"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"}, credentialsSecret="k"
         ),
+    ),
+    GoodCase(
+        "builtin-tumbling-count",
+        {"processor": {"window": {"type": "tumbling", "sizeSeconds": 60}}, "eventTime": WINDOW_EVENT_TIME},
+    ),
+    GoodCase(
+        "builtin-session-max-updates",
+        {
+            "processor": {"builtin": "max", "field": "amount", "window": {"type": "session", "gapSeconds": 1800}},
+            "eventTime": WINDOW_EVENT_TIME,
+        },
     ),
     GoodCase(
         "spark-conf-per-bucket-timeout", {"spark": {"conf": {"spark.hadoop.fs.s3a.bucket.b.connection.timeout": "5s"}}}
@@ -154,6 +169,51 @@ BAD_CASES: list[BadCase] = [
         "Task",
         {"processor": {"builtin": None, "python": "not an import path"}},
         "spec.processor.python",
+    ),
+    BadCase("processor-min-without-field", "Task", {"processor": {"builtin": "min"}}, "spec.processor.field"),
+    # Task: builtin windows
+    BadCase(
+        "window-without-event-time",
+        "Task",
+        {"processor": {"window": {"type": "tumbling", "sizeSeconds": 60}}},
+        "spec.processor.window",
+    ),
+    BadCase("event-time-with-builtin-and-no-window", "Task", {"eventTime": WINDOW_EVENT_TIME}, "spec.eventTime"),
+    BadCase(
+        "window-with-python",
+        "Task",
+        {
+            "processor": {"builtin": None, "python": "a.b:C", "window": {"type": "session", "gapSeconds": 5}},
+            "eventTime": WINDOW_EVENT_TIME,
+        },
+        "spec.processor.window",
+    ),
+    BadCase(
+        "window-slide-over-size",
+        "Task",
+        {
+            "processor": {"window": {"type": "sliding", "sizeSeconds": 60, "slideSeconds": 90}},
+            "eventTime": WINDOW_EVENT_TIME,
+        },
+        "spec.processor.window.slideSeconds",
+    ),
+    BadCase(
+        "window-tumbling-with-gap",
+        "Task",
+        {
+            "processor": {"window": {"type": "tumbling", "sizeSeconds": 60, "gapSeconds": 5}},
+            "eventTime": WINDOW_EVENT_TIME,
+        },
+        "spec.processor.window",
+    ),
+    BadCase(
+        "window-with-allowed-lateness",
+        "Task",
+        {
+            "processor": {"window": {"type": "tumbling", "sizeSeconds": 60}},
+            "eventTime": {**WINDOW_EVENT_TIME, "allowedLatenessSeconds": 5},
+        },
+        "spec.eventTime.allowedLatenessSeconds",
     ),
     # Task: source, sink, storage
     BadCase(

@@ -47,6 +47,7 @@ from .task import (
     TaskSpec,
     TaskStatus,
     VolumeSpec,
+    WindowSpec,
 )
 
 __all__ = [
@@ -73,6 +74,7 @@ __all__ = [
     "MergeStatus",
     "PersistentVolumeClaimRef",
     "ProcessorSpec",
+    "WindowSpec",
     "ResourceRequirements",
     "RestoreFrom",
     "S3Storage",

@@ -59,6 +59,7 @@ __all__ = [
     "KafkaSource",
     "EventTimeSpec",
     "ProcessorSpec",
+    "WindowSpec",
     "ResourceRequirements",
     "PersistentVolumeClaimRef",
     "EnvVar",
@@ -89,6 +90,38 @@ def _one_of_rule(path: str, a: str, b: str) -> dict[str, str]:
     )
 
 
+class WindowSpec(config.WindowSpec, K8sModel):
+    """A builtin processor's event-time window."""
+
+    FIELD_PATH: ClassVar[str] = "spec.processor.window"
+    model_config = k8s_schema(
+        cel(
+            "self.type != 'tumbling' || (has(self.sizeSeconds) && !has(self.slideSeconds) && !has(self.gapSeconds))",
+            "spec.processor.window: type tumbling takes sizeSeconds (and neither slideSeconds nor gapSeconds)",
+        ),
+        cel(
+            "self.type != 'sliding' || (has(self.sizeSeconds) && has(self.slideSeconds) && !has(self.gapSeconds))",
+            "spec.processor.window: type sliding takes sizeSeconds and slideSeconds (and not gapSeconds)",
+        ),
+        cel(
+            "self.type != 'session' || (has(self.gapSeconds) && !has(self.sizeSeconds) && !has(self.slideSeconds))",
+            "spec.processor.window: type session takes gapSeconds (and neither sizeSeconds nor slideSeconds)",
+        ),
+        cel(
+            "!has(self.slideSeconds) || !has(self.sizeSeconds) || self.slideSeconds <= self.sizeSeconds",
+            "spec.processor.window.slideSeconds must be at most spec.processor.window.sizeSeconds",
+            field_path=".slideSeconds",
+        ),
+        type="tumbling (fixed windows of sizeSeconds), sliding (windows of sizeSeconds starting every "
+        "slideSeconds) or session (per key, closed after gapSeconds without a record).",
+        size_seconds="tumbling and sliding: the window's length.",
+        slide_seconds="sliding: how often a window starts (at most sizeSeconds).",
+        gap_seconds="session: the inactivity that closes a key's session.",
+        emit="final (default): each window's result once, when the watermark passes its end. updates: after every "
+        "batch that changed the window; the last one is final.",
+    )
+
+
 class ProcessorSpec(config.ProcessorSpec, K8sModel):
     """The stateful per-key processor: a builtin or a Python class."""
 
@@ -96,19 +129,27 @@ class ProcessorSpec(config.ProcessorSpec, K8sModel):
     model_config = k8s_schema(
         _one_of_rule("spec.processor", "builtin", "python"),
         cel(
-            "!has(self.builtin) || self.builtin != 'sum' || has(self.field)",
-            "spec.processor.field is required when spec.processor.builtin is sum (the numeric event field to add up)",
+            "!has(self.builtin) || self.builtin == 'count' || has(self.field)",
+            "spec.processor.field is required when spec.processor.builtin is sum, min or max (the numeric event "
+            "field it reads)",
             field_path=".field",
             reason="FieldValueRequired",
         ),
         cel(
-            "!has(self.field) || (has(self.builtin) && self.builtin == 'sum')",
-            "spec.processor.field is only valid with spec.processor.builtin: sum",
+            "!has(self.field) || (has(self.builtin) && self.builtin != 'count')",
+            "spec.processor.field is only valid with spec.processor.builtin: sum, min or max",
             field_path=".field",
             reason="FieldValueForbidden",
         ),
-        builtin="A builtin processor: count or sum. Exactly one of builtin or python.",
-        field="For builtin sum only: the numeric event field to add up per key.",
+        cel(
+            "!has(self.window) || has(self.builtin)",
+            "spec.processor.window is only valid with a builtin: a Python processor keeps its own windows with timers",
+            field_path=".window",
+            reason="FieldValueForbidden",
+        ),
+        builtin="A builtin processor: count, sum, min or max (per key, or per key and window with window). Exactly "
+        "one of builtin or python.",
+        field="For builtin sum, min and max: the numeric event field they read.",
         python="Import path of a Python processor class, 'package.module:ClassName'. Exactly one of builtin or python.",
     )
 
@@ -116,6 +157,11 @@ class ProcessorSpec(config.ProcessorSpec, K8sModel):
         default=None, description="Free-form parameters passed to the processor as a JSON object."
     )
     """The runtime's ``dict[str, Any]``, typed for the CRD: kept as is by the apiserver (no pruning)."""
+    window: WindowSpec | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="For a builtin: aggregate per key and event-time window, run as Spark's native windowed "
+        "aggregation (needs spec.eventTime). Cannot change on an existing Task.",
+    )
 
 
 class EventTimeSpec(config.EventTimeSpec, K8sModel):
@@ -743,10 +789,22 @@ class TaskSpec(K8sModel):
             _multiple_rule("journal"),
             _multiple_rule("kafka"),
             cel(
-                "!has(self.eventTime) || has(self.processor.python)",
+                "!has(self.eventTime) || has(self.processor.python) || has(self.processor.window)",
                 f"spec.{config.EVENT_TIME_NEEDS_PYTHON}",
                 field_path=".eventTime",
                 reason="FieldValueForbidden",
+            ),
+            cel(
+                "!has(self.processor.window) || has(self.eventTime)",
+                f"spec.{config.WINDOW_NEEDS_EVENT_TIME}",
+                field_path=".processor.window",
+                reason="FieldValueRequired",
+            ),
+            cel(
+                "!has(self.processor.window) || !has(self.eventTime) || !has(self.eventTime.allowedLatenessSeconds)"
+                " || self.eventTime.allowedLatenessSeconds == 0.0",
+                f"spec.{config.WINDOW_NO_LATENESS}",
+                field_path=".eventTime.allowedLatenessSeconds",
             ),
             cel(
                 "!has(self.eventTime) || !has(self.eventTime.kafkaTimestamp) || !self.eventTime.kafkaTimestamp"
@@ -754,6 +812,13 @@ class TaskSpec(K8sModel):
                 f"spec.{config.EVENT_TIME_KAFKA_ONLY}",
                 field_path=".eventTime.kafkaTimestamp",
                 reason="FieldValueForbidden",
+            ),
+            cel(
+                "has(self.processor.window) == has(oldSelf.processor.window) && (!has(self.processor.window) || "
+                "self.processor.window == oldSelf.processor.window)",
+                "spec.processor.window cannot be added, removed or changed on an existing Task: its shards' state is "
+                "kept per window (create a new Task)",
+                field_path=".processor.window",
             ),
             cel(
                 "has(self.eventTime) == has(oldSelf.eventTime)",
@@ -873,8 +938,8 @@ class TaskSpec(K8sModel):
                     f"spec.autoscale.maxShards: {self.autoscale.max_shards} must be at most spec.maxKeyGroups "
                     f"({self.max_key_groups}): {SHARDS_LIMIT_REASON}"
                 )
-        if self.event_time is not None and self.processor.python is None:
-            raise ValueError(f"spec.{config.EVENT_TIME_NEEDS_PYTHON}")
+        for message in config.time_problems(self.processor, self.event_time):
+            raise ValueError(f"spec.{message}")
         if self.event_time is not None and self.event_time.kafka_timestamp and self.source.kafka is None:
             raise ValueError(f"spec.{config.EVENT_TIME_KAFKA_ONLY}")
         partitions = self.source.nested_partitions
