@@ -29,6 +29,8 @@ The benchmarks (issue 8), each a script that prints its table and writes JSON + 
     changelog bytes at 100,000, 1,000,000 and 10,000,000 keys of state).
 15. ``time``: ``bench/time_engine.py`` (the event-time session processor next to the Python count; a split and a
     merge in the middle of open sessions and pending timers, exact against a plain-Python sessionization).
+16. ``windows``: ``bench/windows_throughput.py`` (a shard's builtin tumbling-window count next to Spark's own
+    ``groupBy(window, key).count()`` over the same input, same output).
 
 They run one after another (never two at once: they would measure each other), each in its own process, with
 the load average sampled around it. A failing benchmark is reported on the page and the others still run; the
@@ -179,6 +181,14 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         "result": "time_engine",
         "full": ["--repeat", "2"],
         "quick": ["--events", "300000", "--repeat", "1", "--exact-events", "60000"],
+    },
+    "windows": {
+        "number": 16,
+        "title": "Builtin windows: a tumbling-window count next to Spark's own",
+        "script": "bench/windows_throughput.py",
+        "result": "windows_throughput",
+        "full": ["--repeat", "3"],
+        "quick": ["--events", "500000", "--keys", "50000", "--repeat", "1"],
     },
 }
 

@@ -15,8 +15,7 @@ micro-batches, a fresh checkpoint each):
    split (restore hand-over) and whose children are merged, each hand-over with sessions open and timers pending;
    the closed sessions every shard emitted must equal a plain-Python sessionization of the on-time events, each
    once, and the late records must be in the dead letters once. Target: exact.
-3. **Builtin windows**: the issue's target for a native tumbling-window count is listed, and reported as missed
-   while builtin windows are not built.
+(Builtin windows have their own benchmark: ``bench/windows_throughput.py``.)
 
 Prints tables and writes ``<out>/time_engine.{json,png}``.
 
@@ -311,14 +310,6 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "met": bool(exact["exact"]),
             "why": "see the exactness table" if not exact["exact"] else None,
-        },
-        {
-            "name": "builtin tumbling-window count (1-minute windows, 100k keys, 2M events, delay 10 s) vs Spark's "
-            "groupBy(window, key).count()",
-            "target": ">= 0.9x",
-            "value": "not built",
-            "met": False,
-            "why": "builtin windows are not built yet: time runs only in Python processors so far",
         },
     ]
     plot([(n, args.events / best[n]) for n in runs], out / "time_engine.png")
