@@ -1,6 +1,8 @@
 """Event time from the Kafka record timestamp, against the real broker and MinIO: a session-window Task (Kafka in
 and out, state on S3) split while sessions are open and timers pending, exact against a plain-Python
-sessionization; late records in the dead letters on S3 once, by the shard that owns their key."""
+sessionization; late records in the dead letters on S3 once, by the shard that owns their key. Twice: with the
+Python session processor (timers), and with the builtin session-window count (Spark's native aggregation, whose
+late records the runtime finds by reading a batch's Kafka offsets again)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 
 from spark_runtime.keygroups import key_group
 from tests.spark.time_processors import reference_sessions
+from tests.spark.window_reference import reference_windows
 
 from .test_kafka_s3_shards import MAX_KEY_GROUPS, Running, Setup
 
@@ -39,16 +42,34 @@ def key_in(start: int, end: int, prefix: str) -> str:
     return next(k for k in (f"{prefix}{i}" for i in range(1000)) if start <= key_group(k, MAX_KEY_GROUPS) < end)
 
 
-def sessions(setup: Setup) -> list[tuple]:
+PROCESSORS = {
+    "python-sessions": {"python": "tests.spark.time_processors:SessionWindow", "parameters": {"gapSeconds": 5}},
+    "builtin-session-count": {"builtin": "count", "window": {"type": "session", "gapSeconds": 5}},
+}
+FIELDS = {
+    "python-sessions": ("start", "end", "count"),
+    "builtin-session-count": ("window_start", "window_end", "result"),
+}
+
+
+def sessions(setup: Setup, kind: str) -> list[tuple]:
     """The closed sessions in the output topic, one per record id (a replayed batch writes its records again with
     the same ids: the Kafka sink is effectively once; a key's several sessions of one batch have ids of their own)."""
     by_id = {r.headers["taskshard-id"]: r.value for r in setup.output_records()}
-    return [(v["key"], v["start"], v["end"], v["count"]) for v in by_id.values() if not v["key"].startswith("end")]
+    start, end, count = FIELDS[kind]
+    return [(v["key"], v[start], v[end], v[count]) for v in by_id.values() if not v["key"].startswith("end")]
 
 
-def test_sessions_on_kafka_record_time_stay_exact_across_a_split(spark, kafka_broker, minio, tmp_path):
-    processor = {"python": "tests.spark.time_processors:SessionWindow", "parameters": {"gapSeconds": 5}}
-    setup, rng = Setup(kafka_broker, minio, tmp_path, processor=processor), random.Random(11)
+def expected_sessions(kind: str, events: list[tuple[dict, int]]) -> set[tuple]:
+    if kind == "python-sessions":
+        return reference_sessions([(r["key"], t) for r, t in events], GAP_MS)
+    windows = reference_windows("session", "count", [(r["key"], t, 1) for r, t in events], gap_ms=GAP_MS)
+    return {(k, s, e, n) for (k, s, e), n in windows.items()}
+
+
+@pytest.mark.parametrize("kind", list(PROCESSORS))
+def test_sessions_on_kafka_record_time_stay_exact_across_a_split(spark, kafka_broker, minio, tmp_path, kind):
+    setup, rng = Setup(kafka_broker, minio, tmp_path, processor=PROCESSORS[kind]), random.Random(11)
     over = {
         "eventTime": {"kafkaTimestamp": True, "maxOutOfOrdernessSeconds": 1},
         # No cap on a batch's records: a capped batch may read one partition further in time than another, and the
@@ -83,15 +104,15 @@ def test_sessions_on_kafka_record_time_stay_exact_across_a_split(spark, kafka_br
     ends = [({"key": key_in(0, 8, "end-a")}, now), ({"key": key_in(8, 16, "end-b")}, now)]
     produce(kafka_broker, setup.topic_in, events[1600:] + ends)
     end = kafka_broker.end_offsets(setup.topic_in)
-    expected = reference_sessions([(r["key"], t) for r, t in events], GAP_MS)
+    expected = expected_sessions(kind, events)
     for child in children:
         child.wait_caught_up(end)
         assert child.runner.plan.watermark_floor_ms == manifest_watermark
-    children[0].wait_for(lambda: len(sessions(setup)) >= len(expected), "every session closed")
+    children[0].wait_for(lambda: len(sessions(setup, kind)) >= len(expected), "every session closed")
     for child in children:
         child.finish()
 
-    got = sessions(setup)
+    got = sessions(setup, kind)
     assert len(got) == len(set(got)), "a session was emitted twice"
     assert set(got) == expected
     # No local dead-letter directory (Kafka sink, S3 storage): each shard's late records are in its directory on S3.

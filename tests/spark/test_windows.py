@@ -1,6 +1,6 @@
 """Builtin windows on Spark: tumbling, sliding and session windows exact against a plain-Python reference over a
-restart, a split and a merge with windows open; late records in the dead letters once; the watermark never
-going back across a hand-over.
+restart, an aborted split, a split and a merge with windows open; late records in the dead letters once; the
+watermark never going back across a hand-over.
 
 One shared SparkSession; each test is one chain of shards (root, restart, two split children, a merged shard)
 over a 16-key-group task.
@@ -60,9 +60,38 @@ def open_windows(summary: dict) -> int:
     return json.loads(Path(summary["manifest"]).read_text())["snapshot"]["rows"]
 
 
-def run_chain(env: TaskEnv, spark, events: list[dict], expected: int) -> tuple[list[dict], list[dict]]:
-    """Root, restart, split into two, merge back; late records between the steps. Returns the emitted records
-    (once ``expected`` windows, or more, were written after the closing record) and the late records produced."""
+def abort_a_split(env: TaskEnv, spark) -> None:
+    """A split of the stopped root withdrawn: its children start on standby (restore mode: they wait for the root's
+    drain), the operator's abort deletes them and runs the root once with ``--abort-split``; only their fences
+    are left."""
+    from spark_runtime.handover import abort_split
+    from spark_runtime.shard import ShardRunner
+
+    from .test_standby import InThread, release, shard_dir
+
+    restore = {"parent": "orders-0-16", "manifest": str(shard_dir(env, "orders-0-16") / "drained.json")}
+    standby = [ShardRunner(env.config(a, b, restore, eventTime=EVENT_TIME), spark) for a, b in [(0, 8), (8, 16)]]
+    threads = [InThread(c.run, f"standby {c.config.shard}") for c in standby]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(r.rehearsal_seconds is not None for r in standby):
+        time.sleep(0.2)  # until both rehearsed the window plan on standby
+    assert all(r.rehearsal_seconds is not None for r in standby), "a standby child did not rehearse its window plan"
+    release(standby, threads)
+    summary = abort_split(ShardRunner(env.config(0, 16, eventTime=EVENT_TIME), spark), ["orders-0-8", "orders-8-16"])
+    assert summary["event"] == "aborted"
+    for child in ("orders-0-8", "orders-8-16"):
+        assert {f.name for f in shard_dir(env, child).iterdir()} == {"epochs"}, "only the fence is left"
+    assert not list(env.sink.glob("shard=orders-0-8/**/batch-*")), "the standby children never emitted"
+
+
+def run_chain(
+    env: TaskEnv, spark, events: list[dict], expected: int, abort: bool = False
+) -> tuple[list[dict], list[dict]]:
+    """Root, restart (with ``abort``: and a split withdrawn meanwhile), split into two, merge back; late records
+    between the steps. Returns the emitted records (once ``expected`` windows, or more, were written after the
+    closing record) and the late records produced."""
     from spark_runtime.shard import ShardRunner
 
     rng = random.Random(5)
@@ -82,6 +111,8 @@ def run_chain(env: TaskEnv, spark, events: list[dict], expected: int) -> tuple[l
     env.produce(events[q : 2 * q])
     wait_caught_up(env, [root])
     root.stop()  # a restart resumes the open windows and the watermark from the checkpoint
+    if abort:
+        abort_a_split(env, spark)
     root = ShardRunner(env.config(0, 16, eventTime=EVENT_TIME), spark)
     root.start()
     env.produce(events[2 * q : 3 * q])
@@ -148,7 +179,7 @@ def test_final_windows_stay_exact_across_a_restart_a_split_and_a_merge(make_task
         size_ms=int(window.get("sizeSeconds", 0) * 1000),
         gap_ms=int(window.get("gapSeconds", 0) * 1000),
     )
-    got, late = run_chain(env, shard_spark, events, len(expected))
+    got, late = run_chain(env, shard_spark, events, len(expected), abort=kind == "tumbling")
     windows = [(r["key"], r["window_start"], r["window_end"]) for r in got]
     assert len(windows) == len(set(windows)), "a window was written twice"
     assert {(r["key"], r["window_start"], r["window_end"]): r["result"] for r in got} == expected
