@@ -16,8 +16,8 @@
   Why runs: ``docs/benchmarks.md`` (state layouts) measures them against the blob and two per-key
   ``transformWithState`` layouts.
 
-The builtins (count, sum) do not use this package: they are Spark's native aggregation
-(:mod:`spark_runtime.pipeline`).
+The builtins (count, sum, min, max, with or without windows) do not use this package: they are Spark's native
+aggregation (:mod:`spark_runtime.pipeline`, :mod:`spark_runtime.windows`).
 """
 
 from dataclasses import dataclass

@@ -161,15 +161,16 @@ def assert_late_once(env: TaskEnv, late: list[dict]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("window", "builtin"),
+    ("window", "builtin", "nested"),
     [
-        ({"type": "tumbling", "sizeSeconds": 2}, {"builtin": "count"}),
-        ({"type": "session", "gapSeconds": 1.5}, {"builtin": "sum", "field": "v"}),
+        ({"type": "tumbling", "sizeSeconds": 2}, {"builtin": "count"}, False),
+        # key groups nested in the journal's partitions: the state key carries the key group
+        ({"type": "session", "gapSeconds": 1.5}, {"builtin": "sum", "field": "v"}, True),
     ],
-    ids=["tumbling-count", "session-sum"],
+    ids=["tumbling-count", "session-sum-partitioned-by-key"],
 )
-def test_final_windows_stay_exact_across_a_restart_a_split_and_a_merge(make_task, shard_spark, window, builtin):
-    env = make_task(processor={**builtin, "window": window})
+def test_final_windows_stay_exact_across_a_restart_a_split_and_a_merge(make_task, shard_spark, window, builtin, nested):
+    env = make_task(processor={**builtin, "window": window}, partitioned_by_key=nested)
     events = window_events(1500, 1_000_000, random.Random(3))
     kind, aggregate = window["type"], builtin["builtin"]
     expected = reference_windows(
