@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from taskshard_operator import builders, naming
 from taskshard_operator import status as st
 from taskshard_operator.executors import ExecutorView
+from taskshard_operator.install_defaults import InstallDefaults, install_defaults
 from taskshard_operator.live import LiveStore, Scraped, ScrapeTarget
 from taskshard_operator.models.task import TaskSpec
 
@@ -100,11 +101,15 @@ class ParsedTask:
     error: ValidationError | None
 
 
-def parse_task(task: Mapping[str, Any]) -> ParsedTask:
+def parse_task(task: Mapping[str, Any], defaults: InstallDefaults | None = None) -> ParsedTask:
+    """The Task's effective spec: as written, with what it leaves open filled from the release's ``defaults``
+    (:mod:`taskshard_operator.install_defaults`; None: this process's)."""
     try:
         spec = TaskSpec.from_k8s(task.get("spec") or {})
     except ValidationError as e:
         return ParsedTask(None, None, e)
+    namespace = (task.get("metadata") or {}).get("namespace")
+    spec = (defaults or install_defaults()).apply(spec, namespace)
     return ParsedTask(spec, builders.template_hash(spec), None)
 
 

@@ -334,3 +334,24 @@ def test_network_policies_close_the_shard_pods_in_every_watched_namespace():
         {"from": [{"podSelector": {"matchLabels": shard}}, {"podSelector": {"matchLabels": executor}}]}
     ]
     assert not by_kind(render("networkPolicy.enabled=false"), "NetworkPolicy")
+
+
+def test_the_release_hands_its_task_defaults_to_the_operator():
+    """The shard ServiceAccount (where the chart creates it) and the S3 defaults reach the operator's environment
+    (:mod:`taskshard_operator.install_defaults` fills a Task's open fields with them)."""
+
+    def env(*sets: str) -> dict[str, str]:
+        container = by_kind(render(*sets), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    defaults = env("storage.s3.endpoint=http://minio:9000", "storage.s3.credentialsSecret=s3-creds")
+    assert defaults["TASKSHARD_DEFAULT_S3_ENDPOINT"] == "http://minio:9000"
+    assert defaults["TASKSHARD_DEFAULT_S3_CREDENTIALS_SECRET"] == "s3-creds"
+    assert defaults["TASKSHARD_DEFAULT_SHARD_SERVICE_ACCOUNT"] == "taskshard-shard"
+    assert defaults["TASKSHARD_DEFAULT_SHARD_SERVICE_ACCOUNT_NAMESPACES"] == "taskshard-system"
+    watched = env("watchNamespaces={team-a,team-b}")
+    assert watched["TASKSHARD_DEFAULT_SHARD_SERVICE_ACCOUNT_NAMESPACES"] == "team-a,team-b"
+    bare = env("shardServiceAccount.create=false")
+    assert not {k for k in bare if k.startswith("TASKSHARD_DEFAULT_")}
+    refused = helm("template", "ts", str(CHART), "--set", "storage.s3.bucket=b", check=False)
+    assert refused.returncode != 0 and "bucket" in refused.stderr, "a value that would do nothing is refused"

@@ -593,8 +593,9 @@ class SparkSpec(K8sModel):
         max_length=253,
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description=(
-            "ServiceAccount of the driver pod (default: the namespace's 'default', with no API token mounted "
-            "unless executors run on Kubernetes). The chart creates 'taskshard-shard' in watched namespaces."
+            "ServiceAccount of the driver pod, with no API token mounted unless executors run on Kubernetes "
+            "(default: the chart's shard ServiceAccount, 'taskshard-shard', in the namespaces where the chart "
+            "created it; else the namespace's 'default')."
         ),
     )
     conf: dict[str, str] | None = Field(
