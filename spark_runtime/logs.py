@@ -24,6 +24,14 @@ PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _phase = "starting"
 
 
+_format = "plain"
+
+
+def log_format() -> str:
+    """The format :func:`configure` set (``plain`` before it ran)."""
+    return _format
+
+
 def set_phase(phase: str) -> None:
     """The runner's phase, added to every JSON line from now on."""
     global _phase
@@ -57,12 +65,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
+JVM_JSON_LOGGING = "-Dlog4j2.configurationFile=classpath:org/apache/spark/log4j2-json-layout.properties"
+"""The JVM option that makes Spark's own log lines JSON (Spark's structured-logging layout: ``ts``, ``level``,
+``msg``, ``logger``, ``context``). Spark's ``spark.log.structuredLogging.enabled`` has no effect under PySpark,
+whose JVM Spark starts as a shell (plain logs by design), so the runtime names Spark's JSON layout itself."""
+
+
 def configure(level: str = "INFO", fmt: str | None = None) -> str:
     """Set up the root logger on stderr; ``fmt`` ``plain`` or ``json`` (None: ``$TASKSHARD_LOG_FORMAT``, else
-    plain). Returns the format used."""
+    plain). Returns the format used, which :func:`log_format` answers from then on (the SparkSession's JVM logs
+    JSON too: :func:`spark_runtime.session.spark_session`)."""
+    global _format
     fmt = (fmt or os.environ.get(LOG_FORMAT_ENV) or "plain").lower()
     if fmt not in ("plain", "json"):
         raise ValueError(f"log format {fmt!r}: expected plain or json")
+    _format = fmt
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(PLAIN_FORMAT))
     root = logging.getLogger()

@@ -10,6 +10,8 @@ import os
 import sys
 from typing import Any
 
+from spark_runtime.logs import JVM_JSON_LOGGING, log_format
+
 __all__ = ["DEFAULT_CONF", "EXTRA_JARS_ENV", "extra_jars_conf", "spark_session", "prepare_python_env"]
 
 EXTRA_JARS_ENV = "TASKSHARD_EXTRA_JARS"
@@ -77,6 +79,9 @@ def spark_session(master: str, conf: dict[str, str] | None = None, app_name: str
     from pyspark.sql import SparkSession
 
     merged = {**DEFAULT_CONF, **extra_jars_conf(), **(conf or {})}
+    if log_format() == "json":  # the JVM's lines as JSON too (the driver's, and executors' on Kubernetes)
+        for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+            merged[key] = f"{merged.get(key, '')} {JVM_JSON_LOGGING}".strip()
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in merged.items():
         builder = builder.config(key, value)

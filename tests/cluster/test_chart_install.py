@@ -111,11 +111,13 @@ def test_install_runs_the_operator_with_chart_rbac_upgrade_keeps_shards_uninstal
     ranges = sorted((s["spec"]["keyGroups"]["start"], s["spec"]["keyGroups"]["end"]) for s in shards)
     assert ranges == [(0, 8), (8, 16)]
     uids_before = {s["metadata"]["name"]: s["metadata"]["uid"] for s in shards}
-    wait_for(
-        lambda: len(get_json(kubectl, "pods", "-l", "taskshard.io/task=orders")["items"]) == 2,
+    drivers = wait_for(
+        lambda: len(items := get_json(kubectl, "pods", "-l", "taskshard.io/task=orders")["items"]) == 2 and items,
         120,
         "one driver pod per shard",
     )
+    # The Task names no ServiceAccount: its shards run as the one the chart created in the watched namespace.
+    assert {p["spec"]["serviceAccountName"] for p in drivers} == {"taskshard-shard"}
     checkpoints = [tmp_path / "state" / "orders" / "shards" / name / "checkpoint" for name in uids_before]
     wait_for(lambda: all(c.is_dir() for c in checkpoints), 180, "each shard's recovery log (checkpoint) on disk")
     log = pod_log(kube_cluster, helm.namespace, pod["metadata"]["name"], "operator")
