@@ -40,6 +40,7 @@ from spark_runtime.engine.schema import StateSchema
 from spark_runtime.engine.step import EVENT_TIME, LATE
 from spark_runtime.protocol import SkipRule
 from spark_runtime.records import RECORD_TIME, RecordSpec
+from spark_runtime.windows import WINDOW_RESULT_COLUMNS, window_frame
 
 __all__ = ["Plan", "build_output_frame", "key_group_column", "make_plan", "owned_records"]
 
@@ -150,8 +151,6 @@ def make_plan(config: ShardConfig) -> Plan:
 
 def _builtin_plan(config: ShardConfig) -> Plan:
     """count, sum, min or max per key, or per key and window (then with the Task's event time)."""
-    from spark_runtime.windows import WINDOW_RESULT_COLUMNS
-
     proc = config.processor
     assert proc.builtin is not None
     typ = "bigint" if proc.builtin == BuiltinProcessor.COUNT else "double"
@@ -276,8 +275,6 @@ def build_output_frame(
             F.count(F.lit(1)).alias("rows"),
         )
     if plan.window is not None:
-        from spark_runtime.windows import window_frame
-
         return window_frame(spark, config, plan, mine, kg, seed)
     if plan.kind == "builtin":
         delta_type = plan.result_type

@@ -180,15 +180,10 @@ class ShardRunner:
         self.available_now = available_now
         self.query: Any = None
         self._query_name = f"taskshard-{config.shard}-{uuid.uuid4().hex[:6]}"
-        self.window_late: WindowLateFinder | None = None
-        """A builtin window's late-record finder (set when the query starts)."""
+        self.window_late: WindowLateFinder | None = None  # a builtin window's, set at its first batch
         self.sink: DirectorySinkWriter | KafkaSinkWriter = self._make_sink()
         self.dead_letters = DeadLetterCounter(dead_letter_dir) if dead_letter_dir is not None else None
-        self.late_letters: LateLetters | None = None
-        """Late records' dead letters (only with event time; :mod:`spark_runtime.late`)."""
-        if config.event_time is not None:
-            late_dir = location(str(dead_letter_dir)) if dead_letter_dir is not None else self.paths.late_letters
-            self.late_letters = LateLetters(late_dir)
+        self.late_letters = self._late_letters(dead_letter_dir)
         self._checked = False
         self._listed_at = 0.0
         self.start_positions: dict[str, Any] | None = None
@@ -262,6 +257,13 @@ class ShardRunner:
     def already_drained(self) -> bool:
         """A valid drain summary of this shard exists (:func:`spark_runtime.handover.own_drain_summary`)."""
         return own_drain_summary(self.paths) is not None
+
+    def _late_letters(self, dead_letter_dir: Path | None) -> LateLetters | None:
+        """Late records' dead letters (only with event time; :mod:`spark_runtime.late`): next to the other dead
+        letters, else in the shard's directory of the Task's storage."""
+        if self.config.event_time is None:
+            return None
+        return LateLetters(location(str(dead_letter_dir)) if dead_letter_dir is not None else self.paths.late_letters)
 
     def _make_sink(self) -> DirectorySinkWriter | KafkaSinkWriter:
         """The sink writer of ``config.sink`` (a Python processor's and a window's Kafka records are numbered per key
@@ -493,7 +495,6 @@ class ShardRunner:
             )
             self.plan = dataclasses.replace(self.plan, layout=chosen.layout, state_buckets=chosen.buckets)
         out = build_output_frame(self.spark, cfg, self.plan, events, seed, restore.skip if restore else None)
-        self.window_late = self._window_late_finder(ctx)
         writer = (
             out.writeStream.outputMode(output_mode(self.plan.window))
             .queryName(self._query_name)
@@ -575,13 +576,11 @@ class ShardRunner:
         finally:
             if cached is not None:
                 cached.unpersist()
-        if self.window_late is not None:
+        if self.plan.window is not None:
             self._write_window_late(int(batch_id))
 
-    def _window_late_finder(self, ctx: SourceContext) -> WindowLateFinder | None:
-        """A builtin window's late-record finder (:mod:`spark_runtime.windows`), None for other plans."""
-        if self.plan.window is None:
-            return None
+    def _window_late_finder(self, ctx: SourceContext) -> WindowLateFinder:
+        """A builtin window's late-record finder (:mod:`spark_runtime.windows`)."""
         if not isinstance(self.source, ReadsRanges):  # journal and Kafka both can
             raise ConfigError([f"processor.window: the {self.source.kind} source cannot read a batch's range again"])
         return WindowLateFinder(self.config, self.plan, self.source, ctx, self.positions_at)
@@ -589,7 +588,9 @@ class ShardRunner:
     def _write_window_late(self, batch_id: int) -> None:
         """A builtin window batch's late records to ``late-b<batch>.jsonl`` (after its output: Spark's count of
         dropped rows is complete then; before the commit, so a replay rewrites the same file)."""
-        assert self.window_late is not None
+        if self.window_late is None:  # the stream's context exists once the query started
+            assert self.source_context is not None
+            self.window_late = self._window_late_finder(self.source_context)
         query = self.query or next(q for q in self.spark.streams.active if q.name == self._query_name)
         letters = self.window_late.letters(self.spark, query, batch_id)
         if letters and self.late_letters is not None:
