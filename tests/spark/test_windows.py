@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import TaskEnv, wait_caught_up
+from .test_time import emitted, late_letters
 from .window_reference import reference_windows
 
 pytestmark = pytest.mark.spark
@@ -35,20 +36,6 @@ def window_events(n: int, start: int, rng: random.Random) -> list[dict]:
         key = "hot" if i % 4 == 0 else f"u{rng.randrange(24)}"
         out.append({"key": key, "ts": t + rng.randrange(0, 900), "v": rng.randrange(1, 100)})
     return out
-
-
-def emitted(env: TaskEnv) -> list[dict]:
-    """Every output record of every shard's committed batches."""
-    from spark_runtime.results import read_committed, read_sink
-
-    return read_sink(env.sink, read_committed(env.storage, env.task))
-
-
-def late_letters(env: TaskEnv) -> list[dict]:
-    rows = []
-    for path in sorted(env.sink.glob("_dead_letters/shard=*/late-b*.jsonl")):
-        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return rows
 
 
 def watermark_of(summary: dict) -> int:
