@@ -50,7 +50,8 @@ class Event:
 
 @dataclass(frozen=True)
 class Create:
-    """Create ``body`` (``plural``: pods, configmaps, services or taskshards); ``announce`` is posted if it is new."""
+    """Create ``body`` (``plural``: pods, services, secrets, poddisruptionbudgets or taskshards; services and secrets
+    are kept when they exist, a budget's ``minAvailable`` is set); ``announce`` is posted if it is new."""
 
     plural: str
     body: dict[str, Any]
@@ -140,6 +141,9 @@ def _do(kube: Kube, observed: Observed, namespace: str, action: Action, backoff:
             return None
         if action.plural == "secrets":
             kube.ensure_secret(namespace, action.body)
+            return None
+        if action.plural == "poddisruptionbudgets":
+            kube.apply_disruption_budget(namespace, action.body)
             return None
         created = kube.create_custom(action.plural, namespace, action.body)
         if created is not None:

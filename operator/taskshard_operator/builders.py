@@ -578,6 +578,25 @@ def build_executor_service(*, task: str, shard: str, key_groups: KeyGroupRange) 
     }
 
 
+def build_disruption_budget(*, task: str, min_available: int) -> dict[str, Any]:
+    """The Task's PodDisruptionBudget ``<task>-shards``: a voluntary disruption (a node drain) leaves at least
+    ``min_available`` of its driver pods running (the operator keeps it at the Task's shards minus one: one shard at a
+    time restarts from its recovery log elsewhere). An integer ``minAvailable``, because Kubernetes' disruption
+    controller counts ``maxUnavailable`` only for pods whose controller has a scale subresource, and driver pods
+    belong to TaskShards. A pod that is not ready (starting, restoring, catching up) may always be evicted: a stuck
+    shard never blocks a drain. The caller adopts it (the Task owns it)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": naming.disruption_budget_name(task), "labels": naming.task_labels(task)},
+        "spec": {
+            "minAvailable": min_available,
+            "selector": {"matchLabels": {naming.LABEL_TASK: task, naming.LABEL_COMPONENT: naming.COMPONENT_SHARD}},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 # ---------------------------------------------------------------- checkpoint retention
 
 

@@ -37,6 +37,10 @@ API_VERBS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "delete_configmap": (("", "configmaps", "delete"),),
     "ensure_service": (("", "services", "create"),),
     "ensure_secret": (("", "secrets", "create"),),
+    "apply_disruption_budget": (
+        ("policy", "poddisruptionbudgets", "create"),
+        ("policy", "poddisruptionbudgets", "patch"),
+    ),
 }
 """(API group, resource, verb) of every call each method makes: the chart's RBAC grants exactly these plus
 :data:`KOPF_VERBS` (a test compares them)."""
@@ -95,6 +99,7 @@ class Kube:
         self.api = api_client or client.ApiClient()
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
+        self.policy = client.PolicyV1Api(self.api)
 
     def _dict(self, obj: Any) -> dict[str, Any]:
         return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
@@ -217,6 +222,19 @@ class Kube:
     def ensure_secret(self, namespace: str, body: dict[str, Any]) -> None:
         """Create the Secret unless it exists (an existing one is kept as it is: never read, never replaced)."""
         _unless_exists(self.core.create_namespaced_secret, namespace, body)
+
+    def apply_disruption_budget(self, namespace: str, body: dict[str, Any]) -> None:
+        """Create the PodDisruptionBudget, or set the ``minAvailable`` of the one that exists (no read)."""
+        try:
+            self.policy.create_namespaced_pod_disruption_budget(namespace, body)
+            return
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        patch = {"spec": {"minAvailable": body["spec"]["minAvailable"]}}
+        self.policy.patch_namespaced_pod_disruption_budget(
+            body["metadata"]["name"], namespace, patch, _content_type=MERGE_PATCH
+        )
 
 
 def _unless_exists(create: Any, namespace: str, body: dict[str, Any]) -> None:

@@ -128,6 +128,10 @@ def cleanup_pod_name(task: str) -> str:
     return f"{task}-cleanup"
 
 
+def disruption_budget_name(task: str) -> str:
+    return f"{task}-shards"
+
+
 def task_labels(task: str) -> dict[str, str]:
     return {LABEL_TASK: task}
 

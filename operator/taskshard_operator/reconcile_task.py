@@ -116,6 +116,7 @@ def decide_task(observed: Observed, namespace: str, name: str) -> Decision | Non
         decision.events.append(Event("Normal", "RollingShard", message))
     scaled = _scale(decision, observed, status, spec, views, plan, target)
     _summarise(decision, views, plan, spec, target, cond, generation, cond(st.SCALED, *scaled))
+    _keep_disruption_budget(decision, task, status, len(planner.owners(views)) + len(plan.create))
     _set_status(decision, {"selector": naming.shard_selector(name)})
     _sum_live(decision, observed, namespace, {v.name for v in planner.owners(views)})
     shown = st.get_condition(status.get("conditions"), st.PROGRESSING) or {}
@@ -440,6 +441,19 @@ def _summarise(decision, views, plan, spec, target, cond, generation, scaled) ->
                 f"task {decision.name}: phase {old_phase or '-'} -> {phase.value}",
             )
         )
+
+
+def _keep_disruption_budget(decision: Decision, task: dict[str, Any], status: Mapping[str, Any], shards: int) -> None:
+    """The Task's PodDisruptionBudget follows its shard count: at least all but one driver pod stay during a node
+    drain (:func:`taskshard_operator.builders.build_disruption_budget`). Applied when the count the status records
+    differs (create, or set ``minAvailable``; idempotent), so a steady Task costs no call."""
+    wanted = {"name": naming.disruption_budget_name(decision.name), "minAvailable": max(0, shards - 1)}
+    if status.get("disruptionBudget") == wanted:
+        return
+    body = builders.build_disruption_budget(task=decision.name, min_available=wanted["minAvailable"])
+    kopf.adopt(body, owner=task)
+    decision.actions.append(Create("poddisruptionbudgets", body))
+    _set_status(decision, {"disruptionBudget": wanted})
 
 
 def _sum_live(decision: Decision, observed: Observed, namespace: str, active: set[str]) -> None:

@@ -118,6 +118,16 @@ def test_install_runs_the_operator_with_chart_rbac_upgrade_keeps_shards_uninstal
     )
     # The Task names no ServiceAccount: its shards run as the one the chart created in the watched namespace.
     assert {p["spec"]["serviceAccountName"] for p in drivers} == {"taskshard-shard"}
+    # A node drain evicts one of its driver pods at a time: the Task's budget, made with the chart's RBAC, and
+    # Kubernetes' disruption controller counting both driver pods under it.
+    budget = get_json(kubectl, "poddisruptionbudget", "orders-shards")
+    assert budget["spec"]["minAvailable"] == 1
+    assert [r["kind"] for r in budget["metadata"]["ownerReferences"]] == ["Task"]
+    assert wait_for(
+        lambda: get_json(kubectl, "poddisruptionbudget", "orders-shards").get("status", {}).get("expectedPods") == 2,
+        60,
+        "the budget counting both driver pods",
+    )
     checkpoints = [tmp_path / "state" / "orders" / "shards" / name / "checkpoint" for name in uids_before]
     wait_for(lambda: all(c.is_dir() for c in checkpoints), 180, "each shard's recovery log (checkpoint) on disk")
     log = pod_log(kube_cluster, helm.namespace, pod["metadata"]["name"], "operator")
@@ -158,6 +168,11 @@ def test_install_runs_the_operator_with_chart_rbac_upgrade_keeps_shards_uninstal
     wait_for(lambda: phases() == expected, 420, f"the split to finish: {expected}", interval=2)
     parent = get_json(kubectl, "taskshard", "orders-0-8")
     assert sorted(parent["status"]["lineage"]["children"]) == ["orders-0-4", "orders-4-8"]
+    wait_for(
+        lambda: get_json(kubectl, "poddisruptionbudget", "orders-shards")["spec"]["minAvailable"] == 2,
+        60,
+        "the budget following three shards",
+    )
     assert parent["status"]["finalCheckpoint"]["manifest"]
 
     # helm uninstall removes the operator; the Task, its shards and the storage directory stay.

@@ -116,7 +116,7 @@ def test_namespaced_by_default_watching_only_the_release_namespace():
     assert set(roles) == ROLES
     application = roles["ts-taskshard-operator-application"]["rules"]
     groups = {g for rule in application for g in rule["apiGroups"]}
-    assert groups == {"taskshard.io", ""}, "the application role touches only TaskShard kinds and core objects"
+    assert groups == {"taskshard.io", "", "policy"}, "only TaskShard kinds, core objects and disruption budgets"
     on_secrets = {verb for rule in application if "secrets" in rule["resources"] for verb in rule["verbs"]}
     assert on_secrets == {"create"}, "the operator creates shards' Spark keys and never reads a Secret"
     assert not any("*" in rule["verbs"] or "*" in rule["resources"] for r in roles.values() for rule in r["rules"])

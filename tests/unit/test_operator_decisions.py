@@ -941,9 +941,10 @@ def test_deciding_is_pure_and_repeatable():
 def test_a_new_task_creates_its_initial_shards():
     world = World({**SPEC, "initialShards": 2})
     decision = decide_task(world, NS, TASK)
-    assert kinds(decision) == ["Create(taskshards)", "Create(taskshards)"]
-    assert [a.body["metadata"]["name"] for a in decision.actions] == [LOW, HIGH]
-    for a in decision.actions:
+    assert kinds(decision) == ["Create(taskshards)", "Create(taskshards)", "Create(poddisruptionbudgets)"]
+    shards = actions_of(decision, Create, naming.SHARD_PLURAL)
+    assert [a.body["metadata"]["name"] for a in shards] == [LOW, HIGH]
+    for a in shards:
         assert a.body["metadata"]["ownerReferences"][0]["uid"] == "task-uid"
         assert a.body["metadata"]["annotations"][naming.ANNOTATION_TEMPLATE_HASH] == decision.status["templateHash"]
         assert a.announce is not None and a.announce.reason == "ShardCreated"
@@ -957,9 +958,36 @@ def test_a_task_with_all_shards_creates_none():
     world = World({**SPEC, "initialShards": 2})
     add_shard(world, LOW, phase="Running")
     add_shard(world, HIGH, phase="Running")
+    world.tasks[TASK]["status"] = {"disruptionBudget": {"name": f"{TASK}-shards", "minAvailable": 1}}
     decision = decide_task(world, NS, TASK)
     assert decision.actions == []
     assert decision.status["phase"] == "Running" and decision.status["shards"] == 2
+
+
+def test_the_tasks_disruption_budget_follows_its_shard_count():
+    """A node drain leaves all driver pods but one: an integer minAvailable (the disruption controller counts
+    maxUnavailable only for pods whose controller scales), set again when the count changes, owned by the Task; a
+    pod not ready may always go."""
+    world = World({**SPEC, "initialShards": 2})
+    (budget,) = actions_of(decide_task(world, NS, TASK), Create, "poddisruptionbudgets")
+    assert budget.body["metadata"]["name"] == f"{TASK}-shards"
+    assert budget.body["metadata"]["ownerReferences"][0]["uid"] == "task-uid"
+    assert budget.body["spec"] == {
+        "minAvailable": 1,
+        "selector": {"matchLabels": {naming.LABEL_TASK: TASK, naming.LABEL_COMPONENT: naming.COMPONENT_SHARD}},
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+    }
+    for name in (LOW, HIGH):
+        add_shard(world, name, phase="Running")
+    world.tasks[TASK]["status"] = {"disruptionBudget": {"name": f"{TASK}-shards", "minAvailable": 1}}
+    assert not actions_of(decide_task(world, NS, TASK), Create, "poddisruptionbudgets"), "unchanged: no call"
+    add_shard(world, "t-0-4", phase="Running", key_groups=KeyGroupRange(0, 4))  # a split later: three owners
+    add_shard(world, "t-4-8", phase="Running", key_groups=KeyGroupRange(4, 8))
+    world.shards[LOW]["status"]["phase"] = "Split"
+    decision = decide_task(world, NS, TASK)
+    (budget,) = actions_of(decision, Create, "poddisruptionbudgets")
+    assert budget.body["spec"]["minAvailable"] == 2
+    assert decision.status["disruptionBudget"] == {"name": f"{TASK}-shards", "minAvailable": 2}
 
 
 def test_many_initial_shards_are_created_a_batch_per_pass_without_duplicates():
@@ -980,7 +1008,7 @@ def test_many_initial_shards_are_created_a_batch_per_pass_without_duplicates():
         assert not set(names) & set(created), "a shard created twice"
         created += names
         for a in decision.actions:
-            if isinstance(a, Create):  # what the next pass's cache shows
+            if isinstance(a, Create) and a.plural == naming.SHARD_PLURAL:  # what the next pass's cache shows
                 body = copy.deepcopy(a.body)
                 body["metadata"].update(namespace=NS, uid=f"uid-{body['metadata']['name']}", resourceVersion="1")
                 world.shards[body["metadata"]["name"]] = {**body, "status": {}}

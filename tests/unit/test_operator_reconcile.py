@@ -201,6 +201,14 @@ class FakeKube:
         if ("secrets", body["metadata"]["name"]) not in self.objects:
             self._new("secrets", body)
 
+    def apply_disruption_budget(self, namespace, body):
+        key = ("poddisruptionbudgets", body["metadata"]["name"])
+        if key not in self.objects:
+            self._new("poddisruptionbudgets", body)
+            return
+        self.objects[key]["spec"]["minAvailable"] = body["spec"]["minAvailable"]
+        self._mutated()
+
     # the cache (Observed): the objects themselves, read without counting as API reads
     def shard(self, namespace, name):
         obj = self.objects.get(("taskshards", name))

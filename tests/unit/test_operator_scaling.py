@@ -263,7 +263,8 @@ def scaled_world(
     if load_maps:
         spec["spark"]["conf"] = {"spark.taskshard.keyGroupMetrics": "true"}
     world = World(spec)
-    world.tasks[TASK]["status"] = {"phase": "Running"}
+    budget = {"name": naming.disruption_budget_name(TASK), "minAvailable": len(ranges) - 1}  # set by earlier passes
+    world.tasks[TASK]["status"] = {"phase": "Running", "disruptionBudget": budget}
     template = parse_task(world.tasks[TASK]).template_hash
     for i, (start, end) in enumerate(ranges):
         name = f"t-{start}-{end}"

@@ -1038,6 +1038,13 @@ class ScaleUpRate(K8sModel):
     rate: float = Field(ge=0, description="The Task's input rows per second then.")
 
 
+class TaskDisruptionBudget(K8sModel):
+    """The Task's PodDisruptionBudget as the operator last set it."""
+
+    name: str = Field(max_length=253, description="Its name: <task>-shards.")
+    min_available: int = Field(ge=0, description="Driver pods a node drain leaves running: the shards minus one.")
+
+
 class TaskAutoscale(K8sModel):
     """The autoscaler's last decision and its memory (absent without spec.autoscale)."""
 
@@ -1109,6 +1116,10 @@ class TaskStatus(K8sModel):
     )
     autoscale: TaskAutoscale | None = Field(
         default=None, description="The autoscaler's last decision and memory (absent without spec.autoscale)."
+    )
+    disruption_budget: TaskDisruptionBudget | None = Field(
+        default=None,
+        description="The PodDisruptionBudget of the Task's driver pods (a node drain evicts one at a time).",
     )
 
 
