@@ -34,7 +34,8 @@ log = logging.getLogger("taskshard_operator")
 CRASH_AFTER_PHASE_ENV = "TASKSHARD_CRASH_AFTER_PHASE"
 
 Emit = Callable[[dict[str, Any], str, str, str], None]
-"""``emit(body, type, reason, message)``: post a Kubernetes Event about ``body`` (``kopf.event`` in production)."""
+"""``emit(body, type, reason, message)``: post a Kubernetes Event about ``body`` (in production
+:func:`taskshard_operator.handlers.runtime.emit`: posted before it returns)."""
 
 CONFLICT_RETRY_SECONDS = 0.2
 

@@ -9,7 +9,10 @@ already exists: the step was done before), which is what makes re-running a prot
 
 from __future__ import annotations
 
+import datetime
 import functools
+import os
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +44,7 @@ API_VERBS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("policy", "poddisruptionbudgets", "create"),
         ("policy", "poddisruptionbudgets", "patch"),
     ),
+    "post_event": (("", "events", "create"),),
 }
 """(API group, resource, verb) of every call each method makes: the chart's RBAC grants exactly these plus
 :data:`KOPF_VERBS` (a test compares them)."""
@@ -52,6 +56,14 @@ KOPF_VERBS: tuple[tuple[str, str, str], ...] = (
 )
 """What Kopf does for the operator's handlers: list and watch every indexed or handled resource, and patch Tasks
 (its finalizer and progress annotations)."""
+
+
+EVENT_COMPONENT = "taskshard-operator"
+"""``source.component`` and ``reportingComponent`` of the operator's events (``kubectl describe``'s "From")."""
+EVENT_INSTANCE = os.environ.get("HOSTNAME") or socket.gethostname()
+"""``reportingInstance``: the operator's pod name."""
+EVENT_MESSAGE_LIMIT = 1000
+"""An event message is cut to this many characters."""
 
 
 class Conflict(Exception):
@@ -235,6 +247,39 @@ class Kube:
         self.policy.patch_namespaced_pod_disruption_budget(
             body["metadata"]["name"], namespace, patch, _content_type=MERGE_PATCH
         )
+
+    # ------------------------------------------------------------ events
+    def post_event(self, about: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event about the object ``about`` now, on the caller's thread: an event is on the API
+        server when the pass that announced it ends, so an operator that dies right after (a crash, an eviction, a
+        rollout) cannot lose it, as it could lose one still queued for a background poster. The message is cut to
+        :data:`EVENT_MESSAGE_LIMIT` characters."""
+        meta = about.get("metadata") or {}
+        namespace = meta.get("namespace") or "default"
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        involved = {
+            "apiVersion": about.get("apiVersion"),
+            "kind": about.get("kind"),
+            "name": meta.get("name"),
+            "namespace": namespace,
+            "uid": meta.get("uid"),
+        }
+        body = {
+            "metadata": {"namespace": namespace, "generateName": f"{meta.get('name') or 'taskshard'}."},
+            "type": type_,
+            "reason": reason,
+            "message": message[:EVENT_MESSAGE_LIMIT],
+            "action": reason,
+            "reportingComponent": EVENT_COMPONENT,
+            "reportingInstance": EVENT_INSTANCE,
+            "source": {"component": EVENT_COMPONENT},
+            "involvedObject": {k: v for k, v in involved.items() if v},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "eventTime": now,
+            "count": 1,
+        }
+        self.core.create_namespaced_event(namespace, body)
 
 
 def _unless_exists(create: Any, namespace: str, body: dict[str, Any]) -> None:

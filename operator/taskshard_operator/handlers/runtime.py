@@ -1,8 +1,8 @@
 """Process-wide state the thin handlers share: the API wrapper, the watch-fed cache, the work queue, the back-off.
 
 Every Kopf handler only enqueues a key (``("task" | "shard", namespace, name)``); :func:`run_pass` runs on the
-work queue's threads, under a copy of the Kopf context captured from the handlers (so ``kopf.event`` posts from
-there as from a handler).
+work queue's threads, under a copy of the Kopf context captured from the handlers (so Kopf's logging context holds
+there as in a handler).
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import logging
 import os
 from collections.abc import Hashable
 from typing import Any
-
-import kopf
 
 from taskshard_operator import metrics
 from taskshard_operator.cache import KopfCache
@@ -82,14 +80,16 @@ RUNTIME = Runtime()
 
 
 def emit(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    """Post a Kubernetes Event (through kopf's poster) and log it."""
+    """Log a Kubernetes Event and post it before returning (:meth:`Kube.post_event`: not through Kopf's background
+    poster, whose queue an operator that dies loses). Events are auxiliary: a refused post is logged, the pass goes
+    on."""
     name = (body.get("metadata") or {}).get("name")
     metrics.observe_event(reason)
     log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s %s: %s", reason, name, message)
     try:
-        kopf.event(body, type=type_, reason=reason, message=message[:1000])
-    except LookupError:  # outside a kopf context (e.g. tests): the log line above is all
-        pass
+        RUNTIME.kube.post_event(body, type_, reason, message)
+    except Exception as e:  # noqa: BLE001 - an event that cannot be posted never fails the pass
+        log.warning("could not post the event %s about %s: %s", reason, name, e)
 
 
 def run_pass(key: Hashable) -> float | None:
