@@ -28,14 +28,13 @@ from spark_runtime import kafka_client, live, protocol
 from spark_runtime.keygroups import KeyGroupRange
 from spark_runtime.kubernetes import POD_IP_ENV
 from taskshard_operator import naming
-from taskshard_operator.models.task import UI_CONF, TaskSpec
+from taskshard_operator.models.task import DEFAULT_MOUNT_PATH, UI_CONF, TaskSpec
 
 SHARD_COMMAND = ["python", "-m", "spark_runtime", "run", "--config", naming.CONFIG_PATH]
 EXECUTOR_COMMAND = ["python", "-m", "spark_runtime"]
 """The executor pod template's command; Spark appends the argument ``executor`` (``spark_runtime.kubernetes``)."""
 DRAIN_GRACE_SECONDS = 120
 """Termination grace period of a driver pod: a SIGTERM stops at a batch boundary and writes a savepoint."""
-DEFAULT_MOUNT_PATH = "/data"
 DEFAULT_SERVICE_ACCOUNT = "default"
 DRIVER_PORT = 7078
 BLOCK_MANAGER_PORT = 7079
@@ -302,6 +301,27 @@ def _restricted(pod_spec: dict[str, Any]) -> dict[str, Any]:
     return {**pod_spec, "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT)}
 
 
+def _customised(pod: dict[str, Any], spec: TaskSpec, *, volumes: bool = True) -> dict[str, Any]:
+    """``pod`` with ``spec.spark.podTemplate`` merged in: its labels and annotations added (the operator's keys are
+    refused by the model, and win here), its pod-level fields set (placement, pull secrets, priority), and, with
+    ``volumes``, its volumes appended and ``spec.spark.volumeMounts`` added to every container."""
+    template = spec.spark.pod_template
+    meta = template.metadata if template is not None else None
+    if meta is not None:
+        for kind, extra in (("labels", meta.labels), ("annotations", meta.annotations)):
+            if extra:
+                pod["metadata"][kind] = {**extra, **(pod["metadata"].get(kind) or {})}
+    fields = template.spec.to_k8s() if template is not None and template.spec is not None else {}
+    extra_volumes = fields.pop("volumes", [])
+    pod["spec"].update(fields)
+    if volumes and extra_volumes:
+        pod["spec"]["volumes"] = [*pod["spec"].get("volumes", []), *extra_volumes]
+        mounts = [m.to_k8s() for m in spec.spark.volume_mounts or []]
+        for container in pod["spec"]["containers"]:
+            container["volumeMounts"] = [*container.get("volumeMounts", []), *copy.deepcopy(mounts)]
+    return pod
+
+
 def _driver_volumes(shard: str, spec: TaskSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The driver container's mounts and the pod's volumes: the config, ``/tmp`` and the storage volume."""
     mounts: list[dict[str, Any]] = [
@@ -433,7 +453,7 @@ def build_pod(
     container = _driver_container(
         task=task, shard=shard, spec=spec, command=command, mounts=mounts, log_format=log_format, executors=executors
     )
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -453,6 +473,7 @@ def build_pod(
             }
         ),
     }
+    return _customised(pod, spec)
 
 
 # ---------------------------------------------------------------- Spark executors on Kubernetes
@@ -553,7 +574,9 @@ def build_executor_pod_template(*, task: str, shard: str, key_groups: KeyGroupRa
         container["resources"] = resources.to_k8s()
     labels = naming.shard_labels(task, shard, key_groups)
     labels[naming.LABEL_COMPONENT] = naming.COMPONENT_EXECUTOR
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": labels}, "spec": _restricted(pod_spec)}
+    return _customised(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": labels}, "spec": _restricted(pod_spec)}, spec
+    )
 
 
 def build_executor_service(*, task: str, shard: str, key_groups: KeyGroupRange) -> dict[str, Any]:
@@ -648,7 +671,7 @@ def build_cleanup_pod(*, task: str, spec: TaskSpec, task_uid: str | None = None)
     if storage is not None and s3 is None:
         container["volumeMounts"].append(storage[1])
         volumes.append(storage[0])
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -664,3 +687,4 @@ def build_cleanup_pod(*, task: str, spec: TaskSpec, task_uid: str | None = None)
             }
         ),
     }
+    return _customised(pod, spec, volumes=False)  # placement and pull secrets; it mounts only the storage

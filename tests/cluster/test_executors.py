@@ -17,6 +17,9 @@ tasks on them. One scenario, to share the pods on two cores:
    exact;
 3. the shard is split: the parent's executor pods go with its driver (owner reference), each child runs two
    executors of its own; results exact.
+
+The Task carries ``spec.spark.podTemplate`` (labels, annotations, a node selector, a toleration, a pull secret, a
+ConfigMap volume) and ``spec.spark.volumeMounts``: the driver and executor pods carry them.
 """
 
 from __future__ import annotations
@@ -139,6 +142,21 @@ def test_two_executors_run_tasks_survive_a_kill_and_split(kubectl, kube_cluster,
     task["spec"]["storage"]["volume"] = {"persistentVolumeClaim": {"claimName": "data"}, "mountPath": "/data"}
     task["spec"]["spark"]["serviceAccountName"] = "taskshard-spark"
     task["spec"]["spark"]["executors"] = {"instances": 2, "resources": {"limits": {"memory": "512Mi"}}}
+    # spec.spark.podTemplate and volumeMounts reach the driver and every executor pod (the scheduler places them
+    # by the node selector; the pods are still admitted under "restricted").
+    node = kube_cluster.kubectl("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}").stdout
+    kubectl("create", "configmap", "extra", "--from-literal=greeting=hello")
+    template = {
+        "metadata": {"labels": {"team": "payments"}, "annotations": {"example.com/owner": "ops"}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+            "imagePullSecrets": [{"name": "registry"}],
+            "volumes": [{"name": "extra", "configMap": {"name": "extra"}}],
+        },
+    }
+    mount = {"name": "extra", "mountPath": "/opt/extra", "readOnly": True}
+    task["spec"]["spark"].update(podTemplate=template, volumeMounts=[mount])
     apply(kubectl, task)
 
     # 1. Two executors, admitted under "restricted", owned by the driver pod, running the shard's tasks.
@@ -153,6 +171,15 @@ def test_two_executors_run_tasks_survive_a_kill_and_split(kubectl, kube_cluster,
         assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "spark_runtime"]
         assert pod["spec"]["containers"][0]["args"] == ["executor"]
         assert pod["spec"]["automountServiceAccountToken"] is False
+    for pod in (driver, *(get_json(kubectl, "pod", n) for n in first)):
+        name = pod["metadata"]["name"]
+        assert pod["metadata"]["labels"]["team"] == "payments", name
+        assert pod["metadata"]["annotations"]["example.com/owner"] == "ops", name
+        assert pod["spec"]["nodeName"] == node and pod["spec"]["nodeSelector"] == template["spec"]["nodeSelector"]
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "registry"}], name
+        assert template["spec"]["tolerations"][0] in pod["spec"]["tolerations"], name
+        assert {"name": "extra", "configMap": {"name": "extra", "defaultMode": 420}} in pod["spec"]["volumes"], name
+        assert mount in pod["spec"]["containers"][0]["volumeMounts"], name
     wait_for(
         lambda: all(finished_tasks(kube_cluster, namespace, n) > 0 for n in first),
         60,

@@ -138,6 +138,26 @@ GOOD_CASES: list[GoodCase] = [
         },
     ),
     GoodCase(
+        "pod-template-placement-secrets-volumes",
+        {
+            "spark": {
+                "podTemplate": {
+                    "metadata": {"labels": {"team": "payments"}, "annotations": {"example.com/owner": "ops"}},
+                    "spec": {
+                        "nodeSelector": {"pool": "streaming"},
+                        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+                        "affinity": {"nodeAffinity": {}},
+                        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone"}],
+                        "imagePullSecrets": [{"name": "registry"}],
+                        "priorityClassName": "streaming",
+                        "volumes": [{"name": "processors", "configMap": {"name": "my-processors"}}],
+                    },
+                },
+                "volumeMounts": [{"name": "processors", "mountPath": "/opt/processors", "readOnly": True}],
+            }
+        },
+    ),
+    GoodCase(
         "spark-conf-per-bucket-timeout", {"spark": {"conf": {"spark.hadoop.fs.s3a.bucket.b.connection.timeout": "5s"}}}
     ),
 ]
@@ -337,6 +357,64 @@ BAD_CASES: list[BadCase] = [
         {"spark": {"conf": {"spark.ui.enabled": "true"}}},
         'spec.spark.conf["spark.ui.enabled"]',
         "spec.spark.ui: true",
+    ),
+    # spec.spark.podTemplate / volumeMounts: what the operator owns is refused by name, with the value
+    BadCase(
+        "pod-template-containers-owned",
+        "Task",
+        {"spark": {"podTemplate": {"spec": {"containers": [{"name": "sidecar"}]}}}},
+        "spec.spark.podTemplate.spec.containers is set by the operator",
+    ),
+    BadCase(
+        "pod-template-security-context-owned",
+        "Task",
+        {"spark": {"podTemplate": {"spec": {"securityContext": {"runAsUser": 0}}}}},
+        "spec.spark.podTemplate.spec.securityContext is set by the operator",
+    ),
+    BadCase(
+        "pod-template-operator-label",
+        "Task",
+        {"spark": {"podTemplate": {"metadata": {"labels": {"taskshard.io/shard": "x"}}}}},
+        "spec.spark.podTemplate.metadata.labels",
+        'spec.spark.podTemplate.metadata.labels["taskshard.io/shard"]: keys under taskshard.io/ are the operator\'s',
+    ),
+    BadCase(
+        "pod-template-operator-volume-name",
+        "Task",
+        {"spark": {"podTemplate": {"spec": {"volumes": [{"name": "config", "emptyDir": {}}]}}}},
+        "spec.spark.podTemplate.spec.volumes",
+        'spec.spark.podTemplate.spec.volumes: the name "config" is the operator\'s',
+    ),
+    BadCase(
+        "volume-mount-of-no-volume",
+        "Task",
+        {"spark": {"volumeMounts": [{"name": "extra", "mountPath": "/opt/extra"}]}},
+        "spec.spark.volumeMounts",
+        "every mount names a volume of spec.spark.podTemplate.spec.volumes",
+    ),
+    BadCase(
+        "volume-mount-on-the-config-dir",
+        "Task",
+        {
+            "spark": {
+                "podTemplate": {"spec": {"volumes": [{"name": "extra", "emptyDir": {}}]}},
+                "volumeMounts": [{"name": "extra", "mountPath": "/etc/taskshard"}],
+            }
+        },
+        "spec.spark.volumeMounts",
+        'spec.spark.volumeMounts: the path "/etc/taskshard" is the operator\'s',
+    ),
+    BadCase(
+        "volume-mount-on-the-storage-path",
+        "Task",
+        {
+            "spark": {
+                "podTemplate": {"spec": {"volumes": [{"name": "extra", "emptyDir": {}}]}},
+                "volumeMounts": [{"name": "extra", "mountPath": "/data"}],
+            }
+        },
+        "spec.spark.volumeMounts",
+        "the storage volume's mount path (spec.storage.volume.mountPath) is the operator's",
     ),
     BadCase("no-progress-too-short", "Task", {"noProgressSeconds": 5}, "spec.noProgressSeconds"),
     BadCase(

@@ -47,6 +47,7 @@ from .base import (
     validations,
 )
 from .common import TASK_CONDITION_TYPES, Condition, LiveCommon, enumerate_values
+from .pod import PodTemplate, VolumeMount
 from .shard import SplitBy
 
 __all__ = [
@@ -549,6 +550,12 @@ class EnvVar(K8sModel):
         return self
 
 
+DEFAULT_MOUNT_PATH = "/data"
+"""Where shard pods mount ``spec.storage.volume`` when it names no ``mountPath``."""
+STORAGE_MOUNT_TAKEN = (
+    "spec.spark.volumeMounts: the storage volume's mount path (spec.storage.volume.mountPath) is the operator's"
+)
+UNKNOWN_MOUNT = "spec.spark.volumeMounts: every mount names a volume of spec.spark.podTemplate.spec.volumes"
 UI_CONF = "spark.ui.enabled"
 UI_IN_CONF = (
     f'spec.spark.conf["{UI_CONF}"]: the web UI is turned on by spec.spark.ui: true, not by spark.conf (it may only '
@@ -582,6 +589,18 @@ def _reserved_conf_rules() -> list[dict[str, str]]:
 
 class SparkSpec(K8sModel):
     """Spark settings shared by every shard's driver pod; changing them rolls the shards (last-state)."""
+
+    model_config = {
+        "json_schema_extra": validations(
+            cel(
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.podTemplate) && "
+                "has(self.podTemplate.spec) && has(self.podTemplate.spec.volumes) && "
+                "self.podTemplate.spec.volumes.exists(v, v.name == m.name))",
+                UNKNOWN_MOUNT,
+                field_path=".volumeMounts",
+            )
+        )
+    }
 
     image: str = Field(min_length=1, max_length=1024, description="Container image of the shard runtime.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
@@ -632,6 +651,17 @@ class SparkSpec(K8sModel):
         max_length=64,
         description="Extra environment variables of the driver pod (e.g. TASKSHARD_EXTRA_JARS, AWS_REGION).",
     )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Merged into every shard pod, driver and executors: nodeSelector, tolerations, affinity, "
+        "topologySpreadConstraints, imagePullSecrets, priorityClassName, volumes, labels and annotations. The "
+        "fields the operator owns (containers, securityContext, serviceAccountName, ...) are refused by name.",
+    )
+    volume_mounts: list[VolumeMount] | None = Field(
+        default=None,
+        max_length=16,
+        description="Mounts of spec.spark.podTemplate.spec.volumes in the driver and executor containers.",
+    )
     trigger_interval: str = Field(
         default="1 second",
         max_length=64,
@@ -647,6 +677,10 @@ class SparkSpec(K8sModel):
         reserved = reserved_conf_problems(self.conf or {})
         if reserved:
             raise ValueError("\n".join(reserved))
+        volumes = self.pod_template.spec.volume_names() if self.pod_template and self.pod_template.spec else set()
+        unknown = [m.name for m in self.volume_mounts or [] if m.name not in volumes]
+        if unknown:
+            raise ValueError(f'spec.spark.volumeMounts: "{unknown[0]}": {UNKNOWN_MOUNT.split(": ", 1)[1]}')
         ui = (self.conf or {}).get(UI_CONF)
         if ui is not None and ui != "false":
             raise ValueError(f'spec.spark.conf["{UI_CONF}"]: {json.dumps(ui)}: {UI_IN_CONF.split(": ", 1)[1]}')
@@ -822,6 +856,13 @@ class TaskSpec(K8sModel):
                 field_path=".processor.window",
             ),
             cel(
+                "!has(self.spark.volumeMounts) || !has(self.storage.volume) || self.spark.volumeMounts.all(m, "
+                f"m.mountPath != (has(self.storage.volume.mountPath) ? self.storage.volume.mountPath : "
+                f"'{DEFAULT_MOUNT_PATH}'))",
+                STORAGE_MOUNT_TAKEN,
+                field_path=".spark.volumeMounts",
+            ),
+            cel(
                 "has(self.eventTime) == has(oldSelf.eventTime)",
                 "spec.eventTime cannot be added to or removed from an existing Task: its shards' checkpoints keep "
                 "their time mode (create a new Task)",
@@ -943,6 +984,12 @@ class TaskSpec(K8sModel):
             raise ValueError(f"spec.{message}")
         if self.event_time is not None and self.event_time.kafka_timestamp and self.source.kafka is None:
             raise ValueError(f"spec.{config.EVENT_TIME_KAFKA_ONLY}")
+        volume = self.storage.volume
+        storage_path = (volume.mount_path or DEFAULT_MOUNT_PATH) if volume is not None else None
+        if any(m.mount_path == storage_path for m in self.spark.volume_mounts or []):
+            raise ValueError(
+                f'{STORAGE_MOUNT_TAKEN.split(": ", 1)[0]}: "{storage_path}": {STORAGE_MOUNT_TAKEN.split(": ", 1)[1]}'
+            )
         partitions = self.source.nested_partitions
         if partitions is not None and self.max_key_groups % partitions:
             raise ValueError(not_a_multiple_message(self.max_key_groups, self.source.kind, partitions))
