@@ -769,7 +769,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="local,executors", help="comma-separated: local, executors (default both)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each mode, interleaved (default 3)")
     ap.add_argument("--executors", type=int, default=2, help="executor pods in the executors mode (default 2)")
-    ap.add_argument("--executor-memory", default="512Mi", help="each executor's memory limit (default 512Mi)")
+    ap.add_argument(
+        "--executor-memory",
+        default="1Gi",
+        help="each executor's memory limit (default 1Gi, the least a shard pod may have)",
+    )
     ap.add_argument("--batches", type=int, default=10, help="micro-batches the timed input is cut into (default 10)")
     ap.add_argument("--shuffle-partitions", default="4", help="spark.sql.shuffle.partitions (default 4)")
     ap.add_argument("--trigger", default="200 milliseconds", help="trigger interval (default 200 milliseconds)")

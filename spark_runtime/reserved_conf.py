@@ -93,6 +93,7 @@ RESERVED_SPARK_CONF: dict[str, Reserved] = {
     "spark.submit.deployMode": Reserved(Owner.OPERATOR, "the driver runs in client mode inside its shard pod"),
     "spark.executor.instances": Reserved(Owner.OPERATOR, "the operator sets it from spec.spark.executors.instances"),
     "spark.executor.memory": Reserved(Owner.OPERATOR, _EXECUTOR_RESOURCES),
+    "spark.executor.memoryOverhead": Reserved(Owner.OPERATOR, _EXECUTOR_RESOURCES),
     "spark.kubernetes.executor.request.cores": Reserved(Owner.OPERATOR, _EXECUTOR_RESOURCES),
     "spark.kubernetes.executor.limit.cores": Reserved(Owner.OPERATOR, _EXECUTOR_RESOURCES),
     "spark.kubernetes.namespace": Reserved(Owner.OPERATOR, "the operator sets it to the Task's namespace"),

@@ -27,7 +27,7 @@ from typing import Any
 from spark_runtime import kafka_client, live, protocol
 from spark_runtime.keygroups import KeyGroupRange
 from spark_runtime.kubernetes import POD_IP_ENV
-from taskshard_operator import naming
+from taskshard_operator import memory, naming
 from taskshard_operator.models.task import DEFAULT_MOUNT_PATH, UI_CONF, TaskSpec
 
 SHARD_COMMAND = ["python", "-m", "spark_runtime", "run", "--config", naming.CONFIG_PATH]
@@ -162,7 +162,9 @@ def build_shard_config(
     source = _pinned_source(data["source"], task_created)
     spark = data["spark"]
     instances = executor_instances(spec)
-    conf = dict(spark.get("conf") or {})
+    executors = spec.spark.executors.resources if spec.spark.executors else None
+    sizing = memory.sizing_conf(spec.spark.resources, executors, with_executors=instances > 0)
+    conf = {**sizing, **(spark.get("conf") or {})}  # a key the Task sets wins over the derived one
     conf[UI_CONF] = str(spec.spark.ui).lower()
     if instances > 0:
         conf.update(build_executor_conf(task=task, namespace=namespace, shard=shard, spec=spec))
@@ -527,21 +529,8 @@ def build_executor_conf(*, task: str, namespace: str, shard: str, spec: TaskSpec
         conf["spark.kubernetes.executor.request.cores"] = str(requests["cpu"])
     if "cpu" in limits:
         conf["spark.kubernetes.executor.limit.cores"] = str(limits["cpu"])
-    memory = limits.get("memory") or requests.get("memory")
-    if memory is not None:
-        conf["spark.executor.memory"] = _spark_memory(memory)
+    conf.update(memory.executor_conf(resources))
     return conf
-
-
-def _spark_memory(quantity: int | str) -> str:
-    """A Kubernetes memory quantity as a Spark size (``2Gi`` -> ``2g``, ``512Mi`` -> ``512m``, bytes as ``b``)."""
-    text = str(quantity)
-    for suffix, spark in (("Gi", "g"), ("Mi", "m"), ("Ki", "k"), ("Ti", "t")):
-        if text.endswith(suffix):
-            return text[: -len(suffix)] + spark
-    if text.isdigit():
-        return f"{text}b"
-    return text.lower().rstrip("b") or text
 
 
 def build_executor_pod_template(*, task: str, shard: str, key_groups: KeyGroupRange, spec: TaskSpec) -> dict[str, Any]:

@@ -416,6 +416,19 @@ BAD_CASES: list[BadCase] = [
         "spec.spark.volumeMounts",
         "the storage volume's mount path (spec.storage.volume.mountPath) is the operator's",
     ),
+    BadCase(
+        "driver-memory-below-1Gi",
+        "Task",
+        {"spark": {"resources": {"limits": {"memory": "512Mi"}}}},
+        "spec.spark.resources",
+        "a shard pod's memory (its limit, else its request) must be at least 1024Mi",
+    ),
+    BadCase(
+        "executor-memory-below-1Gi",
+        "Task",
+        {"spark": {"executors": {"instances": 1, "resources": {"requests": {"memory": "768Mi"}}}}},
+        "spec.spark.executors.resources",
+    ),
     BadCase("no-progress-too-short", "Task", {"noProgressSeconds": 5}, "spec.noProgressSeconds"),
     BadCase(
         "spark-bad-quantity",

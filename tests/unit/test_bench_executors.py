@@ -164,11 +164,11 @@ def test_container_pid_and_manifest(ex):
     gone = {"status": {"containerStatuses": [{"containerID": "local://4242", "state": {"terminated": {}}}]}}
     assert ex.container_pid(gone) is None
     assert ex.container_pid({"status": {}}) is None
-    args = argparse.Namespace(trigger="200 milliseconds", executors=2, executor_memory="512Mi", data=Path("/d"))
+    args = argparse.Namespace(trigger="200 milliseconds", executors=2, executor_memory="1Gi", data=Path("/d"))
     local = ex.task_manifest("local1", "local", args, {"spark.ui.enabled": "false"})
     execs = ex.task_manifest("exec1", "executors", args, {"spark.ui.enabled": "false"})
     assert "executors" not in local["spec"]["spark"] and "serviceAccountName" not in local["spec"]["spark"]
-    assert execs["spec"]["spark"]["executors"] == {"instances": 2, "resources": {"limits": {"memory": "512Mi"}}}
+    assert execs["spec"]["spark"]["executors"] == {"instances": 2, "resources": {"limits": {"memory": "1Gi"}}}
     assert execs["spec"]["spark"]["serviceAccountName"] == "taskshard-spark"
     assert execs["spec"]["maxKeyGroups"] == 128
     assert execs["spec"]["source"]["journal"] == {"path": "/data/journal/exec1", "partitions": 4}

@@ -92,7 +92,14 @@ def test_build_shard_config_golden_and_valid_for_the_runtime():
         "restoreFrom": {"parent": "orders-0-128", "manifest": "/data/state/orders/shards/x/manifest.json"},
         "spark": {
             "master": "local[2]",
-            "conf": {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"},
+            "conf": {
+                # from the pod's 2Gi limit (taskshard_operator.memory): half heap, a quarter RocksDB
+                "spark.driver.memory": "1024m",
+                "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage": "true",
+                "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": "512",
+                "spark.sql.shuffle.partitions": "4",
+                "spark.ui.enabled": "false",
+            },
             "triggerInterval": "1 second",
         },
         "terminationMessagePath": "/dev/termination-log",
@@ -248,7 +255,8 @@ def test_executor_manifests():
         "spark.network.crypto.authEngineVersion": "2",
         "spark.kubernetes.executor.request.cores": "1",
         "spark.kubernetes.executor.limit.cores": "2",
-        "spark.executor.memory": "1g",
+        "spark.executor.memory": "512m",  # half of the 1Gi limit; the rest is Spark's overhead
+        "spark.executor.memoryOverhead": "512m",
     }
     config = builders.build_shard_config(
         task="orders", namespace="ns1", shard="orders-0-64", key_groups=R(0, 64), spec=s

@@ -34,7 +34,8 @@ from spark_runtime.reserved_conf import (
     reserved_conf_message,
     reserved_conf_problems,
 )
-from taskshard_operator import naming
+from taskshard_operator import memory, naming
+from taskshard_operator.memory import MIN_POD_MEMORY_MIB
 
 from .base import (
     API_GROUP,
@@ -492,8 +493,22 @@ class StorageSpec(config.StorageSpec, K8sModel):
     )
 
 
+def _memory_at_least(map_name: str) -> str:
+    return f"quantity(string(self.{map_name}['memory'])).compareTo(quantity('{MIN_POD_MEMORY_MIB}Mi')) >= 0"
+
+
 class ResourceRequirements(K8sModel):
     """Compute resources of a Spark container (as in a Pod's container resources)."""
+
+    model_config = {
+        "json_schema_extra": validations(
+            cel(
+                f"(has(self.limits) && 'memory' in self.limits) ? {_memory_at_least('limits')} : "
+                f"(!has(self.requests) || !('memory' in self.requests) || {_memory_at_least('requests')})",
+                f"spec.spark.resources, spec.spark.executors.resources: {memory.TOO_SMALL}",
+            )
+        )
+    }
 
     requests: dict[str, Quantity] | None = Field(
         default=None,
@@ -984,6 +999,13 @@ class TaskSpec(K8sModel):
             raise ValueError(f"spec.{message}")
         if self.event_time is not None and self.event_time.kafka_timestamp and self.source.kafka is None:
             raise ValueError(f"spec.{config.EVENT_TIME_KAFKA_ONLY}")
+        for field, resources in (
+            ("spec.spark.resources", self.spark.resources),
+            ("spec.spark.executors.resources", self.spark.executors.resources if self.spark.executors else None),
+        ):
+            small = memory.too_small(field, resources)
+            if small:
+                raise ValueError(small)
         volume = self.storage.volume
         storage_path = (volume.mount_path or DEFAULT_MOUNT_PATH) if volume is not None else None
         if any(m.mount_path == storage_path for m in self.spark.volume_mounts or []):
