@@ -23,7 +23,8 @@
 #     /tmp; with Docker: `docker run --read-only --tmpfs /tmp:exec ...` (Docker's tmpfs default is noexec).
 #   - PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON name the venv's interpreter, so Spark's Python workers find
 #     pandas and pyarrow. JAVA_HOME points at the JRE through an architecture-neutral link.
-#   - TASKSHARD_EXTRA_JARS=/opt/taskshard/jars: the JVM class path for Kafka and s3a (`make image-jars` first).
+#   - TASKSHARD_EXTRA_JARS=/opt/taskshard/jars: the JVM class path for Kafka and s3a (`make images` fetches the
+#     jars first; a bare `docker build` copies whatever hack/image/jars holds).
 #   - No compilers or build tools in the final stages; pip stays in the venv so that a derived image can add
 #     a user's processor package (`USER 0`, `pip install ...`, `USER 10001`).
 #
@@ -143,9 +144,9 @@ ENV JAVA_HOME=/usr/lib/jvm/java-17 \
     PYSPARK_DRIVER_PYTHON=/opt/taskshard/bin/python \
     TASKSHARD_EXTRA_JARS=/opt/taskshard/jars
 COPY --from=shard-deps /opt/taskshard /opt/taskshard
-# Spark's Kafka connector and hadoop-aws + AWS SDK for source/sink.kafka and storage.s3: whatever
-# `make image-jars` put into hack/image/jars (nothing by default: such shards then stop with the clear
-# KafkaConnectorMissing error; journal/directory/path tasks need no jars).
+# Spark's Kafka connector and hadoop-aws + AWS SDK for source/sink.kafka and storage.s3: what `make images`
+# (through `make image-jars`) put into hack/image/jars. A bare `docker build` without them makes an image whose
+# Kafka and S3 shards stop with the clear KafkaConnectorMissing error; journal/directory/path tasks need no jars.
 COPY hack/image/jars/ /opt/taskshard/jars/
 COPY --from=wheel /wheels /opt/wheels
 COPY --from=examples-wheel /wheels /opt/wheels

@@ -3,7 +3,8 @@
 #   make test          every tier that runs on this machine (unit, spark, cluster, integration)
 #   make test-unit | test-spark | test-cluster | test-integration | test-kind
 #   make test-image    build both images from a debootstrap'ed bookworm base and check them (root; ~10 min cold)
-#   make images        docker build both targets (IMAGE_TAG, default the project version)
+#   make images        docker build both targets with the Kafka and S3 jars (IMAGE_REPO/operator|shard:IMAGE_TAG)
+#   make push-images   make images, then docker push both (IMAGE_REPO=registry.example.com/taskshard)
 #   make binaries      build or reuse the control-plane binaries (cache: $TASKSHARD_BIN_CACHE)
 #   make bench         benchmarks -> docs/benchmarks.md with tables and plots (QUICK=1 for smaller inputs)
 #   make lint          ruff
@@ -14,8 +15,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST := bash hack/run-pytest.sh
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_REPO ?= taskshard
 
-.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind test-image image-jars images bench lint clean
+.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind test-image image-jars images push-images bench lint clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -58,9 +60,15 @@ test-image: venv
 image-jars: venv
 	$(VENV)/bin/python -m testinfra jars --into hack/image/jars
 
-images:
-	docker build --target operator -t taskshard/operator:$(IMAGE_TAG) .
-	docker build --target shard -t taskshard/shard:$(IMAGE_TAG) .
+# The shard image carries Spark's Kafka connector and hadoop-aws with the AWS SDK (image-jars fetches them from
+# Maven Central into hack/image/jars, which the Dockerfile copies): a Kafka or S3 Task runs on it as it is.
+images: image-jars
+	docker build --target operator -t $(IMAGE_REPO)/operator:$(IMAGE_TAG) .
+	docker build --target shard -t $(IMAGE_REPO)/shard:$(IMAGE_TAG) .
+
+push-images: images
+	docker push $(IMAGE_REPO)/operator:$(IMAGE_TAG)
+	docker push $(IMAGE_REPO)/shard:$(IMAGE_TAG)
 
 bench: venv binaries
 	$(PY) bench/run_all.py $(if $(QUICK),--quick,)
