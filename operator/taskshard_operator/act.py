@@ -83,10 +83,12 @@ class Patch:
 @dataclass(frozen=True)
 class Delete:
     plural: str
-    """pods, configmaps or taskshards (the children of an aborted split)."""
+    """pods, configmaps or taskshards (the children of an aborted split, retired shards beyond the history)."""
     name: str
     uid: str | None = None
     grace: int | None = None
+    announce: Event | None = None
+    """Posted once the delete call returned (as a Patch's: a refused status write does not lose it)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,8 @@ def carry_out(kube: Kube, observed: Observed, decision: Decision, *, emit: Emit,
     try:
         for action, result in _results(kube, observed, decision, backoff):
             if isinstance(action, Create | Patch) and result is not None and action.announce is not None:
+                _post(emit, decision, action.announce)
+            if isinstance(action, Delete) and action.announce is not None:
                 _post(emit, decision, action.announce)
             if isinstance(action, Patch) and action.plural == decision.plural and action.name == name and result:
                 body, version = result, result["metadata"].get("resourceVersion")

@@ -21,7 +21,9 @@
    ``status.scaling``;
 5. summarise the shards into status (phase, shard count, active shards, conditions Ready/Progressing/Degraded/
    Tiled/Splitting/Scaled, observedGeneration, templateHash, ``selector``: the shard pods' label selector, which
-   the scale subresource reports).
+   the scale subresource reports);
+6. delete the retired TaskShards (split parents, merged-away shards) beyond ``spec.history.retiredShards`` whose
+   successors no longer need them (:mod:`taskshard_operator.retention`), with a Normal event HistoryPruned.
 
 :func:`delete_task` (on deletion, before the finalizer goes): stop every shard pod, wait until they are gone,
 then, for ``checkpointRetention: Delete``, run a one-shot cleanup pod that removes ``<storage.path>/<task>`` (or the
@@ -42,14 +44,14 @@ import kopf
 
 from spark_runtime.keygroups import KeyGroupRange
 from spark_runtime.live import key_group_metrics_enabled, lag_seconds_status
-from taskshard_operator import autoscale, builders, naming, planner, scaling
+from taskshard_operator import autoscale, builders, naming, planner, retention, scaling
 from taskshard_operator import status as st
-from taskshard_operator.act import Create, Decision, Emit, Event, Patch, carry_out
+from taskshard_operator.act import Create, Decision, Delete, Emit, Event, Patch, carry_out
 from taskshard_operator.cache import Observed, parse_task
 from taskshard_operator.kube import Kube
 from taskshard_operator.live import task_live_patch
 from taskshard_operator.models.shard import ShardPhase
-from taskshard_operator.models.task import CheckpointRetention, ScalingDecision, TaskPhase, TaskSpec
+from taskshard_operator.models.task import CheckpointRetention, HistorySpec, ScalingDecision, TaskPhase, TaskSpec
 from taskshard_operator.reconcile_shard import first_error
 from taskshard_operator.views import shard_views
 
@@ -117,6 +119,7 @@ def decide_task(observed: Observed, namespace: str, name: str) -> Decision | Non
     scaled = _scale(decision, observed, status, spec, views, plan, target)
     _summarise(decision, views, plan, spec, target, cond, generation, cond(st.SCALED, *scaled))
     _keep_disruption_budget(decision, task, status, len(planner.owners(views)) + len(plan.create))
+    _prune_history(decision, observed.shards_of_task(namespace, name), spec)
     _set_status(decision, {"selector": naming.shard_selector(name)})
     _sum_live(decision, observed, namespace, {v.name for v in planner.owners(views)})
     shown = st.get_condition(status.get("conditions"), st.PROGRESSING) or {}
@@ -454,6 +457,23 @@ def _keep_disruption_budget(decision: Decision, task: dict[str, Any], status: Ma
     kopf.adopt(body, owner=task)
     decision.actions.append(Create("poddisruptionbudgets", body))
     _set_status(decision, {"disruptionBudget": wanted})
+
+
+def _prune_history(decision: Decision, shards: list[dict[str, Any]], spec: TaskSpec) -> None:
+    """Step 6: delete the retired TaskShards beyond ``spec.history.retiredShards`` that nothing needs any more
+    (:func:`taskshard_operator.retention.prunable`), each only as the object the cache shows (its uid), with one
+    Normal event HistoryPruned naming them, posted with the deletes (the spec edit that lowered the count makes the
+    pass's status write conflict: Kopf annotates the Task after it)."""
+    keep = spec.history.retired_shards if spec.history is not None else HistorySpec().retired_shards
+    names = retention.prunable(shards, keep)
+    if not names:
+        return
+    uids = {s["metadata"]["name"]: s["metadata"].get("uid") for s in shards}
+    message = f"deleted {len(names)} retired TaskShards beyond spec.history.retiredShards ({keep}): {_names(names)}"
+    announce = Event("Normal", "HistoryPruned", message)  # with the last delete: a refused status write keeps it
+    decision.actions += [
+        Delete(naming.SHARD_PLURAL, n, uid=uids.get(n), announce=announce if n == names[-1] else None) for n in names
+    ]
 
 
 def _sum_live(decision: Decision, observed: Observed, namespace: str, active: set[str]) -> None:

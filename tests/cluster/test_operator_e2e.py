@@ -6,7 +6,7 @@ Scenarios share Spark pods to stay affordable on two cores:
   replaced and resumes; two splits leave three active shards; bad split requests are refused and change nothing;
   the Task is suspended (no pods, shards Suspended, a split request waits) and resumed (the waiting split runs);
   per-key results equal a plain-Python reference after each stage; at no instant do two running pods own a key
-  group.
+  group; ``spec.history.retiredShards: 1`` then deletes the two older split parents and nothing else.
 - ``test_operator_killed_mid_split_at_each_step``: four splits, the operator dies right after persisting each
   step in turn (SplitRequested, Draining, Drained, ChildrenCreated) and a fresh one completes the split with
   exactly the expected children; results stay exact.
@@ -344,6 +344,15 @@ def test_demo_splits_pod_kill_bad_requests_suspend_resume(kubectl, operator_proc
         wait_phases(kubectl, {**resumed, "demo-12-16": "Running"}, START, op)
         expected = wait_results(data, "demo", START)
         assert sum(expected.values()) == 1200
+        # History: keep the newest retired shard (demo-0-8); the two older split parents go, their successors
+        # having committed batches of their own (the suspend ended their pods with a checkpoint); nothing active
+        # is touched.
+        kubectl("patch", "task", "demo", "--type=merge", "-p", '{"spec":{"history":{"retiredShards":1}}}')
+        active = {"demo-0-4", "demo-4-8", "demo-8-12", "demo-12-16"}
+        wait_for(lambda: set(shard_phases(kubectl)) == {"demo-0-8", *active}, 60, "the two older split parents gone")
+        assert all(shard_phases(kubectl)[n] == "Running" for n in active)
+        (pruned,) = [e for e in get_json(kubectl, "events")["items"] if e["reason"] == "HistoryPruned"]
+        assert "demo-0-16" in pruned["message"] and "demo-8-16" in pruned["message"], pruned["message"]
     finally:
         watcher.stop()
     assert watcher.samples > 10

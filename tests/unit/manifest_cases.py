@@ -157,6 +157,7 @@ GOOD_CASES: list[GoodCase] = [
             }
         },
     ),
+    GoodCase("history-keeps-none", {"history": {"retiredShards": 0}}),
     GoodCase(
         "spark-conf-per-bucket-timeout", {"spark": {"conf": {"spark.hadoop.fs.s3a.bucket.b.connection.timeout": "5s"}}}
     ),
@@ -429,6 +430,7 @@ BAD_CASES: list[BadCase] = [
         {"spark": {"executors": {"instances": 1, "resources": {"requests": {"memory": "768Mi"}}}}},
         "spec.spark.executors.resources",
     ),
+    BadCase("history-negative", "Task", {"history": {"retiredShards": -1}}, "spec.history.retiredShards"),
     BadCase("no-progress-too-short", "Task", {"noProgressSeconds": 5}, "spec.noProgressSeconds"),
     BadCase(
         "spark-bad-quantity",

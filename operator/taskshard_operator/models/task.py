@@ -795,6 +795,19 @@ AUTOSCALE_EXCLUDES_SHARDS = (
 )
 
 
+class HistorySpec(K8sModel):
+    """How much of a Task's history (retired TaskShards) the operator keeps."""
+
+    retired_shards: int = Field(
+        default=10,
+        ge=0,
+        le=10_000,
+        description="Split parents and merged-away shards kept per Task, the newest by their final checkpoint "
+        "(default 10). Older ones are deleted once every successor has committed a batch of its own; their storage "
+        "stays until the Task is deleted.",
+    )
+
+
 class CheckpointRetention(StrEnum):
     """What happens to checkpoints and snapshots when the Task is deleted."""
 
@@ -958,6 +971,9 @@ class TaskSpec(K8sModel):
         ),
     )
     spark: SparkSpec = Field(description="Spark settings of the shard driver pods.")
+    history: HistorySpec | None = Field(
+        default=None, description="Retired TaskShards kept per Task (default: the newest 10)."
+    )
     checkpoint_retention: CheckpointRetention = Field(
         default=CheckpointRetention.RETAIN,
         description="On Task deletion: Retain (default) keeps checkpoints and snapshots, Delete removes them.",

@@ -1,0 +1,114 @@
+"""History retention (taskshard_operator.retention): the newest retired TaskShards stay, older ones go only once
+every successor ran and committed a batch of its own; in the simulated world a split parent goes, its children
+stay."""
+
+from __future__ import annotations
+
+import pytest
+
+from taskshard_operator.retention import PRUNE_PER_PASS, prunable
+
+from .operator_spec import SPEC
+from .test_operator_reconcile import converge, new_world, phases, request_split
+
+pytestmark = pytest.mark.unit
+
+
+def shard(name, phase, *, retired_at=None, parent=None, merge_from=(), ran=True, committed=True, deleting=False,
+          live=None):  # fmt: skip
+    status = {"phase": phase, **({"live": live} if live else {})}
+    if retired_at:
+        status["finalCheckpoint"] = {"batchId": 3, "time": retired_at}
+    if ran and (parent or merge_from):
+        status["lineage"] = {"parent": parent} if parent else {"parents": list(merge_from)}
+    if committed:
+        status["lastCheckpoint"] = {"batchId": 5}
+    spec = {}
+    if parent:
+        spec["restoreFrom"] = {"parent": parent, "manifest": f"/s/{parent}/drained.json"}
+    if merge_from:
+        spec["mergeFrom"] = [{"parent": p, "manifest": f"/s/{p}/drained.json"} for p in merge_from]
+    meta = {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-02T00:00:00Z"
+    return {"metadata": meta, "spec": spec, "status": status}
+
+
+def split_chain(n: int) -> list[dict]:
+    """s0 split into s1 (and a sibling), s1 into s2, ...: n retired parents, the last children running."""
+    out = []
+    for i in range(n):
+        out.append(shard(f"s{i}", "Split", retired_at=f"2026-01-01T00:00:{i:02d}Z", parent=f"s{i - 1}" if i else None))
+        out.append(shard(f"x{i}", "Running", parent=f"s{i - 1}") if i else shard("x0", "Running"))
+    out.append(shard(f"s{n}", "Running", parent=f"s{n - 1}"))
+    return out
+
+
+def test_the_newest_are_kept_and_older_ones_go_oldest_first():
+    shards = split_chain(4)
+    assert prunable(shards, keep=4) == []
+    assert prunable(shards, keep=1) == ["s0", "s1", "s2"]
+    assert prunable(shards, keep=0) == ["s0", "s1", "s2", "s3"]
+    assert len(prunable(split_chain(3 * PRUNE_PER_PASS), keep=0)) == PRUNE_PER_PASS
+
+
+@pytest.mark.parametrize(
+    ("successor", "why"),
+    [
+        (dict(committed=False), "no batch of its own yet: it may still restore from the parent's snapshot"),
+        (dict(ran=False), "it never ran: without the parent it would be refused as NotAChild"),
+        (dict(committed=False, live={"batchId": 3, "emitting": False}), "on standby: its hand-over may be undone"),
+        (dict(committed=False, live={"batchId": -1, "emitting": True}), "emitting, but no batch committed yet"),
+    ],
+)
+def test_a_parent_stays_while_a_successor_may_still_need_it(successor, why):
+    shards = [
+        shard("p", "Split", retired_at="2026-01-01T00:00:00Z"),
+        shard("a", "Running", parent="p"),
+        shard("b", "Pending", parent="p", **successor),
+    ]
+    assert prunable(shards, keep=0) == [], why
+
+
+def test_a_running_successor_settles_by_its_live_status():
+    live = {"batchId": 7, "emitting": True}
+    shards = [
+        shard("p", "Split", retired_at="2026-01-01T00:00:00Z"),
+        shard("a", "Running", parent="p", committed=False, live=live),
+        shard("b", "Running", parent="p", committed=False, live=live),
+    ]
+    assert prunable(shards, keep=0) == ["p"]
+
+
+def test_merged_parents_go_once_the_merged_shard_committed_and_a_retired_successor_counts_as_settled():
+    shards = [
+        shard("l", "Merged", retired_at="2026-01-01T00:00:01Z"),
+        shard("r", "Merged", retired_at="2026-01-01T00:00:02Z"),
+        shard("m", "Split", retired_at="2026-01-01T00:00:05Z", merge_from=("l", "r")),
+        shard("m1", "Running", parent="m", committed=False),
+        shard("m2", "Running", parent="m"),
+    ]
+    assert prunable(shards, keep=0) == ["l", "r"]  # m is retired itself; its own child m1 has not committed
+
+
+def test_no_successor_or_already_deleting_is_left_alone():
+    orphan = shard("o", "Split", retired_at="2026-01-01T00:00:00Z")
+    going = shard("g", "Split", retired_at="2026-01-01T00:00:00Z", deleting=True)
+    assert prunable([orphan, going, shard("c", "Running", parent="g")], keep=0) == []
+
+
+def test_a_split_parent_is_deleted_in_the_simulated_world_once_its_children_committed():
+    kube = new_world({**SPEC, "history": {"retiredShards": 0}})
+    events: list = []
+    converge(kube, events)
+    request_split(kube, "t-0-16", at=4)
+    converge(kube, events)
+    assert phases(kube) == {"t-0-16": "Split", "t-0-4": "Running", "t-4-16": "Running"}  # no commit of their own
+    for child in ("t-0-4", "t-4-16"):
+        kube.objects[("taskshards", child)]["status"]["lastCheckpoint"] = {"batchId": 0}
+        kube._mutated()
+    converge(kube, events)
+    assert phases(kube) == {"t-0-4": "Running", "t-4-16": "Running"}
+    (pruned,) = [e for e in events if e[2] == "HistoryPruned"]
+    assert "t-0-16" in pruned[3] and "spec.history.retiredShards (0)" in pruned[3]
+    assert kube.objects[("tasks", "t")]["status"]["shards"] == 2
