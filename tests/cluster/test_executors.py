@@ -102,11 +102,12 @@ def container_pid(pod: dict) -> int:
 
 AUTH_REFUSED = re.compile(
     r"IllegalArgumentException: Unknown challenge message|IOException: Connection from \S+ closed"
-    r"|Failed to send RPC .*ClosedChannelException"
+    r"|Failed to send RPC .*ClosedChannelException|send\(\.\.\) failed with error\(-32\): Broken pipe"
 )
 """What a client without the key sees: the driver's authentication handler refuses its first message and closes the
-connection; which sign of it reaches the client first (the refusal, the close, or a send on the closed channel)
-depends on timing."""
+connection; which sign of it reaches the client first (the refusal, the close, or a send on the closed channel:
+Java's ClosedChannelException, or netty's native EPIPE, "Broken pipe", when the close arrives while the send is
+in flight) depends on timing."""
 
 
 def foreign_executor(driver_ip: str) -> subprocess.CompletedProcess:
