@@ -99,6 +99,23 @@ TopologySpreadConstraint = Annotated[
 ]
 
 
+def reserved_message(where: str, what: str, value: str) -> str:
+    """E.g. ``spec.spark.volumeMounts: the path "/tmp" is the operator's`` (the CRD's messageExpression too)."""
+    return f'{where}: the {what} "{value}" is the operator\'s'
+
+
+def _not_reserved(reserved: tuple[str, ...], where: str, what: str) -> dict[str, Any]:
+    """The CEL rule refusing a string field's value that is one of the operator's ``reserved``."""
+    return validations(
+        cel(
+            f"!(self in {list(reserved)})",
+            f"{where}: the {what}s {', '.join(reserved)} are the operator's",
+            reason="FieldValueForbidden",
+            message_expression=f'"{where}: the {what} \\"" + self + "\\" is the operator\'s"',
+        )
+    )
+
+
 class PodTemplateMetadata(K8sModel):
     """Labels and annotations added to every shard pod (driver and executors)."""
 
@@ -143,20 +160,13 @@ class PodVolume(K8sModel):
         max_length=63,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description=f"Volume name (not one of the operator's: {', '.join(RESERVED_VOLUMES)}).",
-        json_schema_extra=validations(
-            cel(
-                f"!(self in {list(RESERVED_VOLUMES)})",
-                f"{PREFIX}.spec.volumes: the names {', '.join(RESERVED_VOLUMES)} are the operator's",
-                reason="FieldValueForbidden",
-                message_expression=f'"{PREFIX}.spec.volumes: the name \\"" + self + "\\" is the operator\'s"',
-            )
-        ),
+        json_schema_extra=_not_reserved(RESERVED_VOLUMES, f"{PREFIX}.spec.volumes", "name"),
     )
 
     @model_validator(mode="after")
     def _check(self) -> PodVolume:
         if self.name in RESERVED_VOLUMES:
-            raise ValueError(f'{PREFIX}.spec.volumes: the name "{self.name}" is the operator\'s')
+            raise ValueError(reserved_message(f"{PREFIX}.spec.volumes", "name", self.name))
         return self
 
 
@@ -234,14 +244,7 @@ class VolumeMount(K8sModel):
         max_length=1024,
         pattern=r"^/",
         description=f"Absolute path (not one of the operator's: {', '.join(RESERVED_MOUNT_PATHS)}, the storage path).",
-        json_schema_extra=validations(
-            cel(
-                f"!(self in {list(RESERVED_MOUNT_PATHS)})",
-                f"spec.spark.volumeMounts: the paths {', '.join(RESERVED_MOUNT_PATHS)} are the operator's",
-                reason="FieldValueForbidden",
-                message_expression='"spec.spark.volumeMounts: the path \\"" + self + "\\" is the operator\'s"',
-            )
-        ),
+        json_schema_extra=_not_reserved(RESERVED_MOUNT_PATHS, "spec.spark.volumeMounts", "path"),
     )
     read_only: bool | None = Field(default=None, description="Mount read-only.")
     sub_path: str | None = Field(default=None, max_length=1024, description="A path inside the volume.")
@@ -249,7 +252,7 @@ class VolumeMount(K8sModel):
     @model_validator(mode="after")
     def _check(self) -> VolumeMount:
         if self.mount_path in RESERVED_MOUNT_PATHS:
-            raise ValueError(f'spec.spark.volumeMounts: the path "{self.mount_path}" is the operator\'s')
+            raise ValueError(reserved_message("spec.spark.volumeMounts", "path", self.mount_path))
         return self
 
 
