@@ -71,8 +71,9 @@ def executor_conf(executors: Any) -> dict[str, str]:
 
 
 def sizing_conf(driver: Any, executors: Any | None, *, with_executors: bool) -> dict[str, str]:
-    """The Spark conf derived from the driver's resources and, ``with_executors``, the executors' (either may be
-    None: no memory given, Spark's defaults and no RocksDB bound for that pod)."""
+    """The driver's heap and RocksDB's bound, from the driver's resources and, ``with_executors``, the executors'
+    where the state lives (either may be None: no memory given, Spark's defaults and no bound). The executors' own
+    heap and overhead are :func:`executor_conf`, part of the executor conf."""
     conf: dict[str, str] = {}
     driver_mib = pod_memory_mib(driver)
     if driver_mib is not None:
@@ -80,7 +81,6 @@ def sizing_conf(driver: Any, executors: Any | None, *, with_executors: bool) -> 
     state_mib = driver_mib
     if with_executors:
         state_mib = pod_memory_mib(executors)
-        conf.update(executor_conf(executors))
     if state_mib is not None:
         conf[ROCKSDB_BOUNDED] = "true"
         conf[ROCKSDB_MAX_MB] = str(int(state_mib * ROCKSDB_SHARE))

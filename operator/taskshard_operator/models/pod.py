@@ -63,10 +63,6 @@ def _owned(name: str) -> Any:
     return Field(default=None, json_schema_extra=lambda s: (s.clear(), s.update(schema)))
 
 
-OwnedValue = Any
-"""Any JSON value: declared only so that setting it is refused by name."""
-
-
 def _no_owned_keys(where: str) -> dict[str, str]:
     matching = f"self.filter(k, k.startsWith('{OWNED_PREFIX}'))"
     return cel(
@@ -205,12 +201,12 @@ class PodTemplateSpec(K8sModel):
     volumes: list[PodVolume] | None = Field(
         default=None, max_length=16, description="Extra volumes; mount them with spec.spark.volumeMounts."
     )
-    containers: OwnedValue = _owned("containers")
-    init_containers: OwnedValue = _owned("initContainers")
-    security_context: OwnedValue = _owned("securityContext")
-    service_account_name: OwnedValue = _owned("serviceAccountName")
-    restart_policy: OwnedValue = _owned("restartPolicy")
-    termination_grace_period_seconds: OwnedValue = _owned("terminationGracePeriodSeconds")
+    containers: Any = _owned("containers")
+    init_containers: Any = _owned("initContainers")
+    security_context: Any = _owned("securityContext")
+    service_account_name: Any = _owned("serviceAccountName")
+    restart_policy: Any = _owned("restartPolicy")
+    termination_grace_period_seconds: Any = _owned("terminationGracePeriodSeconds")
 
     @model_validator(mode="after")
     def _check(self) -> PodTemplateSpec:
