@@ -22,10 +22,12 @@ Catch-up (``HandoverMode.CATCH_UP``, a source that can cap what it admits: the j
       caught up to the limit: ──────────────> every key group has a ready child: final drain at a batch
       write handover/ready-<child>            boundary (no export); drained.json names batch N, positions F
       <────────────────────────────────────── and the pre-copy manifest
-      catch-up.json: FINAL, limit = F
-      reached F: catch-up.json LIVE, no limit;
-      every later batch starts at or after F
-      and emits (the child owns its range)
+      catch-up.json: FINAL, final = F, no limit;
+      the batch that reaches F may pass it:
+      it emits the results of its records at
+      or after F only; then catch-up.json LIVE
+      and every later batch emits (the child
+      owns its range)
 
 Restore (``HandoverMode.RESTORE``, a source that cannot cap its reads: Kafka): the child warms up (with a
 rehearsal of its restore plan), writes its request and its ready note at once, and waits; once every key group
@@ -39,10 +41,15 @@ Crash safety, by construction: every step is a file written once (atomically) an
   cap, the same emission rule. A batch replayed after a crash starts where it started before, so it emits
   (or not) as before.
 - Why nothing is emitted twice: while the parent has not drained, a child's batches end at or before the
-  parent's committed positions (the cap) and emit nothing; once the parent drained at ``F`` the cap is ``F``
-  until the child has committed exactly ``F``, so no batch straddles ``F``: a batch emits iff it starts at or
-  after ``F`` (:meth:`spark_runtime.protocol.CatchUpState.emits_from`). A restored child's batch 0 (the seed)
-  never emits. Dead letters follow the same rule in the source.
+  parent's committed positions (the cap), so at or before ``F``, and emit nothing. Once the parent drained at
+  ``F`` the source marks each record before ``F`` as held (:data:`spark_runtime.protocol.HELD_COLUMN`; the
+  journal cuts its pieces at ``F``): a held record updates state and produces no result and no dead letter. A
+  batch that ends at or before ``F`` emits nothing, one that starts at or after it emits everything, and the one
+  that straddles it emits only what its records at or after ``F`` produced
+  (:meth:`spark_runtime.protocol.CatchUpState.emission`: a Python processor is called for the held records
+  first, its outputs dropped; a builtin aggregation's rows are kept for the keys with a record at or after
+  ``F``). A batch replayed after a crash has the same range and the same ``F``, so it decides the same. A
+  restored child's batch 0 (the seed) never emits.
 - Why nothing is lost: the child's state is the parent's at ``K`` plus every record after ``K`` of its key
   groups, each processed once in its own recovery log; the parent emitted everything up to ``F``.
 
@@ -77,6 +84,7 @@ from spark_runtime.protocol import (
     CatchUpPhase,
     CatchUpState,
     DrainSummary,
+    Emission,
     HandoverConflict,
     HandoverMode,
     HandoverNote,
@@ -386,8 +394,9 @@ class ChildHandover:
         if state.phase == CatchUpPhase.SHADOW:
             if self._drained() is not None:
                 final = self._own(self._drain_summary().positions)
+                # No cap from here: the batch that reaches F may pass it and emits its records' results from F on.
                 state = self.state = CatchUpState(
-                    state.parent, state.manifest, CatchUpPhase.FINAL, limit=final, final=final, ready=state.ready
+                    state.parent, state.manifest, CatchUpPhase.FINAL, final=final, ready=state.ready
                 )
                 self._save()
                 log.info(
@@ -434,14 +443,14 @@ class ChildHandover:
         self._limit_batch = batch
         self._limits_given = [*self._limits_given[-(LIMITS_KEPT - 1) :], limit]
 
-    def emits(self, batch_id: int) -> bool:
-        """Whether batch ``batch_id`` of this child writes to the sink (see the module docstring)."""
+    def emission(self, batch_id: int) -> Emission:
+        """What batch ``batch_id`` of this child writes to the sink (see the module docstring)."""
         state = self.state
         if state is None:
-            return True
+            return Emission.ALL
         if batch_id == 0 or state.final is None:
-            return False
-        return state.emits_from(self.runner.positions_at(batch_id - 1))
+            return Emission.NONE
+        return state.emission(self.runner.positions_at(batch_id - 1), self.runner.positions_at(batch_id))
 
 
 def announce_and_wait(

@@ -42,6 +42,7 @@ from spark_runtime.handover import announce_and_wait, clear_shard_dir, parent_dr
 from spark_runtime.protocol import (
     DRAIN_SUMMARY,
     DrainSummary,
+    Emission,
     HandoverMode,
     HandoverNote,
     MergeAbortOutcome,
@@ -128,8 +129,8 @@ class MergeHandover:
     def tick(self) -> None:
         """Nothing to follow: the child restored both parents' final state."""
 
-    def emits(self, batch_id: int) -> bool:
-        return True
+    def emission(self, batch_id: int) -> Emission:
+        return Emission.ALL
 
 
 def abort_merge(runner: Any) -> dict[str, Any]:

@@ -38,11 +38,11 @@ from spark_runtime.engine.api import (
 )
 from spark_runtime.engine.schema import StateSchema
 from spark_runtime.engine.step import EVENT_TIME, LATE
-from spark_runtime.protocol import SkipRule
+from spark_runtime.protocol import HELD_COLUMN, SkipRule
 from spark_runtime.records import RECORD_TIME, RecordSpec
 from spark_runtime.windows import WINDOW_RESULT_COLUMNS, window_frame
 
-__all__ = ["Plan", "build_output_frame", "key_group_column", "make_plan", "owned_records"]
+__all__ = ["Plan", "build_output_frame", "key_group_column", "make_plan", "owned_records", "results_past_fence"]
 
 STATE_FORMAT_VERSION = 1
 
@@ -237,6 +237,17 @@ def owned_records(config: ShardConfig, events: Any, skip: SkipRule | None = None
     if skip is not None:
         mine = mine.where(F.expr(skip.sql("key_group", "partition", "offset")))
     return mine
+
+
+def results_past_fence(config: ShardConfig, results: Any, records: Any) -> Any:
+    """``results`` (a builtin aggregation's batch output) for the keys with an owned record that is not held among
+    ``records`` (the batch's records read again, with :data:`spark_runtime.protocol.HELD_COLUMN`): the batch that
+    reaches a catch-up child's fence emits only what its records at or after the fence changed; a key they did not
+    touch keeps the total its parent emitted."""
+    from pyspark.sql import functions as F
+
+    keys = owned_records(config, records).where(~F.col(HELD_COLUMN)).select("key").distinct()
+    return results.join(keys, "key", "left_semi")
 
 
 def build_output_frame(

@@ -367,8 +367,8 @@ class HandoverMode(StrEnum):
     CATCH_UP = "catch-up"
     """The child restores a snapshot the parent exported while running, then processes its slice of the
     input up to the parent's committed positions without emitting; the parent stops once every child has
-    caught up, and the children emit from exactly its final positions (a source that can cap what it
-    admits: the journal)."""
+    caught up, and the children emit the results of their input from exactly its final positions on (a source
+    that can cap what it admits and mark what it holds: the journal)."""
     RESTORE = "restore"
     """The child warms up and waits; the parent stops, exports its final state, and the child restores it
     (a source that cannot cap its reads at given positions: Kafka)."""
@@ -378,9 +378,30 @@ class CatchUpPhase(StrEnum):
     SHADOW = "shadow"
     """Following the parent: reads at most up to the parent's committed positions, emits nothing."""
     FINAL = "final"
-    """The parent drained: reads up to its final positions, still emits nothing."""
+    """The parent drained: reads freely; a batch emits the results of its records at or after the parent's final
+    positions only (:class:`Emission`). A ``catch-up.json`` written by an earlier runtime may still cap FINAL at
+    the final positions (``limit``); that child emits from its first batch starting there, as before."""
     LIVE = "live"
     """Reached the parent's final positions: reads freely and emits; the child owns its range."""
+
+
+HELD_COLUMN = "_held"
+"""The boolean column a catch-up child's source adds to its records: true for a record before the parent's final
+positions, or for any record while they are unknown (the parent emitted its results). A held record updates the
+child's state and produces no output and no dead letter; a source marks whole pieces, never splitting a decision
+inside one (the journal cuts its pieces at the final positions)."""
+
+
+class Emission(StrEnum):
+    """What a catch-up child's batch writes to the sink (:meth:`CatchUpState.emission`)."""
+
+    NONE = "none"
+    """Every record is held: the batch ends at or before the parent's final positions, or they are unknown."""
+    FROM_FENCE = "from-fence"
+    """The batch straddles the final positions: only the results of its records at or after them (the batch that
+    reaches the fence emits, so the hand-over costs no extra batch)."""
+    ALL = "all"
+    """The batch starts at or after the final positions (or the shard is no catch-up child)."""
 
 
 @dataclass(frozen=True)
@@ -498,10 +519,19 @@ class CatchUpState:
             writer_epoch=int(epoch) if isinstance(epoch, int) else None,
         )
 
-    def emits_from(self, start: Mapping[str, Any]) -> bool:
-        """Whether a batch that starts at ``start`` emits: only once the parent's final positions are known and
-        the batch starts at or after them (the cap keeps every earlier batch at or before them)."""
-        return self.final is not None and at_or_after(start, self.final)
+    def emission(self, start: Mapping[str, Any], end: Mapping[str, Any]) -> Emission:
+        """What a batch from positions ``start`` to ``end`` emits. While the final positions are unknown the cap
+        keeps every batch at or before the parent's committed positions, so at or before the final ones: a batch
+        planned then is held entirely, and so is any batch ending at or before them (a replay decides the same)."""
+        if self.final is None or at_or_after(self.final, end):
+            return Emission.NONE
+        if at_or_after(start, self.final):
+            return Emission.ALL
+        return Emission.FROM_FENCE
+
+    def holds(self, name: str, offset: int) -> bool:
+        """Whether a record at ``offset`` of the partition ``name`` is held (see :data:`HELD_COLUMN`)."""
+        return self.final is None or offset < int(self.final.get(name, 0))
 
 
 def _leaves(positions: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], int]]:

@@ -55,10 +55,16 @@ from spark_runtime.live import METRICS_HOST_ENV, state_map_seconds
 from spark_runtime.logs import set_phase as set_log_phase
 from spark_runtime.merge import MergeHandover
 from spark_runtime.metrics import TRIGGER_POLL_SECONDS, ShardMetrics
-from spark_runtime.pipeline import Plan, build_output_frame, make_plan
+from spark_runtime.pipeline import Plan, build_output_frame, make_plan, results_past_fence
 from spark_runtime.problems import EnvironmentProblem, TemplateRefused
 from spark_runtime.progress import Progress
-from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE, TIME_MODE_CHANGED, HandoverMode, StandbyStopSummary
+from spark_runtime.protocol import (
+    STATE_SCHEMA_INCOMPATIBLE,
+    TIME_MODE_CHANGED,
+    Emission,
+    HandoverMode,
+    StandbyStopSummary,
+)
 from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter, KafkaSinkWriter
 from spark_runtime.snapshot import utc_now
 from spark_runtime.snapshot.export import SnapshotWriter
@@ -598,18 +604,31 @@ class ShardRunner:
             self.late_letters.write(batch_id, letters)
 
     def _emit(self, df: Any, batch_id: int) -> None:
-        """The batch's results to the sink (a catching-up child's into nothing), then the fence check."""
-        if self.as_child is not None and not self.as_child.emits(int(batch_id)):
+        """The batch's results to the sink (a catching-up child's into nothing, or only those past its parent's
+        final positions), then the fence check."""
+        emission = self.as_child.emission(int(batch_id)) if self.as_child is not None else Emission.ALL
+        if emission == Emission.NONE:
             # Catching up: the parent emitted this input (spark_runtime.handover). The batch still runs to the
             # end (Spark commits the state stores only of a DataFrame executed in full), into nothing.
             df.write.format("noop").mode("overwrite").save()
         else:
+            if emission == Emission.FROM_FENCE and self.plan.kind == "builtin":
+                df = self._results_past_fence(df, int(batch_id))
             self.sink(df, batch_id)
         try:
             self.fence.check(f"Spark commits batch {batch_id}")
         except EnvironmentProblem as problem:
             self._stop_problem = problem
             raise
+
+    def _results_past_fence(self, df: Any, batch_id: int) -> Any:
+        """A builtin aggregation's results of the batch that reaches its parent's final positions, kept for the
+        keys with a record at or after them (the batch's range read again; a Python processor's held records
+        produce no output in the first place: :func:`spark_runtime.engine.step.split_held`)."""
+        assert self.source_context is not None and isinstance(self.source, ReadsRanges)
+        start, end = self.positions_at(batch_id - 1), self.positions_at(batch_id)
+        records = self.source.read_range(self.session(), self.source_context, start, end)
+        return results_past_fence(self.config, df, records)
 
     def pin_start_positions(self) -> None:
         """A fresh shard of a source whose start depends on when it is asked (Kafka's ``earliest``/``latest``)

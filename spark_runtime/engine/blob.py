@@ -17,6 +17,7 @@ import pandas as pd
 
 from spark_runtime.engine.api import cached_processor, call_processor
 from spark_runtime.engine.schema import StateSchema
+from spark_runtime.engine.step import split_held
 from spark_runtime.records import arrow_type
 
 __all__ = [
@@ -118,7 +119,10 @@ def make_group_function(
             current = pd.concat(parts, ignore_index=True)
             pdf = pdf[~seeded]
         order = np.lexsort((pdf["offset"].to_numpy(), pdf["partition"].to_numpy()))  # source order per partition
-        events = pdf[event_columns].take(order).reset_index(drop=True)
+        held, ordered = split_held(pdf.take(order).reset_index(drop=True))
+        if len(held):  # a catch-up child's records before its parent's final positions: state only
+            current, _ = run_processor(proc, held[event_columns], current, columns, result_names, group)
+        events = ordered[event_columns]
         outputs = None
         if len(events):
             current, outputs = run_processor(proc, events, current, columns, result_names, group)

@@ -36,7 +36,7 @@ from spark_runtime.engine.run_cache import run_cache
 from spark_runtime.engine.runs import EXPIRES, GROUP, KEY
 from spark_runtime.engine.schema import StateSchema
 from spark_runtime.engine.state_layout import KeyGroupRuns, StateVars
-from spark_runtime.engine.step import EVENT_TIME, LATE, BatchTime, fire_due, process_group
+from spark_runtime.engine.step import EVENT_TIME, LATE, BatchTime, fire_due, process_group, split_held
 from spark_runtime.engine.timers import TIMER, TimerIndex, TimerVars
 
 __all__ = ["RunsProcessor", "RunsSettings", "bucket_sql", "default_cache_dir"]
@@ -179,7 +179,19 @@ class RunsProcessor(StatefulProcessor):
         if not len(pdf) and timers is None:
             return
         order = np.lexsort((pdf["offset"].to_numpy(), pdf["partition"].to_numpy()))  # source order per partition
-        events = pdf.take(order).reset_index(drop=True)
+        held, events = split_held(pdf.take(order).reset_index(drop=True))
+        if len(held):  # a catch-up child's batch that reaches its parent's final positions: state only
+            if timers is not None:
+                raise RuntimeError("a processor with timers hands over in restore mode: it never gets held records")
+            process_group(
+                state,
+                self.proc,
+                held,
+                list(s.event_columns),
+                list(s.result_names),
+                now_ms=clock.now_ms,
+                ttl_ms=s.ttl_ms,
+            )
         outputs = process_group(
             state,
             self.proc,

@@ -19,14 +19,28 @@ from spark_runtime.engine.api import Processor, call_on_timer, call_processor
 from spark_runtime.engine.runs import GROUP, KEY
 from spark_runtime.engine.state_layout import KeyGroupRuns
 from spark_runtime.engine.timers import TIMER, TimerIndex, cleared_fired, split_due
+from spark_runtime.protocol import HELD_COLUMN
 
-__all__ = ["BatchTime", "fire_due", "process_group", "state_rows_frame"]
+__all__ = ["BatchTime", "fire_due", "process_group", "split_held", "state_rows_frame"]
 
 KEY_GROUP = "key_group"
 LATE = "_late"
 """The output column of a late record's dead letter (JSON; null on result rows)."""
 EVENT_TIME = "event_time"
 """The events' event-time column (epoch milliseconds) when the Task has ``spec.eventTime``."""
+
+
+def split_held(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``events`` as ``(held, emitting)``, each in the given order: a catch-up child's records before its parent's
+    final positions (:data:`spark_runtime.protocol.HELD_COLUMN`; the parent emitted their results: they update
+    state only) and the rest. Held records precede the others in every partition, so processing the held part
+    first keeps source order per partition. Without the column nothing is held."""
+    if HELD_COLUMN not in events.columns:
+        return events.iloc[:0], events
+    held = events[HELD_COLUMN].eq(True).to_numpy(dtype=bool)  # null (a seed row): not held
+    if not held.any():
+        return events.iloc[:0], events
+    return events[held].reset_index(drop=True), events[~held].reset_index(drop=True)
 
 
 def state_rows_frame(table: Any, names: list[str]) -> pd.DataFrame:

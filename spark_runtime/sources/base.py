@@ -23,10 +23,12 @@ and takes care of the rest of the record contract itself:
   at its start), so no new micro-batch begins and the runtime can stop at a batch boundary without
   interrupting one. A source that cannot do that sets ``supports_drain_marker = False``; the runtime then
   stops between triggers (still exact: the snapshot is taken at the last *committed* batch).
-- **Catch-up cap.** A source with ``supports_catch_up = True`` reads ``SourceContext.catch_up_state`` (a split
-  child's :class:`spark_runtime.protocol.CatchUpState`) before each micro-batch: until its phase is ``live`` no
-  batch ends past its ``limit``, and it writes no dead letters for input at or before the parent's ``final``
-  positions (or at all while they are unknown). A split child of such a source catches up while its parent runs
+- **Catch-up cap and held records.** A source with ``supports_catch_up = True`` reads
+  ``SourceContext.catch_up_state`` (a split child's :class:`spark_runtime.protocol.CatchUpState`) before each
+  micro-batch: until its phase is ``live`` no batch ends past its ``limit`` (when it has one), and it adds the
+  column :data:`spark_runtime.protocol.HELD_COLUMN`, true for input before the parent's ``final`` positions (or
+  all input while they are unknown), decided per piece of input (the journal cuts its pieces at ``final``); it
+  writes no dead letters for held input. A split child of such a source catches up while its parent runs
   (:mod:`spark_runtime.handover`); one of any other source restores the parent's final snapshot instead.
 
 Key-group filtering is not the source's job: the runtime applies it natively in Spark right after the source.

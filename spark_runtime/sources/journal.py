@@ -7,7 +7,9 @@ always a line boundary: a partial trailing line (a writer mid-append) waits for 
 1. ``latestOffset``: per partition, the end of the last complete line (capped by ``maxBytesPerTrigger``
    when Spark passes a byte limit); unchanged while the drain marker exists;
 2. ``partitions``: splits each partition's new byte range at line boundaries into pieces of at most
-   ``partitionBytes`` (one Spark task each), so a few big partitions still use every core;
+   ``partitionBytes`` (one Spark task each), so a few big partitions still use every core; a catch-up child's
+   pieces are also cut at its parent's final positions, and each says whether its records are held
+   (:data:`spark_runtime.protocol.HELD_COLUMN`, a column of such a child's stream);
 3. ``read`` (in a Python worker): parses the piece with Arrow's C++ JSON reader when every line of it is a
    valid record (:func:`spark_runtime.records.parse_lines_arrow`), else line by line in Python
    (:func:`spark_runtime.records.parse_lines`); yields Arrow record batches of the valid records, and writes
@@ -44,7 +46,7 @@ from pyspark.sql.streaming.datasource import (
 
 from spark_runtime.keygroups import KeyGrouping
 from spark_runtime.problems import EnvironmentProblem
-from spark_runtime.protocol import CatchUpPhase, CatchUpState, SkipRule, clamp
+from spark_runtime.protocol import HELD_COLUMN, CatchUpPhase, CatchUpState, SkipRule, clamp
 from spark_runtime.records import (
     MAX_LINE_IN_DEAD_LETTER,
     MAX_RECORD_BYTES,
@@ -150,13 +152,15 @@ def plan_pieces(fh: Any, start: int, end: int, piece_bytes: int) -> list[tuple[i
 
 
 class JournalPiece(InputPartition):
-    """Bytes ``[start, end)`` of partition ``index`` (line-aligned)."""
+    """Bytes ``[start, end)`` of partition ``index`` (line-aligned); ``held``: a catch-up child's piece before its
+    parent's final positions (:data:`spark_runtime.protocol.HELD_COLUMN`), decided when the batch is planned."""
 
-    def __init__(self, index: int, start: int, end: int) -> None:
-        super().__init__((index, start, end))
+    def __init__(self, index: int, start: int, end: int, held: bool = False) -> None:
+        super().__init__((index, start, end, held))
         self.index = index
         self.start = start
         self.end = end
+        self.held = held
 
 
 class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -221,14 +225,9 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return None
         return CatchUpState.from_json(self.catch_up.read_json())
 
-    def _emits_dead_letters(self, piece: JournalPiece) -> bool:
-        """A catching-up child writes no dead letters for input its parent handled (see the source contract)."""
-        state = self._catch_up_state()
-        if state is None:
-            return True
-        if state.final is None:
-            return False
-        return piece.start >= int(state.final.get(partition_file(piece.index), 0))
+    def columns(self) -> list[tuple[str, str]]:
+        """The stream's columns: the record spec's, and a catch-up child's :data:`HELD_COLUMN`."""
+        return self.spec.columns() + ([(HELD_COLUMN, "boolean")] if self.catch_up is not None else [])
 
     def _complete_ends(self, start: dict, limit: ReadLimit) -> dict:
         budget = None
@@ -260,14 +259,21 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        """The range's pieces; a catch-up child's are cut at its parent's final positions (a line start), so each
+        piece is held or not as a whole. The same range and the same final positions give the same pieces."""
+        state = self._catch_up_state()
         pieces: list[InputPartition] = []
         for name in self._names():
             s, e = int(start.get(name, 0)), int(end.get(name, 0))
             if e <= s:
                 continue
+            cut = int(state.final.get(name, 0)) if state is not None and state.final is not None else None
             with open(self.path / name, "rb") as fh:
                 for ps, pe in plan_pieces(fh, s, e, self.piece_bytes):
-                    pieces.append(JournalPiece(partition_index(name), ps, pe))
+                    bounds = [ps, cut, pe] if cut is not None and ps < cut < pe else [ps, pe]
+                    for lo, hi in zip(bounds, bounds[1:], strict=False):
+                        held = state is not None and state.holds(name, lo)
+                        pieces.append(JournalPiece(partition_index(name), lo, hi, held))
         return pieces
 
     def commit(self, end: dict) -> None:  # positions live in Spark's offset log; nothing to do
@@ -282,7 +288,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             begin, huge = _skip_too_large_line(fh, partition.start, partition.end)
             fh.seek(begin)
             data = fh.read(partition.end - begin)
-        columns = self.spec.columns()
+        columns = self.columns()
         schema = pa.schema([(name, arrow_type(t)) for name, t in columns])
         fast = parse_lines_arrow(data, begin, self.spec)
         if fast is not None:  # every line valid: Arrow parsed the chunk in C++
@@ -294,6 +300,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "key": table.column("key"),
                 "partition": pa.array(np.full(n, partition.index, dtype=np.int32)),
                 "offset": offsets,
+                HELD_COLUMN: pa.array(np.full(n, partition.held, dtype=bool)),
                 **{f.name: table.column(f.name) for f in self.spec.fields},
             }
             out = pa.table([arrays[name] for name, _ in columns], schema=schema)
@@ -306,6 +313,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "key": parsed.keys,
             "partition": [partition.index] * n,
             "offset": parsed.offsets,
+            HELD_COLUMN: [partition.held] * n,
             **parsed.columns,
         }
         if parsed.values is not None:
@@ -328,7 +336,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.skip is None or self.skip.keeps(kg, piece.index, d.offset)
             ):
                 owned.append(d.to_record(shard=self.shard, partition=piece.index, key_group=kg))
-        if not owned or not self._emits_dead_letters(piece):
+        if not owned or piece.held:  # a catching-up child: its parent wrote these (see the source contract)
             return
         body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in owned).encode("utf-8")
         write_atomic(self.dead_letter_dir / f"p{piece.index}-{piece.start}-{piece.end}.jsonl", body, fsync=False)
@@ -342,7 +350,8 @@ class JournalDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
-        return RecordSpec.from_json(self.options["recordSpec"]).ddl()
+        ddl = RecordSpec.from_json(self.options["recordSpec"]).ddl()
+        return ddl + (f", `{HELD_COLUMN}` boolean" if self.options.get("catchUpState") else "")
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return JournalStreamReader({k.lower(): v for k, v in self.options.items()})

@@ -1,6 +1,7 @@
 """The catch-up hand-over (spark_runtime.handover): a split's children restore a pre-copy snapshot and catch up
 on their slices while the parent keeps processing and emitting; the parent stops once both are ready, and the
-children emit from exactly its final positions.
+children emit the results of their input from exactly its final positions on (the batch that reaches them
+emits only what lies past them).
 
 Each test runs parent and children as real :class:`ShardRunner` loops (``run()``, in threads) on the shared
 SparkSession, against a real journal, and compares the task's results with a plain-Python count.
@@ -9,6 +10,7 @@ SparkSession, against a real journal, and compares the task's results with a pla
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -96,9 +98,8 @@ def test_children_catch_up_while_the_parent_runs_then_take_over_exactly(kind, ma
             shadow = [b for b in committed(env, shard) if b not in out]
             assert 0 in shadow and out, f"{shard}: the restore batch emits nothing, later batches do"
             # One hand-over per key group: the parent emitted up to F, the child from F, never both.
-            assert all(_le(env, shard, b, final) for b in shadow), f"{shard} caught up no further than F"
-            assert checkpoint_positions(env, shard, out[0] - 1) == final, f"{shard} emits from exactly F"
-            assert max(shadow) < out[0]
+            assert all(_le(env, shard, b, final) for b in shadow[1:]), f"{shard} held nothing past F"
+            assert_emits_only_past(env, shard, final)
     finally:
         release(children, threads[1:])
         parent.stop()
@@ -110,6 +111,95 @@ def test_children_catch_up_while_the_parent_runs_then_take_over_exactly(kind, ma
 def _le(env: TaskEnv, shard: str, batch_id: int, bound: dict[str, int]) -> bool:
     """Whether batch ``batch_id`` of ``shard`` ended at or before ``bound`` in every partition."""
     return all(v <= bound[k] for k, v in checkpoint_positions(env, shard, batch_id).items())
+
+
+def assert_emits_only_past(env: TaskEnv, shard: str, final: dict[str, int]) -> list[int]:
+    """One hand-over per key group: the parent emitted up to its final positions ``final``, the child ``shard``
+    only batches that read past them (never its restore batch 0); returns the batches that emitted."""
+    out = emitted(env, shard)
+    assert out and 0 not in out, f"{shard}: the restore batch emits nothing, later batches do"
+    assert not [b for b in out if _le(env, shard, b, final)], f"{shard}: a batch ending at or before F emitted"
+    return out
+
+
+def batch_keys(env: TaskEnv, shard: str, batch_id: int) -> set[str]:
+    """The keys of the results batch ``batch_id`` of ``shard`` wrote (published or pending)."""
+    import pyarrow.parquet as pq
+
+    keys: set[str] = set()
+    for f in (env.sink / f"shard={shard}").glob(f"**/batch-{batch_id}.*"):
+        if f.suffix == ".parquet":
+            keys |= {str(k) for k in pq.read_table(f).column("key").to_pylist()}
+        else:
+            keys |= {json.loads(line)["key"] for line in f.read_text().splitlines() if line.strip()}
+    return keys
+
+
+@pytest.mark.parametrize("kind", sorted(PROCESSORS))
+def test_the_batch_that_reaches_the_fence_emits_only_what_lies_past_it(kind, make_task, shard_spark):
+    """The children lag their parent when it drains (held back here: once ready they stop following, and the
+    parent drains only after one more wave), so each child's first batch after the drain reads records on both
+    sides of the parent's final positions F: keys with records on both sides, keys only before F, keys only after
+    it, dead letters on both sides. That one batch emits exactly the keys its records at or after F touched (no
+    extra batch to reach F first); state stays exact and every dead letter is counted once."""
+    from spark_runtime.keygroups import KeyGrouping
+    from spark_runtime.shard import ShardRunner
+
+    env, ref, produce = task_with_reference(make_task, kind)
+    events = list(generate_events(900, 24, seed=31))
+    before = [{"key": f"before-{i}", "seq": 10_000 + i, "amount": i} for i in range(12)]
+    after = [{"key": f"after-{i}", "seq": 20_000 + i, "amount": i} for i in range(12)]
+    produce(events[:300])
+    drain_now, follow_again = threading.Event(), threading.Event()
+    parent = ShardRunner(env.config(0, 16), shard_spark)
+    answer = parent.as_parent.tick
+    parent.as_parent.tick = lambda: answer() if drain_now.is_set() else (answer(), None)[1]
+    restore = {"parent": PARENT, "manifest": str(shard_dir(env, PARENT) / "drained.json")}
+    children = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in HALVES]
+    for c in children:
+        hand, follow = c.as_child, c.as_child.tick  # once ready: keep the cap, do not see the drain yet
+
+        def held_back(h: Any = hand, f: Any = follow) -> None:
+            return None if h.state is not None and h.state.ready and not follow_again.is_set() else f()
+
+        hand.tick = held_back
+    threads = [InThread(parent.run, "run parent")] + [InThread(c.run, f"run {c.config.shard}") for c in children]
+    try:
+        threads[0].start()
+        caught_up(env, PARENT)
+        for t in threads[1:]:
+            t.start()
+        for c in children:
+            wait_progress(env, c.config.shard, lambda p, c=c: bool(c.as_child.state and c.as_child.state.ready), 240)
+        produce(events[300:600] + before)  # before F: the parent alone processes and emits it
+        append_lines(env.journal, 0, BAD)
+        caught_up(env, PARENT)
+        drain_now.set()
+        summary = threads[0].finish(240)
+        final = summary["positions"]
+        produce(events[600:] + after)  # after F: the same keys again, and keys of their own
+        append_lines(env.journal, 1, BAD)
+        follow_again.set()
+        for c in children:
+            caught_up(env, c.config.shard)
+        assert env.results() == ref.results, "no event lost, none counted twice"
+        grouping = KeyGrouping(16)
+        for c in children:
+            shard, r = c.config.shard, c.config.key_groups
+            out = assert_emits_only_past(env, shard, final)
+            first = out[0]
+            start = checkpoint_positions(env, shard, first - 1)
+            assert any(start[k] < final[k] for k in final), f"{shard}: its first emitting batch straddles F"
+            past = {e["key"] for e in events[600:] + after if r.start <= grouping.of(e["key"], 0) < r.end}
+            assert batch_keys(env, shard, first) == past, f"{shard}: exactly the keys its records past F touched"
+            only_before = {e["key"] for e in before if r.start <= grouping.of(e["key"], 0) < r.end}
+            assert only_before and not only_before & past, f"{shard}: keys only before F (none emitted by it)"
+    finally:
+        release(children, threads[1:])
+        parent.stop()
+    summaries = [summary] + [c.drain() for c in children]
+    assert sum(s["deadLetters"] for s in summaries) == 2 * len(BAD), "each dead letter counted by one shard"
+    assert summary["deadLetters"] == len(BAD), "the parent counted those before F"
 
 
 def test_a_child_killed_while_catching_up_resumes_its_catch_up(make_task, shard_spark):
@@ -152,8 +242,7 @@ def test_a_child_killed_while_catching_up_resumes_its_catch_up(make_task, shard_
         assert env.results() == ref.results, "no event lost, none counted twice"
         assert again.as_child is not None and again.as_child.state is not None
         assert again.as_child.state.phase == "live"
-        out = emitted(env, again.config.shard)
-        assert out and checkpoint_positions(env, again.config.shard, out[0] - 1) == summary["positions"]
+        assert_emits_only_past(env, again.config.shard, summary["positions"])
     finally:
         release([low, *restarted], threads[1:])
         parent.stop()
@@ -207,8 +296,7 @@ def test_a_parent_replaced_during_the_catch_up_hands_over_once_and_its_zombie_is
             caught_up(env, c.config.shard)
         assert env.results() == ref.results, "no event lost, none counted twice"
         for c in children:
-            out = emitted(env, c.config.shard)
-            assert out and checkpoint_positions(env, c.config.shard, out[0] - 1) == summary["positions"]
+            assert_emits_only_past(env, c.config.shard, summary["positions"])
         assert max(emitted(env, PARENT)) <= summary["batchId"]
     finally:
         release(children, threads[1:3])

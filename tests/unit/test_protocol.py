@@ -8,6 +8,7 @@ from spark_runtime.protocol import (
     CatchUpPhase,
     CatchUpState,
     DrainSummary,
+    Emission,
     HandoverMode,
     HandoverNote,
     SummaryEvent,
@@ -58,14 +59,20 @@ def test_clamp_caps_at_the_limit_and_never_goes_below_the_start():
     assert clamp({"p0.jsonl": 100}, {"p0.jsonl": 0}, {}) == {"p0.jsonl": 100}, "no limit named: unchanged"
 
 
-def test_a_batch_emits_only_once_the_final_positions_are_known_and_it_starts_there():
+def test_a_batch_emits_only_past_the_final_positions_and_a_straddling_one_only_from_them():
     shadow = CatchUpState("p", "/m", CatchUpPhase.SHADOW, limit={"p0.jsonl": 50})
-    assert not shadow.emits_from({"p0.jsonl": 50}), "the parent has not drained: nothing emits"
-    final = CatchUpState("p", "/m", CatchUpPhase.FINAL, limit={"p0.jsonl": 80}, final={"p0.jsonl": 80})
-    assert not final.emits_from({"p0.jsonl": 79})
-    assert final.emits_from({"p0.jsonl": 80})
+    assert shadow.emission({"p0.jsonl": 40}, {"p0.jsonl": 50}) == Emission.NONE, "the parent has not drained"
+    assert shadow.holds("p0.jsonl", 10_000), "every record is held while the final positions are unknown"
+    final = CatchUpState("p", "/m", CatchUpPhase.FINAL, final={"p0.jsonl": 80, "p1.jsonl": 30})
+    assert final.emission({"p0.jsonl": 60, "p1.jsonl": 10}, {"p0.jsonl": 80, "p1.jsonl": 30}) == Emission.NONE
+    straddles = final.emission({"p0.jsonl": 60, "p1.jsonl": 30}, {"p0.jsonl": 95, "p1.jsonl": 30})
+    assert straddles == Emission.FROM_FENCE, "reaches the fence in one partition and passes it: results past it only"
+    one_side = final.emission({"p0.jsonl": 80, "p1.jsonl": 20}, {"p0.jsonl": 95, "p1.jsonl": 40})
+    assert one_side == Emission.FROM_FENCE, "past the fence in p0 but not yet in p1"
+    assert final.emission({"p0.jsonl": 80, "p1.jsonl": 30}, {"p0.jsonl": 95, "p1.jsonl": 30}) == Emission.ALL
+    assert final.holds("p0.jsonl", 79) and not final.holds("p0.jsonl", 80) and not final.holds("p1.jsonl", 31)
     live = CatchUpState.from_json(CatchUpState("p", "/m", CatchUpPhase.LIVE, final={"p0.jsonl": 80}).to_json())
-    assert live.phase == CatchUpPhase.LIVE and live.emits_from({"p0.jsonl": 95})
+    assert live.phase == CatchUpPhase.LIVE and live.emission({"p0.jsonl": 95}, {"p0.jsonl": 99}) == Emission.ALL
 
 
 def test_notes_and_summaries_round_trip_through_json():

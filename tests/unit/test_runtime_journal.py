@@ -236,3 +236,34 @@ def test_too_large_lines_and_keys_are_dead_letters_and_a_huge_line_is_never_read
     assert any(d.startswith(f"line of {len(big):,} bytes") for d in details), details
     assert any(d.startswith(f"key of {MAX_KEY_BYTES + 1:,} bytes") for d in details), details
     assert all(len(d["line"]) < 20_000 for d in dead)
+
+
+def test_a_catch_up_child_holds_records_before_the_final_positions_and_cuts_pieces_there(tmp_path, make_reader):
+    from spark_runtime.protocol import HELD_COLUMN, CatchUpPhase, CatchUpState
+
+    journal = tmp_path / "journal"
+    lines = [json.dumps({"key": f"k{i}"}) for i in range(6)]
+    append_lines(journal, 0, lines[:3] + ["{bad json"] + lines[3:] + ["{also bad"])
+    data = (journal / "p0.jsonl").read_bytes()
+    fence = data.index(b'{"key": "k3"}')  # F: a line start after the first dead letter
+    state_file = tmp_path / "catch-up.json"
+    r = make_reader(partitions=1, catchupstate=str(state_file), partitionbytes="1000000")
+    assert (HELD_COLUMN, "boolean") in r.columns()
+
+    state_file.write_text(json.dumps(CatchUpState("p", "/m", CatchUpPhase.SHADOW, limit={"p0.jsonl": fence}).to_json()))
+    start = r.initialOffset()
+    assert r.latestOffset(start, ReadAllAvailable()) == {"p0.jsonl": fence}, "capped at the parent's positions"
+    rows = read_all(r, start, {"p0.jsonl": len(data)})
+    assert rows and all(x[HELD_COLUMN] for x in rows), "final positions unknown: every record is held"
+    assert not list((tmp_path / "dl-0-16").glob("*.jsonl")), "and no dead letter written"
+
+    final = CatchUpState("p", "/m", CatchUpPhase.FINAL, final={"p0.jsonl": fence})
+    state_file.write_text(json.dumps(final.to_json()))
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert end == {"p0.jsonl": len(data)}, "FINAL reads past the fence"
+    pieces = r.partitions(start, end)
+    assert [(p.start, p.end, p.held) for p in pieces] == [(0, fence, True), (fence, len(data), False)]
+    rows = read_all(r, start, end)
+    assert {x["key"]: x[HELD_COLUMN] for x in rows} == {f"k{i}": i < 3 for i in range(6)}
+    letters = [json.loads(line) for f in (tmp_path / "dl-0-16").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert [d["offset"] for d in letters] == [data.index(b"{also bad")], "only the dead letter past the fence"
