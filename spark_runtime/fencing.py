@@ -31,11 +31,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 
 from spark_runtime.layout import ShardPaths
 from spark_runtime.problems import EnvironmentProblem
-from spark_runtime.protocol import WriterEpoch, parse_epoch_name
+from spark_runtime.protocol import WriterEpoch, parse_epoch_name, rfc3339
 
 __all__ = ["WriterFence", "WriterFenced", "barrier_after", "is_current"]
 
@@ -83,7 +82,7 @@ class WriterFence:
                 shard=self.shard,
                 pod=os.environ.get("HOSTNAME") or socket.gethostname(),
                 pid=os.getpid(),
-                started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                started_at=rfc3339(),
                 barrier=barrier,
             )
             if self.paths.epoch(epoch).create_exclusive_json(holder.to_json()):

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Any
 
 from spark_runtime.problems import EnvironmentProblem
+from spark_runtime.protocol import rfc3339
 from spark_runtime.storage import Loc, location, remove_tree, s3_settings_from
 
 __all__ = ["IDENTITY_FILE", "StorageOwnedByAnotherTask", "claim_task_storage", "remove_task_state"]
@@ -46,7 +46,7 @@ def _identity(task: str, namespace: str, uid: str) -> dict[str, Any]:
         "uid": uid,
         "namespace": namespace,
         "task": task,
-        "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "createdAt": rfc3339(),
     }
 
 

@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from spark_runtime.protocol import rfc3339
+
 __all__ = [
     "KEY_GROUP_BUCKETS",
     "KEY_GROUP_METRICS",
@@ -210,7 +212,6 @@ class LiveStats:
 
     def to_status(self, *, observed_at: str) -> dict[str, Any]:
         """The ``status.live`` object; ``rate`` rounded to 0.1 rows/s so that noise does not cause writes."""
-        from datetime import UTC, datetime
 
         out: dict[str, Any] = {
             "batchId": self.batch_id,
@@ -220,7 +221,7 @@ class LiveStats:
             "observedAt": observed_at,
         }
         if self.batch_time is not None:
-            out["batchTime"] = datetime.fromtimestamp(self.batch_time, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            out["batchTime"] = rfc3339(self.batch_time)
         if self.lag is not None:
             out["lag"] = self.lag
             out["lagUnit"] = self.lag_unit
@@ -231,7 +232,7 @@ class LiveStats:
         if self.state_map_batch is not None:
             out["stateMapBatch"] = self.state_map_batch
         if self.watermark is not None:
-            out["watermark"] = datetime.fromtimestamp(self.watermark, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            out["watermark"] = rfc3339(self.watermark)
         if self.late_records is not None:
             out["lateRecords"] = self.late_records
         return out

@@ -34,6 +34,7 @@ The writer fence (every shard, split or not; :mod:`spark_runtime.fencing`)::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -174,6 +175,16 @@ def shard_dir_uri(task_root: str, shard: str) -> str:
 def drain_summary_uri(task_root: str, shard: str) -> str:
     """Where ``shard`` writes its final drain summary: a split child's ``restoreFrom.manifest``."""
     return f"{shard_dir_uri(task_root, shard)}/{DRAIN_SUMMARY}"
+
+
+RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
+"""The one time format of the runtime and its records (notes, summaries, manifests, lineage, epochs, live values):
+UTC, whole seconds."""
+
+
+def rfc3339(seconds: float | None = None) -> str:
+    """Epoch ``seconds`` (None: now) in :data:`RFC3339`."""
+    return time.strftime(RFC3339, time.gmtime(seconds))
 
 
 class SummaryEvent(StrEnum):

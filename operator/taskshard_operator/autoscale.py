@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from taskshard_operator.models.task import AutoscaleSpec
+from taskshard_operator.status import rfc3339
 
 __all__ = [
     "COLD_LAG_FRACTION",
@@ -147,7 +148,7 @@ class Autoscale:
             "scaleUpRates": [{"shards": n, "rate": round(r, 1)} for n, r in s.scale_up_rates] or None,
         }
         same = shown.get("reason") == self.reason and shown.get("desiredShards") == self.desired
-        new["lastTransitionTime"] = (shown.get("lastTransitionTime") if same else None) or _stamp_now()
+        new["lastTransitionTime"] = (shown.get("lastTransitionTime") if same else None) or rfc3339()
         new.update({k: None for k in shown if k not in new})
         return new
 
@@ -304,10 +305,4 @@ def _seconds(stamp: Any) -> float | None:
 
 
 def _stamp(seconds: float | None) -> str | None:
-    if seconds is None:
-        return None
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _stamp_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if seconds is None else rfc3339(seconds)

@@ -38,6 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spark_runtime.live import METRICS_PATH, METRICS_PORT, LiveStats, live_stats
 from taskshard_operator.split_points import parse_bucket
+from taskshard_operator.status import rfc3339
 
 __all__ = [
     "LIVE_INTERVAL_SECONDS",
@@ -62,7 +63,7 @@ MAX_SCRAPE_BYTES = 4 << 20
 
 
 def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 def parse_scrape(text: str) -> LiveStats | None:
@@ -245,7 +246,7 @@ def task_live_patch(
     age = _age_seconds((current or {}).get("observedAt"), now)
     if age < interval:
         return None, interval - age
-    return {**summed, "observedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ")}, None
+    return {**summed, "observedAt": rfc3339(now)}, None
 
 
 class ScrapeRefused(OSError):

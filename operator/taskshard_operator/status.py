@@ -55,8 +55,21 @@ NO_PROGRESS = "NoProgress"
 committing (and Degraded on its Task, naming it)."""
 
 
+RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
+"""The operator's one time format (status, conditions, live values, events' messages): UTC, whole seconds."""
+
+
+def rfc3339(at: float | dt.datetime | None = None) -> str:
+    """``at`` (epoch seconds or an aware datetime; None: now) in :data:`RFC3339`, the operator's one time format."""
+    if at is None:
+        at = dt.datetime.now(dt.UTC)
+    elif not isinstance(at, dt.datetime):
+        at = dt.datetime.fromtimestamp(at, dt.UTC)
+    return at.astimezone(dt.UTC).strftime(RFC3339)
+
+
 def now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 def condition(

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from typing import Any
 
 from spark_runtime import protocol
@@ -67,7 +66,7 @@ class RestoreError(ValueError):
 
 
 def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return protocol.rfc3339()
 
 
 def load_manifest(manifest: Loc | str | os.PathLike[str]) -> dict[str, Any]:
