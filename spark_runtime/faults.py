@@ -1,4 +1,5 @@
-"""Fault injection for crash tests only: kill the shard runtime at a named step of its drain.
+"""Fault injection for crash tests only, every hook of the runtime in one place: die at a named step of the drain,
+or at, after or inside a named batch.
 
 **Never set this in production.** ``TASKSHARD_FAULT_KILL_AT_DRAIN_STEP`` exists so that tests can prove each drain
 step of :meth:`spark_runtime.shard.ShardRunner.drain` is safe to crash in (tests/spark/test_drain_crashes.py). It
@@ -25,7 +26,14 @@ Steps, in drain order (the hook is called at each; a restart repeats the drain f
 An unset or empty variable injects nothing. A value that is not one of the steps raises :class:`FaultConfigError`
 at the first check (a typo must not make a crash test pass without crashing).
 
-``TASKSHARD_FAULT_PAUSE_IN_BATCH`` (a batch id) stops the runtime's process with SIGSTOP inside that batch's
+The batch faults (each names a batch id; unset, empty or not a number: nothing):
+
+``TASKSHARD_FAULT_KILL_AFTER_SINK_BATCH``
+    SIGKILL the process right after the sink wrote that batch's output (pending, before Spark commits the
+    batch), the worst moment for exactly-once (:func:`kill_after_sink_batch`).
+``TASKSHARD_FAULT_FAIL_BATCH``
+    that batch raises in ``foreachBatch`` before its output (a poison batch; :func:`fail_batch`).
+``TASKSHARD_FAULT_PAUSE_IN_BATCH`` stops the runtime's process with SIGSTOP inside that batch's
 ``foreachBatch``, right after its fence check and before its output: a zombie paused across its successor's claim
 (a frozen VM, a long GC). The test resumes it with SIGCONT (:func:`pause_in_batch`).
 """
@@ -42,7 +50,11 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
+    "FAIL_BATCH_ENV",
+    "KILL_AFTER_SINK_BATCH_ENV",
     "PAUSE_IN_BATCH_ENV",
+    "fail_batch",
+    "kill_after_sink_batch",
     "pause_in_batch",
     "CRASH_EXIT_CODE",
     "DRAIN_STEPS",
@@ -64,6 +76,27 @@ CRASH_EXIT_CODE = 137
 """The exit code of the injected crash: what a container killed by SIGKILL reports (128 + 9)."""
 WATCH_INTERVAL_SECONDS = 0.005
 """How often :func:`crash_when` asks its probe."""
+
+
+KILL_AFTER_SINK_BATCH_ENV = "TASKSHARD_FAULT_KILL_AFTER_SINK_BATCH"
+"""Fault injection for crash tests (never in production): SIGKILL after the sink wrote this batch's output."""
+FAIL_BATCH_ENV = "TASKSHARD_FAULT_FAIL_BATCH"
+"""Fault injection for tests (never in production): this batch raises in ``foreachBatch``."""
+
+
+def _batch_id(env_name: str) -> int | None:
+    value = os.environ.get(env_name, "").strip()
+    return int(value) if value.lstrip("-").isdigit() else None
+
+
+def fail_batch() -> int | None:
+    """The batch id :data:`FAIL_BATCH_ENV` names, or None."""
+    return _batch_id(FAIL_BATCH_ENV)
+
+
+def kill_after_sink_batch() -> int | None:
+    """The batch id :data:`KILL_AFTER_SINK_BATCH_ENV` names, or None."""
+    return _batch_id(KILL_AFTER_SINK_BATCH_ENV)
 
 
 class FaultConfigError(ValueError):

@@ -100,9 +100,6 @@ FENCE_POLL_SECONDS_S3 = 5.0
 """The same on S3 (a HEAD request)."""
 S3_LIST_INTERVAL_SECONDS = 5.0
 """With storage on S3, how often ``poll()`` lists the commit log when no new batch was reported."""
-FAIL_BATCH_ENV = "TASKSHARD_FAULT_FAIL_BATCH"
-"""Fault injection for drain tests: every attempt of the named micro-batch fails in ``foreachBatch`` before
-anything of it is written, as a poison record would."""
 TERMINATION_MESSAGE_LIMIT = 4096
 """Kubernetes keeps at most 4096 bytes of a termination message."""
 
@@ -217,8 +214,7 @@ class ShardRunner:
             self.as_child = ChildHandover(self, self.handover_mode)
         elif config.merge_from is not None:
             self.as_child = MergeHandover(self)  # a merge always restores (spark_runtime.merge)
-        fail_batch = os.environ.get(FAIL_BATCH_ENV, "").strip()
-        self._fail_batch = int(fail_batch) if fail_batch.isdigit() else None
+        self._fail_batch = faults.fail_batch()
         self._guarded_at = time.monotonic()
         self._fence_polled_at = time.monotonic()
         self._trigger_polled_at = 0.0
@@ -564,7 +560,7 @@ class ShardRunner:
         """``foreachBatch``: the source's guard (a mapping that no longer holds stops the shard before anything of
         the batch is written or committed), then the sink."""
         if self._fail_batch is not None and int(batch_id) == self._fail_batch:
-            raise RuntimeError(f"fault injection: batch {batch_id} fails ({FAIL_BATCH_ENV})")
+            raise RuntimeError(f"fault injection: batch {batch_id} fails ({faults.FAIL_BATCH_ENV})")
         try:
             self.fence.check(f"batch {batch_id}'s output")
             faults.pause_in_batch(int(batch_id))  # fencing tests only (spark_runtime.faults)

@@ -68,6 +68,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from spark_runtime import faults
 from spark_runtime.late import LATE_FILE_PREFIX
 from spark_runtime.layout import SinkPaths, parse_batch_file_name, write_atomic
 
@@ -86,15 +87,6 @@ def result_columns(df: Any) -> list[str]:
 
 
 """The columns of every output record, in order."""
-FAULT_ENV = "TASKSHARD_FAULT_KILL_AFTER_SINK_BATCH"
-"""Fault injection for crash tests: SIGKILL this process right after writing the named batch's output
-(pending, before Spark commits the batch), the worst moment for exactly-once."""
-
-
-def _fault_batch() -> int | None:
-    """The batch id named by :data:`FAULT_ENV`, or None."""
-    kill_at = os.environ.get(FAULT_ENV, "")
-    return int(kill_at) if kill_at.strip().lstrip("-").isdigit() else None
 
 
 def _maybe_fault(kill_after: int | None, batch_id: int) -> None:
@@ -114,7 +106,7 @@ class DirectorySinkWriter:
         self.shard = shard
         self.epoch = epoch
         self.rows_written = 0
-        self._kill_after = _fault_batch()
+        self._kill_after = faults.kill_after_sink_batch()
 
     def __call__(self, df: Any, batch_id: int) -> None:
         batch_id = int(batch_id)
@@ -283,7 +275,7 @@ class KafkaSinkWriter:
         """The Task's ``sink.kafka.options`` (credentials are added from the environment: :attr:`client`)."""
         self._client: dict[str, str] | None = None
         self.rows_written = 0
-        self._kill_after = _fault_batch()
+        self._kill_after = faults.kill_after_sink_batch()
 
     @property
     def client(self) -> dict[str, str]:

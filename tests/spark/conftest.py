@@ -223,7 +223,7 @@ class ShardProcess:
     def __init__(self, env: TaskEnv, config_path: Path, name: str, extra_env: dict[str, str] | None = None) -> None:
         self.log_path = env.root / f"{name}.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
-        from spark_runtime.sink import FAULT_ENV
+        from spark_runtime.faults import KILL_AFTER_SINK_BATCH_ENV as FAULT_ENV
 
         proc_env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
         proc_env.update({"PYSPARK_PYTHON": sys.executable, **(extra_env or {})})

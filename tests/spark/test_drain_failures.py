@@ -21,7 +21,8 @@ pytestmark = pytest.mark.spark
 
 def _failing_root(env, shard_spark, monkeypatch, ref: Reference, events: list):
     """A root shard that committed batch 0 and whose batch 1 fails on every attempt."""
-    from spark_runtime.shard import FAIL_BATCH_ENV, ShardRunner
+    from spark_runtime.faults import FAIL_BATCH_ENV
+    from spark_runtime.shard import ShardRunner
 
     monkeypatch.setenv(FAIL_BATCH_ENV, "1")
     root = ShardRunner(env.config(0, 16), shard_spark)
@@ -67,7 +68,8 @@ def test_a_drain_exports_the_last_committed_batch_when_the_query_failed(make_tas
 
 
 def test_a_restart_during_a_final_drain_drains_without_processing(make_task, shard_spark, monkeypatch):
-    from spark_runtime.shard import FAIL_BATCH_ENV, ShardRunner
+    from spark_runtime.faults import FAIL_BATCH_ENV
+    from spark_runtime.shard import ShardRunner
 
     env = make_task(processor={"builtin": "count"}, max_key_groups=16)
     ref, events = Reference("count"), list(generate_events(800, 80, seed=37))

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from spark_runtime.faults import KILL_AFTER_SINK_BATCH_ENV as FAULT_ENV
 from spark_runtime.produce import generate_events
-from spark_runtime.sink import FAULT_ENV
 
 from .conftest import Reference, ShardProcess, children_ready, wait_progress
 
