@@ -32,13 +32,13 @@ from taskshard_operator import status as st
 from taskshard_operator.act import (
     CRASH_AFTER_PHASE_ENV,
     ApplyConfigMap,
+    Backoff,
     Decision,
     Delete,
     Emit,
     Patch,
     carry_out,
 )
-from taskshard_operator.act import Backoff as BackoffAction
 from taskshard_operator.cache import Observed
 from taskshard_operator.handover import Standing, finalizers, successor_standing, sync_handover_finalizer
 from taskshard_operator.kube import Kube
@@ -73,14 +73,21 @@ from taskshard_operator.views import shard_views
 
 P = ShardPhase
 
-__all__ = ["CRASH_AFTER_PHASE_ENV", "Backoff", "Emit", "decide_shard", "reconcile_shard", "validate_shard_config"]
+__all__ = [
+    "CRASH_AFTER_PHASE_ENV",
+    "Emit",
+    "PodReplacementBackoff",
+    "decide_shard",
+    "reconcile_shard",
+    "validate_shard_config",
+]
 
 STABLE_SECONDS = 60.0
 """A driver container that ran this long resets the pod replacement back-off."""
 
 
 @dataclass
-class Backoff:
+class PodReplacementBackoff:
     """In-memory back-off for replacing a shard's pod: ``base * 2**(n-1)`` capped at ``cap`` seconds.
 
     Lost on operator restart on purpose (a restarted operator retries at once); ``status.restarts`` persists.
@@ -123,7 +130,9 @@ def validate_shard_config(config: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- observe -> decide -> act
 
 
-def reconcile_shard(kube: Kube, observed: Observed, namespace: str, name: str, *, emit: Emit, backoff: Backoff):
+def reconcile_shard(
+    kube: Kube, observed: Observed, namespace: str, name: str, *, emit: Emit, backoff: PodReplacementBackoff
+):
     """One pass for the TaskShard ``namespace/name`` (see the module docstring). Returns seconds until the shard
     wants another pass (a back-off expiring), or None."""
     decision = decide_shard(observed, namespace, name, backoff_wait=backoff.ready)
@@ -349,7 +358,7 @@ def _replace_orcreate_pod(ctx: ShardContext) -> bool:
             ctx.decision.again_in(ctx.backoff_wait)
             return True
         if replacement:
-            ctx.do(BackoffAction(ctx.uid))
+            ctx.do(Backoff(ctx.uid))
         create_pod(ctx, restarts_base=restarts)
         ctx.write(
             {
@@ -377,7 +386,7 @@ def _replace_orcreate_pod(ctx: ShardContext) -> bool:
         message = (
             f"template changed ({pod.template_hash} -> {ctx.template_hash}); restarting {pod.name} from its checkpoint"
         )
-        ctx.do(BackoffAction(ctx.uid, reset=True))
+        ctx.do(Backoff(ctx.uid, reset=True))
         ctx.do(Delete("pods", pod.name))
         ctx.write(
             {**_base_patch(ctx), "conditions": [ctx.cond(st.PROGRESSING, True, "RollingRestart", message)]},
@@ -502,7 +511,7 @@ def _mirror_running_pod(ctx: ShardContext) -> None:
     pod = ctx.pod
     running_for = pod.running_for()
     if running_for >= STABLE_SECONDS:
-        ctx.do(BackoffAction(ctx.uid, reset=True))
+        ctx.do(Backoff(ctx.uid, reset=True))
     else:
         ctx.decision.again_in(STABLE_SECONDS - running_for + 1)
     if ctx.phase == P.FAILED and running_for < STABLE_SECONDS and not _committed_since_start(ctx):

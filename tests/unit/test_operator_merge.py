@@ -11,7 +11,7 @@ import pytest
 
 from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import naming
-from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
+from taskshard_operator.reconcile_shard import PodReplacementBackoff, reconcile_shard
 from taskshard_operator.reconcile_task import reconcile_task
 
 from .operator_spec import NS, SPEC
@@ -50,7 +50,7 @@ def condition(kube: FakeKube, shard: str, kind: str) -> dict:
 def one_round(kube: FakeKube, events: list, *, hand_over: bool) -> None:
     reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
     for name in list(kube.shards()):
-        reconcile_shard(kube, kube, NS, name, emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+        reconcile_shard(kube, kube, NS, name, emit=lambda *a: events.append(a), backoff=PodReplacementBackoff(base=0.0))
         assert sorted(owner_ranges(kube)) in ([KeyGroupRange(0, 8), KeyGroupRange(8, 16)], [KeyGroupRange(0, 16)]), (
             "the owners tile [0, 16) at every observed moment"
         )
@@ -126,7 +126,7 @@ def test_crash_at_every_mutation_of_a_merge_completes_without_duplicates():
         kube.crash_after = kube.mutations + n
         with pytest.raises(Crash, match="operator killed"):
             converge(kube, [])
-        converge(kube, [], backoff=Backoff(base=0.0))  # the restarted operator, with fresh memory
+        converge(kube, [], backoff=PodReplacementBackoff(base=0.0))  # the restarted operator, with fresh memory
         assert phases(kube) == {"t-0-8": "Merged", "t-8-16": "Merged", MERGED: "Running"}, f"crash at {n}"
         assert count_creations(kube, "taskshards") == {"t-0-8": 1, "t-8-16": 1, MERGED: 1}
         assert set(kube.pods()) == {f"{MERGED}-driver"}
@@ -185,7 +185,7 @@ def test_a_merge_withdrawn_before_the_merged_shard_exists_is_undone_at_once():
     kube = two_shards()
     events: list = []
     request_merge(kube, "t-0-8", "t-8-16")
-    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=PodReplacementBackoff(base=0.0))
     assert phases(kube)["t-0-8"] == "MergeRequested"
     assert kube.shards()["t-8-16"]["metadata"]["annotations"][naming.ANNOTATION_MERGE_LEFT] == "t-0-8", "claimed"
     withdraw_merge(kube, "t-0-8")
@@ -250,7 +250,7 @@ def test_a_merge_withdrawn_while_its_parents_drain_completes():
     for _ in range(4):
         one_round(kube, events, hand_over=False)
     withdraw_merge(kube, "t-0-8")
-    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=PodReplacementBackoff(base=0.0))
     assert phases(kube)["t-0-8"] == "AbortingMerge"
     world_step(kube, {}, hand_over=True)  # the merged shard's pod still ran: both parents drained for it
     converge(kube, events)
@@ -269,7 +269,7 @@ def test_a_merge_that_does_not_finish_shows_merge_stalled_with_what_it_waits_for
     long_ago = "2020-01-01T00:00:00Z"
     for name in ("t-0-8", "t-8-16"):
         kube.patch_custom_status("taskshards", NS, name, {"merge": {"acceptedTime": long_ago}})
-    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=PodReplacementBackoff(base=0.0))
     degraded = condition(kube, "t-0-8", "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "MergeStalled"), degraded
     assert "bound 600s" in degraded["message"] and f"{MERGED} is not running on standby" in degraded["message"]
@@ -317,7 +317,7 @@ def test_a_merge_waits_while_a_shard_restarts_then_starts():
     kube = two_shards()
     events: list = []
     kube.delete_pod(NS, "t-8-16-driver")  # the right shard's pod is gone: it goes Pending, then runs again
-    reconcile_shard(kube, kube, NS, "t-8-16", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    reconcile_shard(kube, kube, NS, "t-8-16", emit=lambda *a: events.append(a), backoff=PodReplacementBackoff(base=0.0))
     assert phases(kube)["t-8-16"] == "Failed" or phases(kube)["t-8-16"] == "Pending"
     request_merge(kube, "t-0-8", "t-8-16")
     decision_seconds: list = []
@@ -325,7 +325,7 @@ def test_a_merge_waits_while_a_shard_restarts_then_starts():
 
     decision = decide_shard(kube, NS, "t-0-8")
     decision_seconds.append(decision.requeue_after)
-    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    reconcile_shard(kube, kube, NS, "t-0-8", emit=lambda *a: events.append(a), backoff=PodReplacementBackoff(base=0.0))
     waiting = condition(kube, "t-0-8", "MergeRejected")
     assert (waiting["status"], waiting["reason"]) == ("False", "MergeWaiting"), waiting
     assert "waiting until t-8-16 runs again" in waiting["message"]

@@ -16,7 +16,7 @@ import pytest
 from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import naming
 from taskshard_operator.handover import related_shards
-from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
+from taskshard_operator.reconcile_shard import PodReplacementBackoff, reconcile_shard
 from taskshard_operator.reconcile_task import reconcile_task
 
 from .operator_spec import NS, SPEC
@@ -56,7 +56,9 @@ class LaggingCache:
 
 
 def shard_pass(kube: FakeKube, name: str, events: list, observed: Any = None) -> None:
-    reconcile_shard(kube, observed or kube, NS, name, emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    reconcile_shard(
+        kube, observed or kube, NS, name, emit=lambda *a: events.append(a), backoff=PodReplacementBackoff(base=0.0)
+    )
     assert_one_handover_per_shard(kube)
     assert_no_overlap(running_ranges(kube))
 

@@ -26,7 +26,7 @@ from taskshard_operator import status as st
 from taskshard_operator.cache import data_digest, parse_task
 from taskshard_operator.kube import Conflict
 from taskshard_operator.planner import owners
-from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
+from taskshard_operator.reconcile_shard import PodReplacementBackoff, reconcile_shard
 from taskshard_operator.reconcile_task import delete_task, reconcile_task
 from taskshard_operator.views import shard_views
 
@@ -390,11 +390,16 @@ def assert_no_overlap(ranges: list[KeyGroupRange]) -> None:
 
 
 def converge(
-    kube: FakeKube, events: list, *, passes: int = 60, backoff: Backoff | None = None, owners_tile: bool = True
+    kube: FakeKube,
+    events: list,
+    *,
+    passes: int = 60,
+    backoff: PodReplacementBackoff | None = None,
+    owners_tile: bool = True,
 ) -> None:
     """Operator passes and world steps until nothing changes; no two pods ever process the same key groups, and
     (``owners_tile``, unless a test makes an overlapping TaskShard by hand) no two shards own them."""
-    backoff = backoff or Backoff(base=0.0)
+    backoff = backoff or PodReplacementBackoff(base=0.0)
     batch: dict[str, int] = {}
     for _ in range(passes):
         before = json.dumps(sorted((repr(k), v) for k, v in kube.objects.items()), sort_keys=True, default=str)
@@ -585,7 +590,9 @@ def test_children_wait_on_standby_while_the_parent_drains():
     for _ in range(4):  # operator passes while the hand-over is still in progress
         reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
         for name in list(kube.shards()):
-            reconcile_shard(kube, kube, NS, name, emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+            reconcile_shard(
+                kube, kube, NS, name, emit=lambda *a: events.append(a), backoff=PodReplacementBackoff(base=0.0)
+            )
         world_step(kube, batch, hand_over=False)
     assert phases(kube) == {"t-0-16": "Draining", "t-0-8": "Pending", "t-8-16": "Pending"}
     assert set(kube.pods()) == {"t-0-16-driver", "t-0-8-driver", "t-8-16-driver"}  # children start early
@@ -650,7 +657,7 @@ def test_crash_at_every_mutation_of_a_split_completes_without_duplicates():
         kube.crash_after = kube.mutations + n
         with pytest.raises(Crash, match="operator killed"):
             converge(kube, [])
-        converge(kube, [], backoff=Backoff(base=0.0))  # the restarted operator, with fresh memory
+        converge(kube, [], backoff=PodReplacementBackoff(base=0.0))  # the restarted operator, with fresh memory
         assert phases(kube) == {"t-0-16": "Split", "t-0-8": "Running", "t-8-16": "Running"}, f"crash at {n}"
         assert count_creations(kube, "taskshards") == {"t-0-16": 1, "t-0-8": 1, "t-8-16": 1}
         assert set(kube.pods()) == {"t-0-8-driver", "t-8-16-driver"}
@@ -728,7 +735,7 @@ def test_failed_pod_is_replaced_after_backoff():
             }
         ],
     }
-    backoff = Backoff(base=3600.0)
+    backoff = PodReplacementBackoff(base=3600.0)
     events: list = []
     reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)
     shard = kube.shards()["t-0-16"]
@@ -754,7 +761,7 @@ def test_template_change_rolls_one_shard_at_a_time():
     for _ in range(30):
         reconcile_task(kube, kube, NS, "t", emit=lambda *a: None)
         for name in list(kube.shards()):
-            reconcile_shard(kube, kube, NS, name, emit=lambda *a: None, backoff=Backoff(base=0.0))
+            reconcile_shard(kube, kube, NS, name, emit=lambda *a: None, backoff=PodReplacementBackoff(base=0.0))
         not_running = {n for n, p in phases(kube).items() if p != "Running"}
         seen_restarting.append(not_running)
         world_step(kube, batch)
@@ -852,7 +859,7 @@ def shard_conditions(kube: FakeKube) -> dict[str, dict]:
 
 
 def one_pass(kube: FakeKube, events: list) -> None:
-    reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=PodReplacementBackoff(base=0.0))
 
 
 def warnings(events: list) -> list[tuple[str, str]]:
@@ -1112,7 +1119,7 @@ def test_suspend_during_a_split_lets_it_finish_then_suspends_the_children():
     events: list = []
     converge(kube, events)
     request_split(kube, "t-0-16")
-    reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=Backoff(base=0.0))
+    reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=PodReplacementBackoff(base=0.0))
     assert phases(kube)["t-0-16"] == "SplitRequested"
     kube.patch_custom("tasks", NS, "t", {"spec": {"suspend": True}})
     converge(kube, events)

@@ -17,7 +17,7 @@ from taskshard_operator import metrics
 from taskshard_operator.cache import KopfCache
 from taskshard_operator.kube import Kube
 from taskshard_operator.live import LIVE_INTERVAL_SECONDS, STALE_SCRAPES, LiveScraper
-from taskshard_operator.reconcile_shard import Backoff, reconcile_shard
+from taskshard_operator.reconcile_shard import PodReplacementBackoff, reconcile_shard
 from taskshard_operator.reconcile_task import reconcile_task
 from taskshard_operator.workqueue import WorkQueue
 
@@ -39,7 +39,7 @@ TASK_DEBOUNCE_SECONDS = 0.5
 class Runtime:
     def __init__(self) -> None:
         self._kube: Kube | None = None
-        self.backoff = Backoff(base=BACKOFF_BASE, cap=BACKOFF_CAP)
+        self.backoff = PodReplacementBackoff(base=BACKOFF_BASE, cap=BACKOFF_CAP)
         self.cache = KopfCache()
         self.queue = WorkQueue(lambda key: run_pass(key), workers=WORKERS)
         self.queue.observer = lambda key, seconds, error: metrics.observe_pass(
