@@ -42,8 +42,8 @@ child that emitted last and is cut into consecutive segments, grouped as
                      wait for the other child's ready note
     parent stop      last ready note -> drain-requested (the parent notices) -> drained.json (its last batch
                      finishes, the query stops)
-    take-over        drained.json -> the child's catch-up.json turns live (it saw the summary and reached the
-                     final positions) -> its first emitting batch committed
+    take-over        drained.json -> the child's first emitting batch committed (it saw the summary; that batch
+                     reads up to the final positions and past them, and emits what lies past them)
 
 A point that is missing (None) leaves its time to the next segment; a point earlier than the one before it
 counts 0 (noted). Further tables: the children's own timelines (with their shadow batches against the parent's
@@ -126,8 +126,7 @@ SEGMENTS = [
     ("sibling", "waits for the other child's ready note", "catch-up"),
     ("notice", "parent sees both ready notes (drain-requested)", "parent stop"),
     ("stop", "parent's last batch finishes, query stops (drained.json)", "parent stop"),
-    ("final", "child reaches the parent's final positions (catch-up.json live)", "take-over"),
-    ("emit", "child's first emitting batch committed", "take-over"),
+    ("emit", "child's first emitting batch committed (it read up to and past the final positions)", "take-over"),
 ]
 GROUPS = ["accept", "child warm-up", "pre-copy", "restore", "catch-up", "parent stop", "take-over"]
 GROUP_COLORS = {
@@ -677,7 +676,6 @@ class Bench:
                 ("sibling", last_ready),
                 ("notice", t["marker"]),
                 ("stop", t["drainedJson"]),
-                ("final", c["live"]),
                 ("emit", c["emitted"]),
             ],
         )
@@ -690,8 +688,7 @@ class Bench:
         handover = self.parent_during_handover(commits, t_req, t, precopy, drained, last_batch, notes)
         handover["gapParts"] = {
             "lastCommitToDrained": since(t["drainedJson"], t["lastCommit"]) if t["lastCommit"] else None,
-            "drainedToLive": since(c["live"], t["drainedJson"]) if t["drainedJson"] else None,
-            "liveToEmit": since(c["emitted"], c["live"]) if c["live"] else None,
+            "drainedToEmit": since(c["emitted"], t["drainedJson"]) if t["drainedJson"] else None,
         }
         result = {
             "parent": parent,
@@ -892,8 +889,7 @@ def targets(results: list[dict[str, Any]], mode: str, keys: int) -> list[dict[st
     total = median([r["total"] for r in results])
     med_groups = {g: median([r["groups"][g] for r in results]) or 0.0 for g in GROUPS}
     parts = {
-        k: median([r["handover"]["gapParts"][k] for r in results])
-        for k in ("lastCommitToDrained", "drainedToLive", "liveToEmit")
+        k: median([r["handover"]["gapParts"][k] for r in results]) for k in ("lastCommitToDrained", "drainedToEmit")
     }
 
     def s(v: float | None) -> str:
@@ -901,8 +897,8 @@ def targets(results: list[dict[str, Any]], mode: str, keys: int) -> list[dict[st
 
     gap_why = (
         f"Medians: the parent's last commit -> its drained.json {s(parts['lastCommitToDrained'])}, drained.json -> "
-        f"the later child caught up (live) {s(parts['drainedToLive'])}, live -> its first emitting batch committed "
-        f"{s(parts['liveToEmit'])}"
+        f"the later child's first emitting batch committed (the batch that reads up to and past the final "
+        f"positions) {s(parts['drainedToEmit'])}"
     )
     total_why = "Critical path by group (medians): " + ", ".join(
         f"{g} {v:.1f} s" for g, v in sorted(med_groups.items(), key=lambda kv: -kv[1]) if v
@@ -1160,8 +1156,7 @@ def main(argv: list[str] | None = None) -> int:
         "final batch N",
         "batches after K",
         "last commit -> drained.json s",
-        "drained.json -> child live s",
-        "live -> first emitting commit s",
+        "drained.json -> first emitting commit s",
     ]
     parent_rows = []
     for i, r in enumerate(results):
@@ -1185,8 +1180,7 @@ def main(argv: list[str] | None = None) -> int:
                 h["finalBatch"],
                 h["batchesAfterPrecopy"],
                 parts["lastCommitToDrained"],
-                parts["drainedToLive"],
-                parts["liveToEmit"],
+                parts["drainedToEmit"],
             ]
         )
     child_title = "The children's timelines (seconds after the split request)"
