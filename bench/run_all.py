@@ -160,14 +160,6 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         "full": ["--keys", "50000", "--trials", "2"],
         "quick": ["--keys", "50000", "--trials", "1"],
     },
-    "merge-kafka": {
-        "number": 17,
-        "title": "Split and merge processing gap on Kafka and MinIO",
-        "script": "bench/merge_gap.py",
-        "result": "merge_gap_kafka",
-        "full": ["--keys", "50000", "--trials", "2", "--source", "kafka"],
-        "quick": ["--keys", "50000", "--trials", "1", "--source", "kafka"],
-    },
     "autoscale": {
         "number": 13,
         "title": "Autoscaling on a 4x rate step",
@@ -199,6 +191,14 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
         "result": "windows_throughput",
         "full": ["--repeat", "3"],
         "quick": ["--events", "500000", "--keys", "50000", "--repeat", "1"],
+    },
+    "merge-kafka": {
+        "number": 17,
+        "title": "Split and merge processing gap on Kafka and MinIO",
+        "script": "bench/merge_gap.py",
+        "result": "merge_gap_kafka",
+        "full": ["--keys", "50000", "--trials", "2", "--source", "kafka"],
+        "quick": ["--keys", "50000", "--trials", "1", "--source", "kafka"],
     },
 }
 
