@@ -191,7 +191,7 @@ def test_findings_and_target_rows_from_a_recorded_result(ex, run_all):
     assert "Results exact in all 6 runs" in text
     spec = run_all.BENCHMARKS["executors"]
     assert spec["script"] == "bench/executors.py" and spec["result"] == "executors"
-    assert spec["number"] == 11 and sorted(b["number"] for b in run_all.BENCHMARKS.values()) == list(range(1, 17))
+    assert spec["number"] == 11 and sorted(b["number"] for b in run_all.BENCHMARKS.values()) == list(range(1, 18))
     assert run_all.findings("executors", {"raw": {}}) == []  # another shape: no findings, no error
 
 

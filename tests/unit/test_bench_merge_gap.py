@@ -1,0 +1,45 @@
+"""bench/merge_gap.py's summary: the Targets rows of the journal and of the Kafka + MinIO runs from recorded
+trials (no Spark, no broker)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from .test_bench_executors import load
+
+pytestmark = pytest.mark.unit
+
+
+def trials(split_gaps: list[float], merge_gaps: list[float]) -> list[dict]:
+    def one(kind: str, gap: float) -> dict:
+        return {
+            "kind": kind,
+            "keys": 50_000,
+            "gapSeconds": gap,
+            "requestToEmitSeconds": 60.0,
+            "lastDrainToEmitSeconds": gap / 2,
+            "parentsStopSpreadSeconds": 0.0,
+        }
+
+    return [one("split", g) for g in split_gaps] + [one("merge", g) for g in merge_gaps]
+
+
+@pytest.mark.parametrize("source", ["journal", "kafka"])
+def test_targets_name_the_source_and_say_why_a_miss_is_a_miss(source, capsys):
+    mg = load("bench_merge_gap", "merge_gap.py")
+    args = argparse.Namespace(source=source, keys=50_000, trials=2)
+    payload, med, _ = mg.summarize(trials([20.0, 30.0], [10.0, 12.0]), {}, 0.0, args, ["merge_gap.py"])
+    rows = {t["name"]: t for t in payload["targets"]}
+    assert med == {"split": 25.0, "merge": 11.0}
+    if source == "kafka":
+        split = rows["processing gap, split, Kafka + MinIO (median)"]
+        assert split["value"] == "25.0 s" and not split["met"] and "restore" in split["why"]
+        merge = rows["merge processing gap vs split (median, same state, Kafka + MinIO)"]
+    else:
+        assert list(rows) == ["merge processing gap vs split (median, same state)"]
+        merge = rows["merge processing gap vs split (median, same state)"]
+    assert merge["met"] and merge["value"] == "merge 11.0 s vs split 25.0 s (0.44x)"
+    slow = mg.summarize(trials([5.0], [9.0]), {}, 0.0, args, ["merge_gap.py"])[0]["targets"][-1]
+    assert not slow["met"] and "restore" in slow["why"], "a missed merge row says where the time goes"
