@@ -212,7 +212,6 @@ class LiveStats:
 
     def to_status(self, *, observed_at: str) -> dict[str, Any]:
         """The ``status.live`` object; ``rate`` rounded to 0.1 rows/s so that noise does not cause writes."""
-
         out: dict[str, Any] = {
             "batchId": self.batch_id,
             "rate": round(self.rate, 1),
