@@ -7,7 +7,7 @@
 #   make push-images   make images, then docker push both (IMAGE_REPO=registry.example.com/taskshard)
 #   make binaries      build or reuse the control-plane binaries (cache: $TASKSHARD_BIN_CACHE)
 #   make bench         benchmarks -> docs/benchmarks.md with tables and plots (QUICK=1 for smaller inputs)
-#   make lint          ruff
+#   make lint          ruff (check, format --check) and mypy (the modules listed in pyproject.toml [tool.mypy])
 
 PYTHON ?= python3
 VENV   := .venv
@@ -76,6 +76,7 @@ bench: venv binaries
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

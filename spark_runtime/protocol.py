@@ -246,7 +246,7 @@ class FailureSummary:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FailureSummary:
-        event = SummaryEvent(data.get("event"))
+        event = SummaryEvent(str(data.get("event", "")))
         if event not in FAILURE_EVENTS:
             raise ValueError(f"event: {event!r} is not a failure")
         error = data.get("error")

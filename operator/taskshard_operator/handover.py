@@ -258,6 +258,7 @@ def await_drain(ctx: ShardContext, on_drained: Any) -> None:
             f"driver pod {pod.name} ended (exit code {term.exit_code}) without a snapshot manifest in its "
             f"termination message {term.message!r}; recreating it to drain again"
         )
+        assert pod.name is not None  # an existing pod has a name
         ctx.do(Delete("pods", pod.name, grace=0))
         ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "DrainWithoutManifest", message)]})
         ctx.event("Warning", "DrainWithoutManifest", message)

@@ -271,19 +271,21 @@ def _ensure_merged(ctx: ShardContext) -> str | None:
         return into
     right_shard = ctx.observed.shard(ctx.namespace, right)
     assert right_shard is not None
+    task, spec, task_hash = ctx.task, ctx.spec, ctx.task_hash
+    assert task is not None and spec is not None and task_hash is not None  # a step runs for a live, valid Task
     end = right_shard["spec"]["keyGroups"]["end"]
     merged_range = KeyGroupRange(ctx.key_groups.start, end)
     body = builders.build_shard(
         ctx.task_name,
         merged_range,
-        template_hash=ctx.task_hash,
+        template_hash=task_hash,
         merge_from=[
-            {"parent": name, "manifest": builders.drain_summary_uri(ctx.task_name, ctx.spec, name)} for name in wanted
+            {"parent": name, "manifest": builders.drain_summary_uri(ctx.task_name, spec, name)} for name in wanted
         ],
         family=naming.merge_family(ctx.name, right),
     )
     assert body["metadata"]["name"] == into, (body["metadata"]["name"], into)
-    kopf.adopt(body, owner=ctx.task)
+    kopf.adopt(body, owner=task)  # type: ignore[arg-type]  # kopf types owner as its Body; a dict works
     note = f"created merged shard {into}; it restores from {ctx.name} and {right} once both drained"
     ctx.do(Create(naming.SHARD_PLURAL, body, announce=Event("Normal", "MergedShardCreated", note)))
     return into
@@ -649,6 +651,7 @@ def merge_abort_step(ctx: ShardContext) -> bool:
         ctx.event("Normal", "MergeAbortChecked", message)
         return True
     if term is not None and pod.phase in ("Failed", "Succeeded"):
+        assert pod.name is not None  # an existing pod has a name
         message = f"pod {pod.name} ended (exit code {term.exit_code}) without a merge-abort summary: {term.message!r}"
         ctx.do(Delete("pods", pod.name, uid=pod.uid, grace=0))
         ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "AbortRetry", message)]})

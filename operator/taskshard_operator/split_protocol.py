@@ -273,21 +273,23 @@ def _record_drained(ctx: ShardContext, term: st.Termination, *, note: str = "") 
 def _ensure_children(ctx: ShardContext) -> list[str] | None:
     """Both children's names (lower first), creating those the cache does not show; None after reporting a name
     collision (a TaskShard of a child's name that is not this shard's child)."""
+    task, spec, task_hash = ctx.task, ctx.spec, ctx.task_hash
+    assert task is not None and spec is not None and task_hash is not None  # a step runs for a live, valid Task
     at = int(ctx.status["split"]["at"])
-    manifest = builders.drain_summary_uri(ctx.task_name, ctx.spec, ctx.name)
+    manifest = builders.drain_summary_uri(ctx.task_name, spec, ctx.name)
     names = []
     for r in ctx.key_groups.split(at):
         body = builders.build_shard(
             ctx.task_name,
             r,
-            template_hash=ctx.task_hash,
+            template_hash=task_hash,
             restore_from={"parent": ctx.name, "manifest": manifest},
             family=ctx.family,
         )
         name = body["metadata"]["name"]
         existing = ctx.observed.shard(ctx.namespace, name)
         if existing is None:
-            kopf.adopt(body, owner=ctx.task)
+            kopf.adopt(body, owner=task)  # type: ignore[arg-type]  # kopf types owner as its Body; a dict works
             note = f"created child {name}; it restores from {ctx.name} once drained"
             ctx.do(Create(naming.SHARD_PLURAL, body, announce=Event("Normal", "ChildCreated", note)))
         elif (existing["spec"].get("restoreFrom") or {}).get("parent") != ctx.name:
@@ -405,6 +407,7 @@ def step_abort(ctx: ShardContext) -> None:
         if ctx.observed.pod(ctx.namespace, name).exists:
             waiting.append(f"pod {naming.pod_name(name)}")
     if pod.exists and not pod.aborts_split:
+        assert pod.name is not None  # an existing pod has a name
         if not pod.deleting:
             ctx.do(Delete("pods", pod.name, uid=pod.uid))  # graceful: a SIGTERM stop at a batch boundary
         waiting.append(f"pod {pod.name}")
@@ -423,6 +426,7 @@ def step_abort(ctx: ShardContext) -> None:
     if pod.deleting:
         return
     if term is not None and pod.phase in ("Failed", "Succeeded"):  # ended without an abort summary: once more
+        assert pod.name is not None  # an existing pod has a name
         message = f"pod {pod.name} ended (exit code {term.exit_code}) without undoing the split: {term.message!r}"
         ctx.do(Delete("pods", pod.name, uid=pod.uid, grace=0))
         ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "AbortRetry", message)]})
@@ -439,7 +443,9 @@ def _finish_abort(ctx: ShardContext, aborted: Any) -> None:
         f"split aborted: children {' and '.join(aborted.children)} fenced and removed; {ctx.name} resumes from "
         f"batch {aborted.batch_id}"
     )
-    ctx.do(Delete("pods", ctx.pod.name, uid=ctx.pod.uid, grace=0))
+    pod = ctx.pod
+    assert pod.name is not None  # its pod reported the abort, so it exists and has a name
+    ctx.do(Delete("pods", pod.name, uid=pod.uid, grace=0))
     ctx.write(
         {
             "split": None,

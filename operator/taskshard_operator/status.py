@@ -75,7 +75,7 @@ def now() -> str:
 def condition(
     type_: str, status: bool, reason: str, message: str = "", *, generation: int | None = None, time: str | None = None
 ) -> dict[str, Any]:
-    cond = {
+    cond: dict[str, Any] = {
         "type": type_,
         "status": "True" if status else "False",
         "reason": reason,
