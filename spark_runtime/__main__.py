@@ -32,7 +32,12 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_runtime.config import ShardConfig
+    from spark_runtime.fencing import WriterFenced
+    from spark_runtime.shard import ShardRunner
 
 __all__ = ["main"]
 
@@ -61,7 +66,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # A SIGTERM from now on means "stop at a batch boundary" (a resumable stop; a final drain already begun
     # stays final), even one that arrives while Spark is still starting.
     early_sigterm: list[bool] = []
-    runner: Any = None
+    runner: ShardRunner | None = None
 
     def on_sigterm(signum: int, frame: Any) -> None:
         if runner is None:
@@ -122,20 +127,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_mode(args: argparse.Namespace, runner: Any) -> dict[str, Any]:
+def _run_mode(args: argparse.Namespace, runner: ShardRunner) -> dict[str, Any]:
     """What ``run`` was started for: abort a split, abort a merge, or run the shard."""
     if args.abort_split:
         from spark_runtime.handover import abort_split
 
-        return abort_split(runner, [c for c in args.abort_split.split(",") if c])
+        return abort_split(runner.io, [c for c in args.abort_split.split(",") if c])
     if args.abort_merge:
         from spark_runtime.merge import abort_merge
 
-        return abort_merge(runner)
+        return abort_merge(runner.io)
     return runner.run()
 
 
-def _fenced(config: Any, runner: Any, exc: Any) -> dict[str, Any]:
+def _fenced(config: ShardConfig, runner: ShardRunner, exc: WriterFenced) -> dict[str, Any]:
     """The termination message of a fenced runtime (a ``FailureSummary`` with event ``fenced``)."""
     from spark_runtime.protocol import POD_UID_ENV, FailureSummary, SummaryEvent
 

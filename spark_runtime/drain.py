@@ -30,7 +30,8 @@ import json
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from spark_runtime import faults
 from spark_runtime.checkpoint import last_committed_batch, last_planned_batch
@@ -41,6 +42,12 @@ from spark_runtime.sink import DirectorySinkWriter
 from spark_runtime.snapshot import load_manifest, utc_now
 from spark_runtime.sources import RecountsBatches
 from spark_runtime.storage import location
+
+if TYPE_CHECKING:
+    from spark_runtime.handover import ParentHandover
+    from spark_runtime.progress import Progress
+    from spark_runtime.shard_state import RunState, ShardIO
+    from spark_runtime.snapshot.export import SnapshotWriter
 
 __all__ = ["Drain", "marker_successors", "marker_text", "wait_until"]
 
@@ -79,12 +86,26 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.2) -> bool:
 
 
 class Drain:
-    """The drain of one shard: its request (thread- and signal-safe) and its steps. ``runner`` is the
-    :class:`spark_runtime.shard.ShardRunner`; used: ``config``, ``paths``, ``s3``, ``fence``, ``query``,
-    ``source``, ``sink``, ``dead_letters``, ``as_parent``, ``progress`` and ``snapshots``."""
+    """The drain of one shard: its request (thread- and signal-safe) and its steps, over the shard's I/O and run
+    state (its query, stopped here), its side as a parent (the successors it drains for, the pre-copy), its
+    progress and snapshot writer; ``poll_after_stop()`` accounts for the batches the stopped query reported."""
 
-    def __init__(self, runner: Any, timeout: float) -> None:
-        self.runner = runner
+    def __init__(
+        self,
+        io: ShardIO,
+        run: RunState,
+        parent: ParentHandover,
+        progress: Progress,
+        snapshots: SnapshotWriter,
+        poll_after_stop: Callable[[], None],
+        timeout: float,
+    ) -> None:
+        self.io = io
+        self.run_state = run
+        self.parent = parent
+        self.progress = progress
+        self.snapshots = snapshots
+        self.poll_after_stop = poll_after_stop
         self.timeout = timeout
         self._requested = threading.Event()
         self.reason = ""
@@ -105,7 +126,7 @@ class Drain:
 
     def final_pending(self) -> bool:
         """A final drain began in an earlier run (a ``final`` drain marker)."""
-        marker = self.runner.paths.drain_marker
+        marker = self.io.paths.drain_marker
         return marker.exists() and marker.read_text().startswith("final")
 
     def withdraw(self) -> None:
@@ -117,17 +138,17 @@ class Drain:
     def back_out_of_earlier(self) -> bool:
         """A final drain an earlier run began (its marker) for successors that are no longer current (an abort
         fenced one since): remove the marker and return True, so the shard starts as before; False otherwise."""
-        marker = self.runner.paths.drain_marker
+        marker = self.io.paths.drain_marker
         successors = marker_successors(marker.read_text()) if marker.exists() else []
-        if not successors or self.runner.as_parent.confirm(successors):
+        if not successors or self.parent.confirm(successors):
             return False
         log.warning(
             "shard %s: the final drain an earlier run began was for %s, no longer current (fenced by an abort): "
             "backing out, the shard goes on",
-            self.runner.config.shard,
+            self.io.config.shard,
             ", ".join(n.describe() for n in successors),
         )
-        self.runner.fence.check("removing the drain marker")
+        self.io.fence.check("removing the drain marker")
         marker.unlink()
         return True
 
@@ -135,7 +156,7 @@ class Drain:
         """A drain is due: requested in this process, or begun by an earlier run (its marker exists)."""
         if self._requested.is_set():
             return True
-        if self.runner.paths.drain_marker.exists():
+        if self.io.paths.drain_marker.exists():
             self.request("drain marker from an earlier run", final=True)
             return True
         return False
@@ -147,7 +168,7 @@ class Drain:
         out (an abort fenced one of them before the marker was written: the shard goes on). Idempotent. A
         superseded runtime raises :class:`~spark_runtime.fencing.WriterFenced` even when a summary exists (its
         successor wrote it)."""
-        r = self.runner
+        r = self.io
         r.fence.check("the drain")
         found = own_drain_summary(r.paths)
         if found is not None:
@@ -164,24 +185,24 @@ class Drain:
         faults.crash_point("marker")  # crash tests only (spark_runtime.faults), as at each step below
         # Steps 2-3: the micro-batch boundary, then stop.
         self.stop_at_boundary()
-        r.as_parent.wait_export()
+        self.parent.wait_export()
         faults.crash_point("stopped")
         # Step 4: the last committed batch and its positions (concrete: a child resumes exactly there).
         batch_id = last_committed_batch(r.paths.checkpoint)
         if isinstance(r.sink, DirectorySinkWriter):  # publish batches <= N; drop an interrupted batch's file
             r.sink.publish_committed(batch_id)
-        positions = r.progress.positions_at(batch_id)
+        positions = self.progress.positions_at(batch_id)
         r.source.validate_positions(positions)
         # Steps 5-6: the snapshot and its manifest, unless every child caught up (it has the state already).
         if r.dead_letters is not None:
             r.dead_letters.refresh()
-        caught_up = final and r.as_parent.catch_up_only()
+        caught_up = final and self.parent.catch_up_only()
         if caught_up:
-            precopy = r.as_parent.ensure_precopy()
+            precopy = self.parent.ensure_precopy()
             manifest_uri, snapshot_batch = precopy["manifest"], int(precopy["batchId"])
             manifest = load_manifest(location(manifest_uri, r.s3))
         else:
-            manifest, where = r.snapshots.write(batch_id, in_drain=True)
+            manifest, where = self.snapshots.write(batch_id, in_drain=True)
             manifest_uri, snapshot_batch = where.uri(), batch_id
         faults.crash_point("manifest")
         # Step 7: the summary.
@@ -202,28 +223,28 @@ class Drain:
         more: an abort that fenced one before the marker existed makes it back out (False: the marker is removed,
         the request forgotten, the shard goes on); an abort after it finds the marker (spark_runtime.merge,
         abort_merge). A marker an earlier run wrote is kept, with the successors it names."""
-        r = self.runner
+        r = self.io
         r.fence.check("the drain marker")
         r.paths.shard_dir.mkdir()
         marker = r.paths.drain_marker
         if self.final_pending():
             successors = marker_successors(marker.read_text())
-            r.as_parent.successors = successors
+            self.parent.successors = successors
         else:
-            successors = r.as_parent.successors if final else []
+            successors = self.parent.successors if final else []
             marker.write_text(marker_text(kind, successors))
-        if successors and not r.as_parent.confirm(successors):
+        if successors and not self.parent.confirm(successors):
             log.warning("shard %s: a successor was fenced before the drain began; backing out", r.config.shard)
             marker.unlink()
             self.withdraw()
-            r.as_parent.successors = []
+            self.parent.successors = []
             return False
         return True
 
     def _write_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Step 7 of a final drain: ``drained.json``, created exclusively; a valid one written before is kept (and
         returned), a void one (written late by a fenced runtime) is replaced."""
-        r = self.runner
+        r = self.io
         r.fence.check("the drain summary")
         if r.paths.drained.create_exclusive_json(summary):
             return summary
@@ -244,7 +265,7 @@ class Drain:
         snapshot_batch: int,
         seconds: float,
     ) -> dict[str, Any]:
-        r = self.runner
+        r = self.io
         cfg = r.config
         return DrainSummary(
             event=SummaryEvent.DRAINED if final else SummaryEvent.STOPPED,
@@ -256,21 +277,21 @@ class Drain:
             positions=positions,
             state_rows=manifest["snapshot"].get("rows", 0),
             snapshot_files=manifest["snapshot"].get("files", 0),
-            dead_letters=r.dead_letter_total if caught_up else manifest.get("deadLetters", 0),
+            dead_letters=self.progress.dead_letter_total() if caught_up else manifest.get("deadLetters", 0),
             drain_seconds=round(seconds, 3),
             time=utc_now() if caught_up else manifest.get("createdAt"),
             handover=(HandoverMode.CATCH_UP if caught_up else HandoverMode.RESTORE) if final else None,
             snapshot_batch_id=snapshot_batch,
             writer_epoch=r.fence.epoch,
-            successors=tuple((n.child, n.start, n.end) for n in r.as_parent.successors)
-            if final and r.as_parent.successors
+            successors=tuple((n.child, n.start, n.end) for n in self.parent.successors)
+            if final and self.parent.successors
             else None,
         ).to_json()
 
     def at_boundary(self) -> bool:
         """No micro-batch runs: no active trigger, and every planned batch committed."""
-        r = self.runner
-        q = r.query
+        r = self.io
+        q = self.run_state.query
         if q is None or not q.isActive:
             return True
         if q.status.get("isTriggerActive"):
@@ -280,14 +301,15 @@ class Drain:
     def stop_at_boundary(self) -> None:
         """Steps 2-3: wait for the micro-batch boundary (bounded), stop the query, account for its last
         batches. A failed query does not stop a drain (its failing batch never committed)."""
-        r = self.runner
-        if r.query is None:
+        r = self.io
+        query = self.run_state.query
+        if query is None:
             return
         # A source that cannot hold back new data (Kafka) may run batches back to back under a backlog, and a
         # processor with processing-time timers runs a batch every trigger even without input, so waiting long for
         # a boundary only delays the split: stop soon and let the children redo the interrupted batch (the
         # snapshot is of the last committed one).
-        back_to_back = not r.source.supports_drain_marker or r.plan.time_mode == "ProcessingTime"
+        back_to_back = not r.source.supports_drain_marker or self.run_state.plan.time_mode == "ProcessingTime"
         timeout = min(self.timeout, STOP_SOON_SECONDS) if back_to_back else self.timeout
         if not wait_until(self.at_boundary, timeout):
             log.warning(
@@ -295,9 +317,9 @@ class Drain:
                 "committed batch, so it stays exact)",
                 timeout,
             )
-        if r.query.isActive:
-            r.query.stop()
-        exc = r.query.exception()
+        if query.isActive:
+            query.stop()
+        exc = query.exception()
         if exc is not None:
             # A failed query (a poison record, a lost dependency) must not make the split impossible: its
             # failing batch never committed, so the snapshot of the last committed batch is exact, and the
@@ -307,7 +329,7 @@ class Drain:
                 str(exc).splitlines()[0][:300],
                 last_committed_batch(r.paths.checkpoint),
             )
-        r.poll_after_stop()
+        self.poll_after_stop()
         self.recount_unreported_batches()
 
     def recount_unreported_batches(self) -> None:
@@ -315,10 +337,10 @@ class Drain:
         batch's commit; a stop that lands in between loses them (the children start after that batch, so nobody
         would count its dead letters). Recount each such committed batch of this runner from the source, where
         the source can (Kafka: a batch read of exactly the batch's offset range); otherwise log the gap."""
-        r = self.runner
-        progress = r.progress
+        r = self.io
+        progress, context = self.progress, self.run_state.source_context
         recount = r.source.recount if isinstance(r.source, RecountsBatches) else None
-        if progress.batches_from is None or r.source_context is None:
+        if progress.batches_from is None or context is None:
             return
         committed = last_committed_batch(r.paths.checkpoint)
         for bid in range(progress.batches_from + 1, committed + 1):
@@ -328,7 +350,7 @@ class Drain:
             if recount is not None:
                 try:
                     start, end = progress.positions_at(bid - 1), progress.positions_at(bid)
-                    metrics = recount(r.spark, r.source_context, start, end)
+                    metrics = recount(self.run_state.spark, context, start, end)
                 except Exception:  # the counts are reported, not load-bearing: the drain goes on
                     log.exception("could not recount the source metrics of batch %s", bid)
             if metrics is None:
@@ -340,5 +362,5 @@ class Drain:
                 "source: %s (dead letters total %d)",
                 bid,
                 metrics,
-                r.dead_letter_total,
+                self.progress.dead_letter_total(),
             )

@@ -73,8 +73,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from spark_runtime.checkpoint import last_committed_batch
 from spark_runtime.fencing import barrier_after, is_current
@@ -97,9 +98,15 @@ from spark_runtime.protocol import (
 from spark_runtime.snapshot import RestoreError, utc_now
 from spark_runtime.storage import Loc, location
 
+if TYPE_CHECKING:
+    from spark_runtime.layout import ShardPaths
+    from spark_runtime.merge import MergeHandover
+    from spark_runtime.shard_state import RunState, ShardIO
+
 __all__ = [
     "ChildHandover",
     "ParentHandover",
+    "StandbyCalls",
     "StandbyStopped",
     "abort_split",
     "announce_and_wait",
@@ -124,15 +131,35 @@ class StandbyStopped(RuntimeError):
     """A SIGTERM (or ``request_drain``) arrived while the shard was on standby: nothing was processed."""
 
 
+@dataclass(frozen=True)
+class StandbyCalls:
+    """What a child on standby asks of its runner."""
+
+    warm_up: Callable[[bool, Callable[[], bool]], None]
+    """``warm_up(rehearse, should_stop)``: the SparkSession, the preflight and, with ``rehearse``, a rehearsal of
+    the restore plan cut short once ``should_stop()``; records ``rehearsal_seconds`` in the run state."""
+    stop_requested: Callable[[], bool]
+    """Whether a drain or stop was requested in this process (a SIGTERM on standby)."""
+    drain_reason: Callable[[], str]
+    """Why (for the log)."""
+
+
 class ParentHandover:
     """A shard as a parent: answers catch-up requests with a pre-copy snapshot and asks for its own final drain
     once one hand-over's successors are all ready (:func:`spark_runtime.protocol.choose_successors`); ready notes
-    of two hand-overs are a conflict it refuses to act on. ``runner`` is the
-    :class:`spark_runtime.shard.ShardRunner`."""
+    of two hand-overs are a conflict it refuses to act on. ``child``: the shard's own side as a successor (a
+    catching-up child hands nothing on); ``write_snapshot(batch)``: the snapshot writer, for the pre-copy."""
 
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
-        self.paths = runner.paths
+    def __init__(
+        self,
+        io: ShardIO,
+        child: ChildHandover | MergeHandover | None,
+        write_snapshot: Callable[[int], tuple[dict[str, Any], Loc]],
+    ) -> None:
+        self.io = io
+        self.child = child
+        self.write_snapshot = write_snapshot
+        self.paths = io.paths
         self._looked_at = 0.0
         self._precopy: dict[str, Any] | None = None
         self._exporting: threading.Thread | None = None
@@ -165,16 +192,16 @@ class ParentHandover:
         """One look (throttled on S3): export the pre-copy when a catch-up child asked for one; return why to
         drain finally once one hand-over's successors are all ready (recorded in :attr:`successors`), else None."""
         now = time.monotonic()
-        if self.runner.storage.is_s3 and now - self._looked_at < PARENT_LOOK_SECONDS_S3:
+        if self.io.storage.is_s3 and now - self._looked_at < PARENT_LOOK_SECONDS_S3:
             return None
-        child = self.runner.as_child
+        child = self.child
         if child is not None and child.catching_up:
             return None  # its own parent still emits its range: it cannot hand that range on yet
         self._looked_at = now
         requests, ready = self.notes()
         if any(r.mode == HandoverMode.CATCH_UP for r in requests):
             self._start_precopy()
-        cfg = self.runner.config
+        cfg = self.io.config
         chosen = choose_successors(ready, cfg.key_groups.start, cfg.key_groups.end)
         if isinstance(chosen, HandoverConflict):
             described = chosen.describe()
@@ -224,7 +251,7 @@ class ParentHandover:
         try:
             self.ensure_precopy()
         except Exception:  # retried at the next look; the children wait on standby meanwhile
-            log.exception("shard %s: the pre-copy export failed; retrying", self.runner.config.shard)
+            log.exception("shard %s: the pre-copy export failed; retrying", self.io.config.shard)
 
     def wait_export(self) -> None:
         """Let a pre-copy export in progress finish (a drain must not export the same batch at the same time)."""
@@ -239,7 +266,7 @@ class ParentHandover:
             return found
         t0 = time.monotonic()
         batch_id = last_committed_batch(self.paths.checkpoint)
-        manifest, where = self.runner.write_snapshot(batch_id)
+        manifest, where = self.write_snapshot(batch_id)
         pointer = {
             "manifest": where.uri(),
             "batchId": batch_id,
@@ -249,12 +276,12 @@ class ParentHandover:
             "time": utc_now(),
         }
         self.paths.handover_dir.mkdir()
-        self.runner.fence.check("the pre-copy pointer")
+        self.io.fence.check("the pre-copy pointer")
         self.paths.precopy.write_json(pointer)
         self._precopy = pointer
         log.info(
             "shard %s: pre-copy snapshot of batch %d for its catch-up children (%s rows, %.1fs, still processing)",
-            self.runner.config.shard,
+            self.io.config.shard,
             batch_id,
             pointer["stateRows"],
             pointer["exportSeconds"],
@@ -263,17 +290,29 @@ class ParentHandover:
 
 
 class ChildHandover:
-    """A split child's side (see the module docstring). ``runner`` is its ShardRunner; ``mode`` how it takes over."""
+    """A split child's side (see the module docstring): ``mode`` is how it takes over; ``positions_at(batch)`` its
+    committed positions (:meth:`spark_runtime.progress.Progress.positions_at`); ``calls`` what its standby asks of
+    the runner. It writes ``run.standby_seconds``."""
 
-    def __init__(self, runner: Any, mode: HandoverMode) -> None:
-        self.runner = runner
+    def __init__(
+        self,
+        io: ShardIO,
+        run: RunState,
+        mode: HandoverMode,
+        positions_at: Callable[[int], dict[str, Any]],
+        calls: StandbyCalls,
+    ) -> None:
+        self.io = io
+        self.run = run
         self.mode = mode
-        cfg = runner.config
+        self.positions_at = positions_at
+        self.calls = calls
+        cfg = io.config
         assert cfg.restore_from is not None
         self.parent = cfg.restore_from.parent
-        self.paths = runner.paths
-        self.parent_paths = runner.paths.shard_path(self.parent)
-        self.pointer = location(cfg.restore_from.manifest, runner.s3)
+        self.paths = io.paths
+        self.parent_paths = io.paths.shard_path(self.parent)
+        self.pointer = location(cfg.restore_from.manifest, io.s3)
         self.state: CatchUpState | None = None
         self._limit_batch: int | None = None
         """The parent's batch whose positions are the current limit (None: not read from its progress yet)."""
@@ -296,12 +335,12 @@ class ChildHandover:
             barrier = barrier_after(self.paths, state.writer_epoch)
             if barrier is None:
                 self.state = state
-                log.info("shard %s resumes its catch-up (%s)", self.runner.config.shard, state.phase)
-                return location(state.manifest, self.runner.s3)
+                log.info("shard %s resumes its catch-up (%s)", self.io.config.shard, state.phase)
+                return location(state.manifest, self.io.s3)
             log.warning(
                 "shard %s: its catch-up state was written by writer epoch %s, before the abort that claimed epoch %s: "
                 "void; starting afresh",
-                self.runner.config.shard,
+                self.io.config.shard,
                 state.writer_epoch,
                 barrier,
             )
@@ -309,7 +348,7 @@ class ChildHandover:
         if self._drained() is None:
             self._standby()
         if self.state is not None:
-            return location(self.state.manifest, self.runner.s3)
+            return location(self.state.manifest, self.io.s3)
         summary = self._drain_summary()
         if summary.handover == HandoverMode.CATCH_UP:
             raise RestoreError(
@@ -319,26 +358,27 @@ class ChildHandover:
                 "lose what came in between (was this shard's storage removed?)",
                 reason="CatchUpStateMissing",
             )
-        return location(summary.manifest or "", self.runner.s3)
+        return location(summary.manifest or "", self.io.s3)
 
     def manifests(self) -> list[tuple[str, Loc]]:
         """``[(parent, manifest)]``: what :func:`spark_runtime.snapshot.restore.plan_restore` restores."""
         return [(self.parent, self.acquire())]
 
     def _note(self) -> HandoverNote:
-        cfg = self.runner.config
+        cfg = self.io.config
         start, end = cfg.key_groups.start, cfg.key_groups.end
-        return HandoverNote(cfg.shard, start, end, self.mode, utc_now(), self.runner.fence.epoch)
+        return HandoverNote(cfg.shard, start, end, self.mode, utc_now(), self.io.fence.epoch)
 
     def _standby(self) -> None:
-        runner = self.runner
         precopy = self.parent_paths.precopy
 
         def answered() -> bool:
             return (self.mode == HandoverMode.CATCH_UP and precopy.exists()) or self._drained() is not None
 
         began, warm = announce_and_wait(
-            runner,
+            self.io,
+            self.run,
+            self.calls,
             [self.parent_paths],
             self._note,
             describe=f"parent {self.parent}",
@@ -352,7 +392,7 @@ class ChildHandover:
                 self.parent, str(answer["manifest"]), CatchUpPhase.SHADOW, limit=dict(answer["positions"])
             )
             self._save()
-        record_standby(runner, self.parent, began, warm)
+        record_standby(self.io, self.run, self.mode, self.parent, began, warm)
 
     def _drain_summary(self) -> DrainSummary:
         summary = self._drained()
@@ -366,7 +406,7 @@ class ChildHandover:
 
     def _drained(self) -> DrainSummary | None:
         """The parent's drain summary once it exists and is valid for this shard (see :func:`parent_drained`)."""
-        cfg = self.runner.config
+        cfg = self.io.config
         me = (cfg.shard, cfg.key_groups.start, cfg.key_groups.end)
         return parent_drained(self.pointer, self.parent_paths, self.parent, me)
 
@@ -375,12 +415,12 @@ class ChildHandover:
     def _save(self) -> None:
         assert self.state is not None
         self.paths.shard_dir.mkdir()
-        self.runner.fence.check("catch-up.json")
-        self.state = replace(self.state, writer_epoch=self.runner.fence.epoch)
+        self.io.fence.check("catch-up.json")
+        self.state = replace(self.state, writer_epoch=self.io.fence.epoch)
         self.paths.catch_up.write_json(self.state.to_json())
 
     def _own(self, positions: dict[str, Any]) -> dict[str, Any]:
-        return self.runner.source.validate_positions(positions)
+        return self.io.source.validate_positions(positions)
 
     def tick(self) -> None:
         """Follow the parent (called by the runner's poll loop): raise the cap to the parent's committed
@@ -390,7 +430,7 @@ class ChildHandover:
         if state is None or state.phase == CatchUpPhase.LIVE:
             return
         committed = last_committed_batch(self.paths.checkpoint)
-        end = self.runner.positions_at(committed) if committed >= 0 else None
+        end = self.positions_at(committed) if committed >= 0 else None
         if state.phase == CatchUpPhase.SHADOW:
             if self._drained() is not None:
                 final = self._own(self._drain_summary().positions)
@@ -401,7 +441,7 @@ class ChildHandover:
                 self._save()
                 log.info(
                     "shard %s: parent %s drained at %s; catching up to there",
-                    self.runner.config.shard,
+                    self.io.config.shard,
                     self.parent,
                     final,
                 )
@@ -413,7 +453,7 @@ class ChildHandover:
             self._save()
             log.info(
                 "shard %s caught up with its parent's final positions at batch %d: it emits from here",
-                self.runner.config.shard,
+                self.io.config.shard,
                 committed,
             )
 
@@ -423,12 +463,12 @@ class ChildHandover:
         committed when it was planned: the child keeps pace, at most one of its batches behind). Comparing with
         the *current* limit instead would depend on luck whenever the parent commits faster than the child."""
         if not state.ready and end is not None and any(end == own for own in self._limits_given):
-            self.runner.fence.check("its ready note")
+            self.io.fence.check("its ready note")
             note = self._note()
             self.parent_paths.handover_ready(note.child, note.epoch).write_json(note.to_json())
             state = self.state = CatchUpState(state.parent, state.manifest, state.phase, limit=state.limit, ready=True)
             self._save()
-            log.info("shard %s caught up with parent %s: ready", self.runner.config.shard, self.parent)
+            log.info("shard %s caught up with parent %s: ready", self.io.config.shard, self.parent)
         progress = self.parent_paths.progress
         if not progress.exists():
             return
@@ -450,64 +490,68 @@ class ChildHandover:
             return Emission.ALL
         if batch_id == 0 or state.final is None:
             return Emission.NONE
-        return state.emission(self.runner.positions_at(batch_id - 1), self.runner.positions_at(batch_id))
+        return state.emission(self.positions_at(batch_id - 1), self.positions_at(batch_id))
 
 
 def announce_and_wait(
-    runner: Any,
-    parents: list[Any],
-    make_note: Any,
+    io: ShardIO,
+    run: RunState,
+    calls: StandbyCalls,
+    parents: list[ShardPaths],
+    make_note: Callable[[], HandoverNote],
     *,
     describe: str,
-    answered: Any,
+    answered: Callable[[], bool],
     rehearse: bool,
     ready_at_once: bool,
 ) -> tuple[float, float]:
     """A child's standby: warm up (until ``answered()``), write its request (and with ``ready_at_once`` its ready
     note), ``make_note()``, scoped to its writer epoch, into each parent's ``handover/`` (``parents``: their
     :class:`~spark_runtime.layout.ShardPaths`), then wait until ``answered()``; raises :class:`StandbyStopped` on a
-    stop request. Returns when it began and when it was warm (epoch seconds); sets ``runner.standby_seconds``."""
-    cfg = runner.config
+    stop request. Returns when it began and when it was warm (epoch seconds); sets ``run.standby_seconds``."""
+    cfg = io.config
     t0, began = time.monotonic(), time.time()
     set_log_phase("standby")
     owns = "still owns the range" if len(parents) == 1 else "still own their ranges"
     note = make_note()
     log.info("shard %s on standby: %s %s; warming up (%s)", cfg.shard, describe, owns, note.mode)
-    runner.warm_up(rehearse=rehearse, should_stop=lambda: runner.stop_requested() or answered())
+    calls.warm_up(rehearse, lambda: calls.stop_requested() or answered())
     warm = time.time()
     note = make_note()
     for parent in parents:
         parent.handover_dir.mkdir()
-        runner.fence.check("its hand-over request")
+        io.fence.check("its hand-over request")
         parent.handover_request(note.child, note.epoch).write_json(note.to_json())
         if ready_at_once:
             parent.handover_ready(note.child, note.epoch).write_json(note.to_json())
     logged = time.monotonic()
-    poll = POLL_SECONDS_S3 if runner.storage.is_s3 else POLL_SECONDS
+    poll = POLL_SECONDS_S3 if io.storage.is_s3 else POLL_SECONDS
     while not answered():
-        if runner.stop_requested():
-            raise StandbyStopped(f"stopped on standby ({runner.drain_reason}) before {describe} answered")
+        if calls.stop_requested():
+            raise StandbyStopped(f"stopped on standby ({calls.drain_reason()}) before {describe} answered")
         if time.monotonic() - logged >= STANDBY_LOG_SECONDS:
             logged = time.monotonic()
             log.info("still on standby for %s (%.0fs)", describe, logged - t0)
         time.sleep(poll)
-    runner.standby_seconds = round(time.monotonic() - t0, 3)
-    log.info("%s answered after %.1fs on standby", describe, runner.standby_seconds)
+    run.standby_seconds = round(time.monotonic() - t0, 3)
+    log.info("%s answered after %.1fs on standby", describe, run.standby_seconds)
     return began, warm
 
 
-def record_standby(runner: Any, parent: str | list[str], began: float, warm: float) -> None:
+def record_standby(
+    io: ShardIO, run: RunState, mode: HandoverMode, parent: str | list[str], began: float, warm: float
+) -> None:
     """Write ``standby.json`` (when the standby began, was warm, and the parents answered)."""
-    runner.paths.shard_dir.mkdir()
-    runner.paths.standby.write_json(
+    io.paths.shard_dir.mkdir()
+    io.paths.standby.write_json(
         {
             "parent": parent,
-            "mode": str(runner.as_child.mode),
+            "mode": str(mode),
             "began": round(began, 3),
             "warm": round(warm, 3),
             "parentAnswered": round(time.time(), 3),
-            "rehearsalSeconds": runner.rehearsal_seconds,
-            "standbySeconds": runner.standby_seconds,
+            "rehearsalSeconds": run.rehearsal_seconds,
+            "standbySeconds": run.standby_seconds,
         },
         fsync=False,
     )
@@ -531,7 +575,9 @@ def read_drain_summary(pointer: Loc, parent: str) -> DrainSummary:
     return DrainSummary.from_json(data)
 
 
-def parent_drained(pointer: Loc, parent_paths: Any, parent: str, me: tuple[str, int, int]) -> DrainSummary | None:
+def parent_drained(
+    pointer: Loc, parent_paths: ShardPaths, parent: str, me: tuple[str, int, int]
+) -> DrainSummary | None:
     """The drain summary at ``pointer`` (``parent``'s ``drained.json``) once it exists and is valid, else None:
     it counts only while its writer epoch is still the parent's latest (a summary a fenced parent runtime wrote
     late, after a newer runtime of it or an abort claimed a later epoch, is void). Raises :class:`RestoreError`
@@ -558,7 +604,7 @@ def parent_drained(pointer: Loc, parent_paths: Any, parent: str, me: tuple[str, 
     return summary
 
 
-def own_drain_summary(paths: Any) -> dict[str, Any] | None:
+def own_drain_summary(paths: ShardPaths) -> dict[str, Any] | None:
     """A shard's own ``drained.json`` while it is valid (its writer epoch is the shard's latest), else None; a void
     one (a fenced runtime wrote it late, after a newer runtime or an abort claimed a later epoch) is removed, so
     the current runtime can drain and write its own."""
@@ -575,7 +621,7 @@ def own_drain_summary(paths: Any) -> dict[str, Any] | None:
     return None
 
 
-def clear_shard_dir(paths: Any) -> list[str]:
+def clear_shard_dir(paths: ShardPaths) -> list[str]:
     """Remove everything in a shard's directory but ``epochs/`` (its writer epochs must stay dense); returns the
     names removed."""
     removed = []
@@ -591,14 +637,14 @@ def clear_shard_dir(paths: Any) -> list[str]:
     return removed
 
 
-def abort_split(runner: Any, children: list[str]) -> dict[str, Any]:
-    """Undo ``runner``'s shard's split (see the module docstring) and return the termination message: a
+def abort_split(io: ShardIO, children: list[str]) -> dict[str, Any]:
+    """Undo the split of ``io``'s shard (see the module docstring) and return the termination message: a
     :class:`~spark_runtime.protocol.SplitAbortSummary`, or the drain summary when the hand-over happened already.
     Idempotent (a restart repeats it harmlessly)."""
     from spark_runtime.fencing import WriterFence
 
-    cfg, paths = runner.config, runner.paths
-    runner.check_environment()
+    cfg, paths = io.config, io.paths
+    io.check_environment()
     summary = own_drain_summary(paths)
     if summary is not None:
         log.warning(
@@ -607,7 +653,7 @@ def abort_split(runner: Any, children: list[str]) -> dict[str, Any]:
             summary.get("batchId"),
         )
         return summary
-    runner.fence.claim(barrier=True)  # from here on a drain summary an earlier runtime writes late is void
+    io.fence.claim(barrier=True)  # from here on a drain summary an earlier runtime writes late is void
     own_drain_summary(paths)  # removes one written between the look above and the claim (void now)
     for child in children:
         child_paths = paths.shard_path(child)
@@ -616,7 +662,7 @@ def abort_split(runner: Any, children: list[str]) -> dict[str, Any]:
         removed = clear_shard_dir(child_paths)
         removed_names = ", ".join(sorted(removed)) or "nothing"
         log.info("shard %s: child %s fenced at epoch %s; removed %s", cfg.shard, child, fence.epoch, removed_names)
-    runner.fence.check("clearing its hand-over")
+    io.fence.check("clearing its hand-over")
     paths.handover_dir.rmtree()
     paths.drain_marker.unlink()
     summary = SplitAbortSummary(
@@ -624,7 +670,7 @@ def abort_split(runner: Any, children: list[str]) -> dict[str, Any]:
         shard=cfg.shard,
         batch_id=last_committed_batch(paths.checkpoint),
         children=tuple(children),
-        writer_epoch=runner.fence.epoch,
+        writer_epoch=io.fence.epoch,
         time=utc_now(),
     ).to_json()
     log.info("shard %s: split aborted; it resumes from batch %s", cfg.shard, summary["batchId"])

@@ -35,10 +35,10 @@ operator merges only two Running shards, neither mid-split, so both drain at the
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_runtime.fencing import is_current
-from spark_runtime.handover import announce_and_wait, clear_shard_dir, parent_drained, record_standby
+from spark_runtime.handover import StandbyCalls, announce_and_wait, clear_shard_dir, parent_drained, record_standby
 from spark_runtime.protocol import (
     DRAIN_SUMMARY,
     DrainSummary,
@@ -52,6 +52,9 @@ from spark_runtime.protocol import (
 from spark_runtime.snapshot import RestoreError, utc_now
 from spark_runtime.storage import Loc, location
 
+if TYPE_CHECKING:
+    from spark_runtime.shard_state import RunState, ShardIO
+
 __all__ = ["MergeHandover", "abort_merge"]
 
 log = logging.getLogger("taskshard.handover")
@@ -59,48 +62,53 @@ log = logging.getLogger("taskshard.handover")
 
 class MergeHandover:
     """A merged child's side (see the module docstring); the same interface as
-    :class:`spark_runtime.handover.ChildHandover` for the runner: it never catches up, and every batch emits."""
+    :class:`spark_runtime.handover.ChildHandover` for the runner: it never catches up, and every batch emits.
+    ``calls``: what its standby asks of the runner; it writes ``run.standby_seconds``."""
 
     mode = HandoverMode.RESTORE
     state = None
     catching_up = False
 
-    def __init__(self, runner: Any) -> None:
-        cfg = runner.config
+    def __init__(self, io: ShardIO, run: RunState, calls: StandbyCalls) -> None:
+        cfg = io.config
         assert cfg.merge_from is not None
-        self.runner = runner
+        self.io = io
+        self.run = run
+        self.calls = calls
         self.parents = [p.parent for p in cfg.merge_from]
-        self.pointers = [location(p.manifest, runner.s3) for p in cfg.merge_from]
+        self.pointers = [location(p.manifest, io.s3) for p in cfg.merge_from]
 
     def manifests(self) -> list[tuple[str, Loc]]:
         """``[(parent, manifest)]`` for both parents; on standby until both answered (raises
         :class:`~spark_runtime.handover.StandbyStopped` on a stop request)."""
         if not self._answered():
             began, warm = announce_and_wait(
-                self.runner,
-                [self.runner.paths.shard_path(p) for p in self.parents],
+                self.io,
+                self.run,
+                self.calls,
+                [self.io.paths.shard_path(p) for p in self.parents],
                 self._note,
                 describe=f"parents {' and '.join(self.parents)}",
                 answered=self._answered,
                 rehearse=True,
                 ready_at_once=True,
             )
-            record_standby(self.runner, self.parents, began, warm)
+            record_standby(self.io, self.run, self.mode, self.parents, began, warm)
         return [
             (parent, self._manifest(parent, pointer))
             for parent, pointer in zip(self.parents, self.pointers, strict=True)
         ]
 
     def _note(self) -> HandoverNote:
-        cfg = self.runner.config
+        cfg = self.io.config
         start, end = cfg.key_groups.start, cfg.key_groups.end
-        return HandoverNote(cfg.shard, start, end, self.mode, utc_now(), self.runner.fence.epoch)
+        return HandoverNote(cfg.shard, start, end, self.mode, utc_now(), self.io.fence.epoch)
 
     def _summary(self, parent: str, pointer: Loc) -> DrainSummary | None:
         """The parent's valid drain summary naming this shard (:func:`spark_runtime.handover.parent_drained`)."""
-        cfg = self.runner.config
+        cfg = self.io.config
         me = (cfg.shard, cfg.key_groups.start, cfg.key_groups.end)
-        return parent_drained(pointer, self.runner.paths.shard_path(parent), parent, me)
+        return parent_drained(pointer, self.io.paths.shard_path(parent), parent, me)
 
     def _answered(self) -> bool:
         return all(
@@ -124,7 +132,7 @@ class MergeHandover:
                 "merged",
                 reason="MergeParentSplit",
             )
-        return location(summary.manifest or "", self.runner.s3)
+        return location(summary.manifest or "", self.io.s3)
 
     def tick(self) -> None:
         """Nothing to follow: the child restored both parents' final state."""
@@ -133,8 +141,8 @@ class MergeHandover:
         return Emission.ALL
 
 
-def abort_merge(runner: Any) -> dict[str, Any]:
-    """Withdraw the merge into ``runner``'s (merged) shard (``run --abort-merge``; the operator runs it once the
+def abort_merge(io: ShardIO) -> dict[str, Any]:
+    """Withdraw the merge into ``io``'s (merged) shard (``run --abort-merge``; the operator runs it once the
     left parent's ``spec.merge`` was withdrawn and the merged shard's own pod is gone) and return the termination
     message, a :class:`~spark_runtime.protocol.MergeAbortSummary`:
 
@@ -150,13 +158,13 @@ def abort_merge(runner: Any) -> dict[str, Any]:
     current (:meth:`spark_runtime.drain.Drain.run`). If that check came after step 1 the parent backs out; if it
     came before, so did its marker, and step 2 (after step 1) sees it. Idempotent: a rerun claims another barrier
     and finds the same."""
-    cfg = runner.config
-    runner.check_environment()
-    epoch = runner.fence.claim(barrier=True)
+    cfg = io.config
+    io.check_environment()
+    epoch = io.fence.claim(barrier=True)
     parents = [p.parent for p in cfg.merge_from or ()]
     drained = []
     for parent in parents:
-        paths = runner.paths.shard_path(parent)
+        paths = io.paths.shard_path(parent)
         summary = paths.drained.read_json() if paths.drained.exists() else None
         marker = paths.drain_marker
         if (summary is not None and is_current(paths, summary.get("writerEpoch"))) or (
@@ -169,11 +177,11 @@ def abort_merge(runner: Any) -> dict[str, Any]:
     else:
         outcome = MergeAbortOutcome.ABORTED
         for parent in parents:
-            handover = runner.paths.shard_path(parent).handover_dir
+            handover = io.paths.shard_path(parent).handover_dir
             for f in handover.iterdir() if handover.exists() else []:
                 parsed = parse_note_name(f.name)
                 if parsed is not None and parsed[1] == cfg.shard:
                     f.unlink()
-        removed = clear_shard_dir(runner.paths)
+        removed = clear_shard_dir(io.paths)
         log.info("shard %s: merge withdrawn; fenced at epoch %s, removed %s", cfg.shard, epoch, removed or "nothing")
     return MergeAbortSummary(cfg.task, cfg.shard, outcome, tuple(drained), epoch, utc_now()).to_json()

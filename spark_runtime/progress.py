@@ -2,7 +2,7 @@
 
 Spark reports every micro-batch in the query's progress (``recentProgress``: rows, durations, the source's
 observed metrics); its checkpoint holds each committed batch's source end positions (the offset log). This
-module reads both for the runner and keeps the counts a shard reports:
+module reads both for the shard runtime and keeps the counts a shard reports:
 
 - :meth:`Progress.take_new_batches`: the progress events of batches not seen yet (idle triggers skipped), their
   observed source metrics (Kafka: rows, bytes, dead letters) added up, the live metrics fed;
@@ -18,14 +18,19 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from spark_runtime.checkpoint import read_offsets
 from spark_runtime.metrics import JOURNAL_LAG_INTERVAL_SECONDS, journal_lag
 from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.snapshot import utc_now
-from spark_runtime.sources import NamesFixedPositions
+from spark_runtime.sources import NamesFixedPositions, ResolvesStartPositions
+from spark_runtime.sources.journal import JournalSource
 from spark_runtime.sources.seed import is_seed_offset
+
+if TYPE_CHECKING:
+    from spark_runtime.shard_state import RunState, ShardIO
 
 __all__ = ["Progress", "offsets_mismatch"]
 
@@ -33,27 +38,28 @@ log = logging.getLogger("taskshard.shard")
 
 
 class Progress:
-    """The progress bookkeeping of one shard runner. ``runner`` is the :class:`spark_runtime.shard.ShardRunner`;
-    used: ``config``, ``paths``, ``source``, ``fence``, ``metrics``, ``dead_letter_total``, ``start_positions``
-    and ``pin_start_positions()``."""
+    """The progress bookkeeping of one shard runtime: its I/O, its run state (the start positions, which
+    :meth:`pin_start_positions` writes) and ``session()``, its SparkSession started on first use."""
 
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
+    def __init__(self, io: ShardIO, state: RunState, session: Callable[[], Any]) -> None:
+        self.io = io
+        self.state = state
+        self.session = session
         self.source_metrics = {"rowsRead": 0, "bytesRead": 0, "deadLetters": 0}
         """Observed per-batch source metrics (Kafka), added up over this process's batches."""
         self.rows_processed = 0
         self.batches_from: int | None = None
-        """The last batch committed before this runner's first query start (its later batches are its own)."""
+        """The last batch committed before this runtime's first query start (its later batches are its own)."""
         self._seen: set[int] = set()
         self._lag_at = float("-inf")
         self._lag_positions: tuple[int, dict[str, Any]] | None = None
         """(batch id, its committed positions) behind the journal's lag, read again when the batch changes."""
         self._lag_failed = False
         self._verified = False
-        """Whether this runner compared its first committed batch with the offset log (:meth:`verify_offset_log`)."""
+        """Whether this runtime compared its first committed batch with the offset log (:meth:`verify_offset_log`)."""
 
     def reported(self, batch_id: int) -> bool:
-        """Whether ``batch_id``'s progress (and so its source metrics) was counted by this runner."""
+        """Whether ``batch_id``'s progress (and so its source metrics) was counted by this runtime."""
         return batch_id in self._seen
 
     def add_source_metrics(self, batch_id: int, metrics: dict[str, Any]) -> None:
@@ -76,7 +82,7 @@ class Progress:
             batches.append(data)
             if not self._verified:
                 self.verify_offset_log(data)
-            self.runner.metrics.on_batch(data)
+            self.io.metrics.on_batch(data)
             observed = (data.get("observedMetrics") or {}).get("taskshard_source") or {}
             self.add_source_metrics(bid, observed)
             if observed.get("deadLetters"):
@@ -85,13 +91,13 @@ class Progress:
                     "batch %s: %s invalid records this shard owns were skipped (total %d)",
                     bid,
                     observed["deadLetters"],
-                    self.runner.dead_letter_total,
+                    self.dead_letter_total(),
                     extra={"batch": bid},
                 )
         return batches, dead
 
     def verify_offset_log(self, progress: dict[str, Any]) -> None:
-        """After this runner's first committed batch: the offset log entry of that batch must hold the end offsets
+        """After this runtime's first committed batch: the offset log entry of that batch must hold the end offsets
         its own query reported (its progress event, posted after the commit), else another writer of this shard
         wrote the log (a fenced runtime that planned a batch before it noticed; on S3, Spark's "no overwrite" of a
         log entry is a check, then a copy). Raises :class:`~spark_runtime.problems.EnvironmentProblem`
@@ -100,7 +106,7 @@ class Progress:
         self._verified = True
         bid = int(progress.get("batchId", -1))
         try:
-            logged = read_offsets(self.runner.paths.checkpoint, bid)
+            logged = read_offsets(self.io.paths.checkpoint, bid)
         except (OSError, ValueError):
             return  # gone (a later batch's cleanup) or unreadable: nothing to compare
         mismatch = offsets_mismatch([s.get("endOffset") for s in progress.get("sources") or []], logged)
@@ -108,9 +114,9 @@ class Progress:
             raise EnvironmentProblem(
                 "OffsetLogMismatch",
                 "storage",
-                f"storage: the offset log of batch {bid} ({self.runner.paths.checkpoint}/offsets/{bid}) does not "
+                f"storage: the offset log of batch {bid} ({self.io.paths.checkpoint}/offsets/{bid}) does not "
                 f"hold the positions this runtime's query committed it with ({mismatch}): another runtime of shard "
-                f"{self.runner.config.shard} wrote it. The shard stops rather than continue from positions it did "
+                f"{self.io.config.shard} wrote it. The shard stops rather than continue from positions it did "
                 "not choose; check for a second runtime of this shard (its writer epochs are in epochs/)",
             )
 
@@ -124,17 +130,17 @@ class Progress:
                 rows,
                 float(data.get("processedRowsPerSecond") or 0.0),
                 int((data.get("durationMs") or {}).get("triggerExecution", 0)),
-                self.runner.dead_letter_total,
+                self.dead_letter_total(),
                 extra={"batch": data.get("batchId")},
             )
 
     def positions_at(self, batch_id: int) -> dict[str, Any]:
         """The source's end positions of committed ``batch_id`` (the start positions when -1)."""
-        r = self.runner
+        r = self.io
         if batch_id < 0:
-            r.pin_start_positions()  # no-op once pinned, and for a child (its parent's positions)
-            if r.start_positions is not None:
-                return dict(r.start_positions)
+            self.pin_start_positions()  # no-op once pinned, and for a child (its parent's positions)
+            if self.state.start_positions is not None:
+                return dict(self.state.start_positions)
             names = r.source.positions_names() if isinstance(r.source, NamesFixedPositions) else []
             return {name: 0 for name in names}
         for entry in read_offsets(r.paths.checkpoint, batch_id):
@@ -142,11 +148,41 @@ class Progress:
                 return dict(entry)
         raise RuntimeError(f"{r.paths.checkpoint}/offsets/{batch_id} has no {r.source.kind} offsets")
 
+    def pin_start_positions(self) -> None:
+        """A fresh shard of a source whose start depends on when it is asked (Kafka's ``earliest``/``latest``)
+        resolves it once, persists it (``start-positions.json``) and starts its query exactly there; every later
+        start reads the same file. So the positions of batch -1, which a drain before the first commit hands to
+        the children, are concrete offsets, never "latest" as each child would see it. A split child already
+        starts at its parent's positions."""
+        r = self.io
+        if self.state.start_positions is not None or not isinstance(r.source, ResolvesStartPositions):
+            return
+        pinned = r.paths.start_positions
+        if pinned.exists():
+            positions = pinned.read_json()
+        else:
+            positions = r.source.resolve_start_positions(self.session())
+            r.source.validate_positions(positions)
+            r.paths.shard_dir.mkdir()
+            r.fence.check("start-positions.json")
+            if pinned.create_exclusive_json(positions):
+                log.info("shard %s: start positions resolved and pinned: %s", r.config.shard, positions)
+            else:  # pinned by an earlier runtime of this shard in the meantime: those are the positions
+                positions = pinned.read_json()
+        self.state.start_positions = dict(positions)
+
+    def dead_letter_total(self) -> int:
+        """Every dead letter this shard counted: the source's files, the late records and, for Kafka, the counts
+        its batches observed."""
+        files = self.io.dead_letters.total if self.io.dead_letters is not None else 0
+        late = self.io.late_letters.total if self.io.late_letters is not None else 0
+        return files + late + int(self.source_metrics["deadLetters"])
+
     def commit_time(self, batch_id: int) -> float | None:
         """Unix time of committed ``batch_id``'s commit log entry (None: no batch, or unknown)."""
         if batch_id < 0:
             return None
-        entry = self.runner.paths.checkpoint / "commits" / str(batch_id)
+        entry = self.io.paths.checkpoint / "commits" / str(batch_id)
         try:
             mtime = entry.fs.get_file_info(entry.path).mtime
         except Exception:  # advisory (a display value)
@@ -155,7 +191,7 @@ class Progress:
 
     def write(self, batch_id: int) -> None:
         """``progress.json`` for committed ``batch_id`` (-1: none yet)."""
-        r = self.runner
+        r = self.io
         r.fence.check("progress.json")
         r.paths.progress.write_json(
             {
@@ -164,7 +200,7 @@ class Progress:
                 "batchId": batch_id,
                 "time": utc_now(),
                 "positions": self.positions_at(batch_id),
-                "deadLetters": r.dead_letter_total,
+                "deadLetters": self.dead_letter_total(),
                 "source": dict(self.source_metrics),
             },
             fsync=False,
@@ -174,9 +210,9 @@ class Progress:
         """At most every :data:`~spark_runtime.metrics.JOURNAL_LAG_INTERVAL_SECONDS`: the journal's lag in bytes,
         each partition file's complete end minus committed ``batch_id``'s position. Advisory: a failure is
         logged once and the metric stays as it was."""
-        r = self.runner
+        r = self.io
         now = time.monotonic()
-        if r.source.kind != "journal" or now - self._lag_at < JOURNAL_LAG_INTERVAL_SECONDS:
+        if not isinstance(r.source, JournalSource) or now - self._lag_at < JOURNAL_LAG_INTERVAL_SECONDS:
             return
         self._lag_at = now
         try:

@@ -39,23 +39,21 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from spark_runtime import faults
 from spark_runtime.checkpoint import last_committed_batch
 from spark_runtime.config import ConfigError, ShardConfig
-from spark_runtime.drain import Drain, wait_until
-from spark_runtime.fencing import WriterFence, WriterFenced
-from spark_runtime.handover import ChildHandover, ParentHandover, StandbyStopped, own_drain_summary
-from spark_runtime.identity import claim_task_storage
-from spark_runtime.late import LateLetters
-from spark_runtime.layout import ShardPaths, SinkPaths
-from spark_runtime.live import METRICS_HOST_ENV, state_map_seconds
+from spark_runtime.drain import Drain
+from spark_runtime.fencing import WriterFenced
+from spark_runtime.handover import ChildHandover, ParentHandover, StandbyCalls, StandbyStopped, own_drain_summary
+from spark_runtime.live import METRICS_HOST_ENV
 from spark_runtime.logs import set_phase as set_log_phase
 from spark_runtime.merge import MergeHandover
-from spark_runtime.metrics import TRIGGER_POLL_SECONDS, ShardMetrics
-from spark_runtime.pipeline import Plan, build_output_frame, make_plan, results_past_fence
+from spark_runtime.metrics import TRIGGER_POLL_SECONDS
+from spark_runtime.pipeline import build_output_frame, results_past_fence
 from spark_runtime.problems import EnvironmentProblem, TemplateRefused
 from spark_runtime.progress import Progress
 from spark_runtime.protocol import (
@@ -65,20 +63,19 @@ from spark_runtime.protocol import (
     HandoverMode,
     StandbyStopSummary,
 )
-from spark_runtime.sink import DeadLetterCounter, DirectorySinkWriter, KafkaSinkWriter
+from spark_runtime.shard_state import open_shard
+from spark_runtime.sink import DirectorySinkWriter
 from spark_runtime.snapshot import utc_now
 from spark_runtime.snapshot.export import SnapshotWriter
-from spark_runtime.snapshot.restore import RestorePlan, plan_restore
+from spark_runtime.snapshot.restore import plan_restore
 from spark_runtime.sources import (
     ChecksEnvironment,
     GuardsBatches,
     ReadsRanges,
-    ResolvesStartPositions,
     SourceContext,
-    make_source,
 )
 from spark_runtime.state_map import StateMapper
-from spark_runtime.storage import Loc, check_storage, location, s3_settings_from, storage_root
+from spark_runtime.storage import Loc
 from spark_runtime.windows import WindowLateFinder, output_mode
 
 __all__ = ["ShardFailed", "ShardRunner", "StandbyStopped", "summary_message"]
@@ -135,8 +132,35 @@ def summary_message(summary: dict[str, Any], limit: int = TERMINATION_MESSAGE_LI
     return text
 
 
+def _io_field(name: str) -> Any:
+    """A read-only view of ``runner.io.<name>`` (:class:`~spark_runtime.shard_state.ShardIO`)."""
+    return property(lambda runner: getattr(runner.io, name), doc=f"``io.{name}``")
+
+
+def _state_field(name: str) -> Any:
+    """A view of ``runner.state.<name>`` (:class:`~spark_runtime.shard_state.RunState`)."""
+    return property(
+        lambda runner: getattr(runner.state, name),
+        lambda runner, value: setattr(runner.state, name, value),
+        doc=f"``state.{name}``",
+    )
+
+
 class ShardRunner:
-    """Runs one shard. ``run()`` blocks until drained; tests may use ``start()``/``poll()``/``drain()``."""
+    """Runs one shard. ``run()`` blocks until drained; tests may use ``start()``/``poll()``/``drain()``. Its state is
+    typed and grouped (:mod:`spark_runtime.shard_state`): ``io`` (fixed) and ``state`` (learnt while running),
+    which its collaborators share; the attributes below are views of them."""
+
+    config, s3, storage, paths, fence, source, sink = map(
+        _io_field, ("config", "s3", "storage", "paths", "fence", "source", "sink")
+    )
+    sink_paths, dead_letter_dir, dead_letters, late_letters, metrics = map(
+        _io_field, ("sink_paths", "dead_letter_dir", "dead_letters", "late_letters", "metrics")
+    )
+    plan, spark, query, restore, start_positions, source_context = map(
+        _state_field, ("plan", "spark", "query", "restore", "start_positions", "source_context")
+    )
+    standby_seconds, rehearsal_seconds = map(_state_field, ("standby_seconds", "rehearsal_seconds"))
 
     def __init__(
         self,
@@ -148,82 +172,44 @@ class ShardRunner:
         rehearse: bool = True,
         catch_up: bool | None = None,
     ) -> None:
-        self.config = config
-        self.s3 = s3_settings_from(config.storage.s3)
-        self.storage: Loc = storage_root(config.storage, self.s3)
-        self.paths = ShardPaths.of(self.storage, config.task, config.shard)
-        self.fence = WriterFence(self.paths)
-        """This runtime's writer epoch (spark_runtime.fencing): claimed at start, checked before every write."""
-        self.sink_paths: SinkPaths | None = None
-        dead_letter_dir: Path | None = None
-        if config.sink.directory is not None:
-            self.sink_paths = SinkPaths.of(config.sink.directory.path, config.shard)
-            dead_letter_dir = self.sink_paths.dead_letter_dir
-        elif config.storage.path is not None:
-            dead_letter_dir = Path(config.storage.path).absolute() / config.task / "dead-letters"
-            dead_letter_dir = dead_letter_dir / f"shard={config.shard}"
-        if config.source.journal is not None and dead_letter_dir is None:
-            raise ConfigError(
-                [
-                    "source.journal: the journal writes dead letters to local files; with sink.kafka it needs "
-                    "storage.path (got storage.s3), or use sink.directory"
-                ]
-            )
-        self.dead_letter_dir = dead_letter_dir
-        self.plan: Plan = make_plan(config)
-        if self.plan.kind == "python":  # the layout its checkpoint holds (recorded before a first batch)
-            from spark_runtime.engine import checkpoint_layout
-
-            chosen = checkpoint_layout(
-                self.paths.state_layout, last_committed_batch(self.paths.checkpoint), self.plan.state_buckets
-            )
-            self.plan = dataclasses.replace(self.plan, layout=chosen.layout, state_buckets=chosen.buckets)
-        self.source = make_source(config.source, config.partitions_to_read)
-        self.spark = spark
+        self.io, self.state = open_shard(config)
+        self.state.spark = spark
         self.available_now = available_now
-        self.query: Any = None
-        self._query_name = f"taskshard-{config.shard}-{uuid.uuid4().hex[:6]}"
-        self.window_late: WindowLateFinder | None = None  # a builtin window's, set at its first batch
-        self.sink: DirectorySinkWriter | KafkaSinkWriter = self._make_sink()
-        self.dead_letters = DeadLetterCounter(dead_letter_dir) if dead_letter_dir is not None else None
-        self.late_letters = self._late_letters(dead_letter_dir)
-        self._checked = False
-        self._listed_at = 0.0
-        self.start_positions: dict[str, Any] | None = None
-        self.restore: RestorePlan | None = None
-        """A split or merged child's verified restore (its parents' slices, start positions, seed, skip rule)."""
         self.rehearse = rehearse and config.rehearse
-        self.standby_seconds: float | None = None
-        """Seconds spent on standby waiting for the parent's drain summary (None: no standby)."""
-        self.rehearsal_seconds: float | None = None
         self.summary: dict[str, Any] | None = None
         self.last_committed = -1
-        self.source_context: SourceContext | None = None
-        self.progress = Progress(self)
-        self.drainer = Drain(self, drain_timeout)
-        self.snapshots = SnapshotWriter(self)
         self.restarts_left = IN_PROCESS_RESTARTS
-        self._watermark_of = (-2, 0)
-        if catch_up is None:  # time needs the restore hand-over (docs/split-protocol.md, "Time across hand-overs")
-            catch_up = self.source.supports_catch_up and not self.plan.uses_time
-        self.handover_mode = HandoverMode.CATCH_UP if catch_up else HandoverMode.RESTORE
-        """How this shard takes over as a split child (``catch_up`` None: what its source supports)."""
-        self.as_parent = ParentHandover(self)
-        self.as_child: ChildHandover | MergeHandover | None = None
-        if config.restore_from is not None:
-            self.as_child = ChildHandover(self, self.handover_mode)
-        elif config.merge_from is not None:
-            self.as_child = MergeHandover(self)  # a merge always restores (spark_runtime.merge)
+        self.window_late: WindowLateFinder | None = None  # a builtin window's, set at its first batch
+        self._query_name = f"taskshard-{config.shard}-{uuid.uuid4().hex[:6]}"
+        self._checked = False
         self._fail_batch = faults.fail_batch()
-        self._guarded_at = time.monotonic()
-        self._fence_polled_at = time.monotonic()
-        self._trigger_polled_at = 0.0
         self._stop_problem: EnvironmentProblem | None = None
         """Set when the source's batch guard stopped the query (e.g. ``PartitionCountChanged``); never retried."""
-        kg = config.key_groups
-        self.metrics = ShardMetrics(config.task, config.shard, key_groups=(kg.start, kg.end))
-        """The live metrics (:mod:`spark_runtime.metrics`): updated by ``poll()``, served by ``run()``."""
-        self.state_map = StateMapper.for_runner(self, state_map_seconds(config.spark.conf))
+        self._listed_at = self._trigger_polled_at = 0.0
+        self._guarded_at = self._fence_polled_at = time.monotonic()
+        self._watermark_of = (-2, 0)
+        self._wire(drain_timeout, catch_up)
+
+    def _wire(self, drain_timeout: float, catch_up: bool | None) -> None:
+        """The collaborators, each given the typed state and the few callbacks it needs."""
+        io, state = self.io, self.state
+        self.progress = Progress(io, state, self.session)
+        self.snapshots = SnapshotWriter(io, state, self.progress, self.session)
+        if catch_up is None:  # time needs the restore hand-over (docs/split-protocol.md, "Time across hand-overs")
+            catch_up = io.source.supports_catch_up and not state.plan.uses_time
+        self.handover_mode = HandoverMode.CATCH_UP if catch_up else HandoverMode.RESTORE
+        """How this shard takes over as a split child (``catch_up`` None: what its source supports)."""
+        calls = StandbyCalls(self.warm_up, self.stop_requested, lambda: self.drain_reason)
+        self.as_child: ChildHandover | MergeHandover | None = None
+        if io.config.restore_from is not None:
+            self.as_child = ChildHandover(io, state, self.handover_mode, self.progress.positions_at, calls)
+        elif io.config.merge_from is not None:
+            self.as_child = MergeHandover(io, state, calls)  # a merge always restores (spark_runtime.merge)
+        self.as_parent = ParentHandover(io, self.as_child, self.snapshots.write)
+        self.drainer = Drain(
+            io, state, self.as_parent, self.progress, self.snapshots, self.poll_after_stop, drain_timeout
+        )
+        self.state_map = StateMapper.for_shard(io, state, self.session)
         """Counts the state rows per key group now and then (:mod:`spark_runtime.state_map`), for ``by: state``."""
 
     # ---------------------------------------------------------------- requests
@@ -260,38 +246,13 @@ class ShardRunner:
         """A valid drain summary of this shard exists (:func:`spark_runtime.handover.own_drain_summary`)."""
         return own_drain_summary(self.paths) is not None
 
-    def _late_letters(self, dead_letter_dir: Path | None) -> LateLetters | None:
-        """Late records' dead letters (only with event time; :mod:`spark_runtime.late`): next to the other dead
-        letters, else in the shard's directory of the Task's storage."""
-        if self.config.event_time is None:
-            return None
-        return LateLetters(location(str(dead_letter_dir)) if dead_letter_dir is not None else self.paths.late_letters)
-
-    def _make_sink(self) -> DirectorySinkWriter | KafkaSinkWriter:
-        """The sink writer of ``config.sink`` (a Python processor's and a window's Kafka records are numbered per key
-        and batch)."""
-        cfg = self.config
-        if cfg.sink.directory is not None:
-            assert self.sink_paths is not None
-            return DirectorySinkWriter(self.sink_paths, cfg.sink.directory.format, cfg.shard)
-        assert cfg.sink.kafka is not None
-        kafka = cfg.sink.kafka
-        several = self.plan.kind == "python" or self.plan.window is not None
-        return KafkaSinkWriter(kafka.bootstrap_servers, kafka.topic, cfg.shard, kafka.options, several_per_key=several)
-
     @property
     def dead_letter_total(self) -> int:
-        files = self.dead_letters.total if self.dead_letters is not None else 0
-        late = self.late_letters.total if self.late_letters is not None else 0
-        return files + late + int(self.source_metrics["deadLetters"])
+        return self.progress.dead_letter_total()
 
     def check_environment(self) -> None:
-        """Preflight: storage is writable and holds this Task's state, not another's (every start,
-        :mod:`spark_runtime.identity`); the source and sink exist (first start of the process, needs Spark).
-        Raises :class:`spark_runtime.problems.EnvironmentProblem` before anything is processed."""
-        check_storage(self.storage)
-        cfg = self.config
-        claim_task_storage(self.paths.task_dir, task=cfg.task, namespace=cfg.namespace, uid=cfg.task_uid)
+        """Preflight of every start (:meth:`spark_runtime.shard_state.ShardIO.check_environment`)."""
+        self.io.check_environment()
 
     def check_recovery_log(self) -> None:
         """A shard the operator has seen commit batch N (``expectedBatch``) refuses to start from a recovery log
@@ -412,7 +373,7 @@ class ShardRunner:
 
     # ---------------------------------------------------------------- standby (a split child, spark_runtime.handover)
 
-    def warm_up(self, *, rehearse: bool, should_stop: Any) -> None:
+    def warm_up(self, rehearse: bool, should_stop: Callable[[], bool]) -> None:
         """Standby work (:mod:`spark_runtime.handover`): the SparkSession, the source/sink preflight and, with
         ``rehearse``, one rehearsal of the restore plan (cut short once ``should_stop()``)."""
         self.session()
@@ -465,7 +426,7 @@ class ShardRunner:
         self.fence.check("starting its query")  # also every in-process restart: Spark writes its offset log
         self.session()
         self._preflight()
-        self.pin_start_positions()
+        self.progress.pin_start_positions()
         conf = cfg.spark.conf
         ctx = SourceContext(
             shard=cfg.shard,
@@ -626,28 +587,6 @@ class ShardRunner:
         records = self.source.read_range(self.session(), self.source_context, start, end)
         return results_past_fence(self.config, df, records)
 
-    def pin_start_positions(self) -> None:
-        """A fresh shard of a source whose start depends on when it is asked (Kafka's ``earliest``/``latest``)
-        resolves it once, persists it (``start-positions.json``) and starts its query exactly there; every later
-        start reads the same file. So the positions of batch -1, which a drain before the first commit hands to
-        the children, are concrete offsets, never "latest" as each child would see it. A split child already
-        starts at its parent's positions."""
-        if self.start_positions is not None or not isinstance(self.source, ResolvesStartPositions):
-            return
-        pinned = self.paths.start_positions
-        if pinned.exists():
-            positions = pinned.read_json()
-        else:
-            positions = self.source.resolve_start_positions(self.session())
-            self.source.validate_positions(positions)
-            self.paths.shard_dir.mkdir()
-            self.fence.check("start-positions.json")
-            if pinned.create_exclusive_json(positions):
-                log.info("shard %s: start positions resolved and pinned: %s", self.config.shard, positions)
-            else:  # pinned by an earlier runtime of this shard in the meantime: those are the positions
-                positions = pinned.read_json()
-        self.start_positions = dict(positions)
-
     def session(self) -> Any:
         """The shard's SparkSession, started on first use (``spark.master`` and :meth:`spark_conf`)."""
         if self.spark is None:
@@ -679,17 +618,13 @@ class ShardRunner:
             "parents": [p.parent for p in cfg.parents],
             "restoreManifest": self.restore.manifest_uri if self.restore is not None else None,
             "parentBatchId": self.restore.slices[0].manifest["batchId"] if self.restore is not None else None,
-            "sink": str(self.sink_paths.root) if self.sink_paths is not None else self._sink_description(),
+            "sink": self.io.sink_description(),
         }
         if self.paths.lineage.exists():
             old = self.paths.lineage.read_json()
             if {k: old.get(k) for k in lineage} == lineage:
                 return
         self.paths.lineage.write_json({**lineage, "createdAt": utc_now()})
-
-    def _sink_description(self) -> str:
-        kafka = self.config.sink.kafka
-        return f"kafka://{kafka.bootstrap_servers}/{kafka.topic}" if kafka is not None else ""
 
     # ---------------------------------------------------------------- running
 
@@ -870,9 +805,6 @@ class ShardRunner:
         for successors backed out, the shard goes on). Idempotent."""
         self.summary = self.drainer.run()
         return self.summary
-
-    def wait_until(self, predicate: Any, timeout: float, interval: float = 0.2) -> bool:
-        return wait_until(predicate, timeout, interval)
 
     def write_snapshot(self, batch_id: int, *, in_drain: bool = False) -> tuple[dict[str, Any], Loc]:
         """The snapshot of committed ``batch_id``: its manifest and where it is (:mod:`spark_runtime.snapshot.export`);

@@ -23,7 +23,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_runtime.shard_state import RunState, ShardIO
 
 __all__ = ["StateMapper"]
 
@@ -104,12 +107,12 @@ class StateMapper:
             thread.join(timeout)
 
     @staticmethod
-    def for_runner(runner: Any, interval: float) -> StateMapper:
-        """The mapper of a :class:`~spark_runtime.shard.ShardRunner`: counts with its session, plan and checkpoint,
-        publishes to its metrics."""
+    def for_shard(io: ShardIO, state: RunState, session: Callable[[], Any]) -> StateMapper:
+        """The mapper of one shard runtime: counts with its session, plan and checkpoint every
+        ``io.state_map_seconds``, publishes to its metrics."""
         from spark_runtime.snapshot.export import count_state_rows
 
         def count(batch_id: int) -> dict[int, int]:
-            return count_state_rows(runner.session(), runner.config, runner.plan, runner.paths.checkpoint, batch_id)
+            return count_state_rows(session(), io.config, state.plan, io.paths.checkpoint, batch_id)
 
-        return StateMapper(interval, count, runner.metrics.set_state_map)
+        return StateMapper(io.state_map_seconds, count, io.metrics.set_state_map)

@@ -18,7 +18,8 @@ the seed: a restored child copies its slice of the parent's snapshot files, a fr
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from spark_runtime import faults
 from spark_runtime.checkpoint import next_watermark_ms
@@ -27,6 +28,10 @@ from spark_runtime.pipeline import Plan, key_group_column
 from spark_runtime.snapshot.layout import PARTITION_COLUMN, key_group_dir, parquet_files, slice_dirs
 from spark_runtime.snapshot.manifest import build_manifest, snapshot_stats
 from spark_runtime.storage import Loc, location
+
+if TYPE_CHECKING:
+    from spark_runtime.progress import Progress
+    from spark_runtime.shard_state import RunState, ShardIO
 
 __all__ = ["SnapshotWriter", "final_watermark_ms", "count_state_rows", "export_state", "state_rows"]
 
@@ -40,21 +45,22 @@ def final_watermark_ms(plan: Any, checkpoint: Loc, batch_id: int) -> int | None:
 
 
 class SnapshotWriter:
-    """Writes the snapshots of one shard. ``runner`` is the :class:`spark_runtime.shard.ShardRunner`; used:
-    ``config``, ``plan``, ``paths``, ``s3``, ``fence`` (checked before the manifest), ``source``
-    (``validate_positions``, ``describe``), ``positions_at(batch)``, ``dead_letter_total``,
-    ``restore`` (the :class:`~spark_runtime.snapshot.restore.RestorePlan`: the seed of a child that never
-    committed, and the skip rule its manifests carry on) and ``session()``."""
+    """Writes the snapshots of one shard: from its I/O (the fence is checked before the manifest), its run
+    state (the plan; the restore: the seed of a child that never committed, and the skip rule its manifests carry
+    on), its progress (positions and dead letters) and ``session()``."""
 
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
+    def __init__(self, io: ShardIO, state: RunState, progress: Progress, session: Callable[[], Any]) -> None:
+        self.io = io
+        self.state = state
+        self.progress = progress
+        self.session = session
 
     def write(self, batch_id: int, *, in_drain: bool = False) -> tuple[dict[str, Any], Loc]:
         """Export the state of committed ``batch_id``, then write the manifest. Returns the manifest and where it
         is. A complete snapshot of the batch that exists already (this epoch's, else the latest epoch's: each is
         written and removed by its own epoch's runtime alone, so a complete one never changes) is returned as it
         is. ``in_drain``: a drain's export (only that one has crash points, :mod:`spark_runtime.faults`)."""
-        r = self.runner
+        r, plan, restore = self.io, self.state.plan, self.state.restore
         epoch = r.fence.epoch
         complete = r.paths.complete_snapshots(batch_id)
         if complete:
@@ -65,22 +71,22 @@ class SnapshotWriter:
         self._export(batch_id, r.paths.snapshot_dir(batch_id, epoch), state_dir, in_drain=in_drain)
         if in_drain:
             faults.crash_point("exported")
-        positions = r.positions_at(batch_id)
+        positions = self.progress.positions_at(batch_id)
         r.source.validate_positions(positions)
         cfg = r.config
         manifest = build_manifest(
             cfg,
-            r.plan,
+            plan,
             batch_id=batch_id,
             positions=positions,
             source=r.source.describe(),
             state_dir=state_dir,
             stats=snapshot_stats(state_dir),
             checkpoint=r.paths.checkpoint.uri(),
-            dead_letters=r.dead_letter_total,
+            dead_letters=self.progress.dead_letter_total(),
             writer_epoch=r.fence.epoch,
-            skip=r.restore.skip.to_json() if r.restore is not None and r.restore.skip is not None else None,
-            watermark_ms=final_watermark_ms(r.plan, r.paths.checkpoint, batch_id),
+            skip=restore.skip.to_json() if restore is not None and restore.skip is not None else None,
+            watermark_ms=final_watermark_ms(plan, r.paths.checkpoint, batch_id),
         )
         r.fence.check(f"the manifest of snapshot {batch_id}")
         if not manifest_path.create_exclusive_json(manifest):  # another export of this batch finished first
@@ -90,23 +96,23 @@ class SnapshotWriter:
     def _export(self, batch_id: int, snap_dir: Loc, state_dir: Loc, *, in_drain: bool) -> None:
         """Write the state of committed ``batch_id`` into ``state_dir`` (in place: the manifest, written after,
         marks it complete; a partial export of a crashed drain is removed first)."""
-        r = self.runner
+        r, plan, restore = self.io, self.state.plan, self.state.restore
         mid_export = "mid-export" if in_drain else None
         snap_dir.rmtree()
         if batch_id >= 0:
-            spark = r.session()
+            spark = self.session()
             if mid_export is None:
-                export_state(spark, r.config, r.plan, r.paths.checkpoint, batch_id, state_dir)
+                export_state(spark, r.config, plan, r.paths.checkpoint, batch_id, state_dir)
                 return
             # Crash tests: die as soon as Spark has written part of the state (else right after the export).
             with faults.crash_when(mid_export, lambda: faults.export_in_progress(state_dir), "part of it written"):
-                export_state(spark, r.config, r.plan, r.paths.checkpoint, batch_id, state_dir)
+                export_state(spark, r.config, plan, r.paths.checkpoint, batch_id, state_dir)
             faults.crash_point(mid_export, "the export finished before a part of it was seen")
             return
         state_dir.mkdir()
-        if r.restore is None:
+        if restore is None:
             return
-        for part in r.restore.slices:  # never ran a batch: the state is still the seed (its parents' slices)
+        for part in restore.slices:  # never ran a batch: the state is still the seed (its parents' slices)
             parent_state = location(part.manifest["snapshot"]["path"], r.s3)
             for kg, directory in slice_dirs(parent_state, part.start, part.end).items():
                 for f in parquet_files(directory):

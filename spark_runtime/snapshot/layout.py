@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import overload
 
 from spark_runtime.storage import Loc, location
 
@@ -29,6 +30,10 @@ def _loc(where: Loc | str | Path) -> Loc:
     return where if isinstance(where, Loc) else location(where)
 
 
+@overload
+def key_group_dir(state_dir: Loc, key_group: int) -> Loc: ...
+@overload
+def key_group_dir(state_dir: Path, key_group: int) -> Path: ...
 def key_group_dir(state_dir: Loc | Path, key_group: int) -> Loc | Path:
     """The directory of ``key_group``'s files in ``state_dir`` (same type as ``state_dir``)."""
     return state_dir / f"{PARTITION_COLUMN}={int(key_group)}"

@@ -113,8 +113,9 @@ class Source(Protocol):
         """A JSON summary for manifests (kind, location, partitions)."""
         ...
 
-    def validate_positions(self, positions: dict[str, Any]) -> None:
-        """Raise ``ValueError`` when ``positions`` (from a parent's manifest) cannot start this source."""
+    def validate_positions(self, positions: dict[str, Any]) -> dict[str, Any]:
+        """Raise ``ValueError`` when ``positions`` (from a parent's manifest) cannot start this source; else return
+        the part of them this shard reads."""
         ...
 
     def partition_offsets(self, positions: dict[str, Any]) -> dict[int, int]:

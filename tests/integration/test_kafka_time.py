@@ -91,9 +91,7 @@ def test_sessions_on_kafka_record_time_stay_exact_across_a_split(spark, kafka_br
     summary = parent.finish()
     producer.join(60)
     manifest_watermark = json.loads(
-        json.dumps(
-            parent.runner.snapshots.runner.paths.manifest(summary["batchId"], parent.runner.fence.epoch).read_json()
-        )
+        json.dumps(parent.runner.paths.manifest(summary["batchId"], parent.runner.fence.epoch).read_json())
     )["watermarkMs"]
     assert manifest_watermark > now - 3_600_000
 

@@ -59,7 +59,7 @@ def test_an_aborted_split_resumes_the_parent_and_a_later_split_hands_over_exactl
         stopped = threads[0].finish(180)
         assert stopped["event"] == "stopped"
         # ... and the parent's pod runs once more with --abort-split.
-        summary = abort_split(ShardRunner(env.config(0, 16), shard_spark), [LOW, HIGH])
+        summary = abort_split(ShardRunner(env.config(0, 16), shard_spark).io, [LOW, HIGH])
         assert summary["event"] == "aborted" and summary["children"] == [LOW, HIGH]
         assert summary["batchId"] == last_committed_batch(shard_dir(env, PARENT) / "checkpoint") >= 0
         for child in (LOW, HIGH):
@@ -70,7 +70,7 @@ def test_an_aborted_split_resumes_the_parent_and_a_later_split_hands_over_exactl
             with pytest.raises(WriterFenced):
                 c.fence.check("a zombie child's next write")
         assert not list(env.sink.glob(f"shard={LOW}/**/batch-*")), "the children never emitted"
-        assert abort_split(ShardRunner(env.config(0, 16), shard_spark), [LOW, HIGH])["event"] == "aborted"
+        assert abort_split(ShardRunner(env.config(0, 16), shard_spark).io, [LOW, HIGH])["event"] == "aborted"
 
         # The parent resumes alone and counts everything once.
         resumed = ShardRunner(env.config(0, 16), shard_spark)
@@ -96,7 +96,7 @@ def test_an_aborted_split_resumes_the_parent_and_a_later_split_hands_over_exactl
             assert c.fence.epoch == 4, "epochs go on after the two aborts"
         assert env.results() == ref.results
         # Too late now: the abort reports the drain summary and clears nothing.
-        assert abort_split(ShardRunner(env.config(0, 16), shard_spark), [LOW, HIGH]) == final
+        assert abort_split(ShardRunner(env.config(0, 16), shard_spark).io, [LOW, HIGH]) == final
         assert (shard_dir(env, LOW) / "catch-up.json").exists()
     finally:
         release(later, threads[4:])

@@ -68,7 +68,7 @@ def abort_a_split(env: TaskEnv, spark) -> None:
             time.sleep(0.2)  # until it rehearsed the window plan on standby
         assert runner.rehearsal_seconds is not None, f"{runner.config.shard} did not rehearse its window plan"
     release(standby, threads)
-    summary = abort_split(ShardRunner(env.config(0, 16, eventTime=EVENT_TIME), spark), ["orders-0-8", "orders-8-16"])
+    summary = abort_split(ShardRunner(env.config(0, 16, eventTime=EVENT_TIME), spark).io, ["orders-0-8", "orders-8-16"])
     assert summary["event"] == "aborted"
     for child in ("orders-0-8", "orders-8-16"):
         assert {f.name for f in shard_dir(env, child).iterdir()} == {"epochs"}, "only the fence is left"

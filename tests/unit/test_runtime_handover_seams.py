@@ -149,7 +149,7 @@ def test_a_merge_abort_fences_the_merged_shard_and_says_whether_a_parent_drained
     merged = merged_runner(tmp_path)
     notes = [announce(tmp_path, p, "orders-0-16-m1", 0, 16) for p in ("orders-0-8", "orders-8-16")]
     (merged.paths.shard_dir / "standby.json").write_json({})
-    summary = abort_merge(merged)
+    summary = abort_merge(merged.io)
     assert summary["outcome"] == MergeAbortOutcome.ABORTED and summary["drained"] == []
     assert barrier_after(merged.paths, notes[0].epoch) == summary["writerEpoch"], "its notes are void from here on"
     for parent in ("orders-0-8", "orders-8-16"):
@@ -158,7 +158,7 @@ def test_a_merge_abort_fences_the_merged_shard_and_says_whether_a_parent_drained
 
     again = merged_runner(tmp_path)
     paths(tmp_path, "orders-8-16").drain_marker.write_text("final 2026-01-01T00:00:00Z []\n")  # draining already
-    late = abort_merge(again)
+    late = abort_merge(again.io)
     assert late["outcome"] == MergeAbortOutcome.TOO_LATE and late["drained"] == ["orders-8-16"]
 
 
@@ -170,7 +170,7 @@ def test_an_aborted_split_voids_a_drain_summary_its_parent_wrote_late(tmp_path):
     for child, (a, b) in zip(children, ((0, 8), (8, 16)), strict=True):
         announce(tmp_path, "orders-0-16", child, a, b)
     aborting = runner(tmp_path, 0, 16)
-    summary = abort_split(aborting, children)
+    summary = abort_split(aborting.io, children)
     assert summary["event"] == SummaryEvent.ABORTED
     # The old parent runtime, paused across the abort, writes its drain summary now: void, never honoured.
     drained(tmp_path, "orders-0-16", 0, 16, (("orders-0-8", 0, 8), ("orders-8-16", 8, 16)), epoch=late_epoch)
