@@ -116,27 +116,9 @@ def plan_split(
     if not split_requested(split):
         return None
     at = split.get("at")
-    if phase != ShardPhase.RUNNING:
-        return SplitRefused(
-            "spec.split.requested",
-            f"spec.split.requested: shard {shard} is in phase {phase.value}; only a Running shard can be split "
-            "(wait until status.phase is Running, then set spec.split again)",
-        )
-    if key_groups.size < 2:
-        return SplitRefused(
-            "spec.split.requested",
-            f"spec.split.requested: spec.keyGroups {key_groups} of shard {shard} holds one key group and cannot "
-            "be split (a split needs end - start >= 2)",
-        )
-    if at is not None and (
-        isinstance(at, bool) or not isinstance(at, int) or not key_groups.start < at < key_groups.end
-    ):
-        return SplitRefused(
-            "spec.split.at",
-            f"spec.split.at: {at!r} is not strictly inside spec.keyGroups {key_groups} of shard {shard}; use an "
-            f"integer with {key_groups.start} < at < {key_groups.end}, or omit it to split at the midpoint "
-            f"{key_groups.midpoint()}",
-        )
+    refused = _refuse_split_at(shard, key_groups, phase, at)
+    if refused is not None:
+        return refused
     point = None
     by = split_by(split) if at is None and split_by(split) != SplitBy.MIDPOINT else None
     if by is not None:
@@ -160,6 +142,32 @@ def plan_split(
         by=by,
         state_batch=state_batch if by == SplitBy.STATE else None,
     )
+
+
+def _refuse_split_at(shard: str, key_groups: KeyGroupRange, phase: ShardPhase, at: Any) -> SplitRefused | None:
+    """Why a split of ``shard`` (``spec.split.at``: ``at``) cannot be accepted whatever its point, else None."""
+    if phase != ShardPhase.RUNNING:
+        return SplitRefused(
+            "spec.split.requested",
+            f"spec.split.requested: shard {shard} is in phase {phase.value}; only a Running shard can be split "
+            "(wait until status.phase is Running, then set spec.split again)",
+        )
+    if key_groups.size < 2:
+        return SplitRefused(
+            "spec.split.requested",
+            f"spec.split.requested: spec.keyGroups {key_groups} of shard {shard} holds one key group and cannot "
+            "be split (a split needs end - start >= 2)",
+        )
+    if at is not None and (
+        isinstance(at, bool) or not isinstance(at, int) or not key_groups.start < at < key_groups.end
+    ):
+        return SplitRefused(
+            "spec.split.at",
+            f"spec.split.at: {at!r} is not strictly inside spec.keyGroups {key_groups} of shard {shard}; use an "
+            f"integer with {key_groups.start} < at < {key_groups.end}, or omit it to split at the midpoint "
+            f"{key_groups.midpoint()}",
+        )
+    return None
 
 
 def _no_point(by: SplitBy, rows: Mapping[tuple[int, int], float] | None, load_seconds: float) -> str:

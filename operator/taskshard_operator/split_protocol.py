@@ -109,29 +109,8 @@ def observe_split_request(ctx: ShardContext) -> bool:
         return False  # a valid request of a starting shard waits (an invalid one is refused at once, below)
     if isinstance(decision, planner.SplitAccepted):
         low, high = planner.child_names(ctx.task_name, decision.children, ctx.family)
-        message = f"split accepted at key group {decision.at}: {ctx.name} -> {low} + {high}"
-        accepted: dict[str, Any] = {"at": decision.at, "acceptedTime": st.now()}
-        if decision.load is not None and decision.by == SplitBy.STATE:
-            shares = [round(s, 4) for s in decision.load.shares]
-            accepted.update(
-                by="state", expectedShares=shares, stateRows=int(decision.load.rows), stateBatch=decision.state_batch
-            )
-            message += (
-                f" (by state: {shares[0]:.0%} / {shares[1]:.0%} of {int(decision.load.rows)} state rows at batch "
-                f"{decision.state_batch})"
-            )
-        elif decision.load is not None:
-            shares = [round(s, 4) for s in decision.load.shares]
-            accepted.update(
-                by="load",
-                expectedShares=shares,
-                windowRows=int(decision.load.rows),
-                windowSeconds=int(load_seconds),
-            )
-            message += (
-                f" (by load: {shares[0]:.0%} / {shares[1]:.0%} of {int(decision.load.rows)} input rows"
-                f"{f' in the last {load_seconds:.0f} s' if load_seconds else ' since its pod started'})"
-            )
+        accepted, why = _accepted_split(decision, load_seconds)
+        message = f"split accepted at key group {decision.at}: {ctx.name} -> {low} + {high}{why}"
         ctx.write(
             {
                 "observedGeneration": ctx.generation,
@@ -156,6 +135,23 @@ def observe_split_request(ctx: ShardContext) -> bool:
         return True
     ctx.write({"observedGeneration": ctx.generation})
     return False
+
+
+def _accepted_split(decision: planner.SplitAccepted, load_seconds: float) -> tuple[dict[str, Any], str]:
+    """``status.split`` of an accepted split, and what the event adds about its point (by state or by load)."""
+    accepted: dict[str, Any] = {"at": decision.at, "acceptedTime": st.now()}
+    if decision.load is None:
+        return accepted, ""
+    shares = [round(s, 4) for s in decision.load.shares]
+    rows = int(decision.load.rows)
+    if decision.by == SplitBy.STATE:
+        accepted.update(by="state", expectedShares=shares, stateRows=rows, stateBatch=decision.state_batch)
+        return accepted, (
+            f" (by state: {shares[0]:.0%} / {shares[1]:.0%} of {rows} state rows at batch {decision.state_batch})"
+        )
+    accepted.update(by="load", expectedShares=shares, windowRows=rows, windowSeconds=int(load_seconds))
+    since = f" in the last {load_seconds:.0f} s" if load_seconds else " since its pod started"
+    return accepted, f" (by load: {shares[0]:.0%} / {shares[1]:.0%} of {rows} input rows{since})"
 
 
 def _load_map(ctx: ShardContext) -> tuple[dict[tuple[int, int], float] | None, float]:

@@ -148,7 +148,12 @@ _AGE = _column("Age", "date", ".metadata.creationTimestamp", "Time since creatio
 
 def build_crds() -> dict[str, dict[str, Any]]:
     """``{file name: CRD object}`` for both kinds."""
-    task = _crd(
+    return {f"{API_GROUP}_tasks.yaml": _task_crd(), f"{API_GROUP}_taskshards.yaml": _shard_crd()}
+
+
+def _task_crd() -> dict[str, Any]:
+    """The Task CRD: its schema, its printer columns, the scale subresource."""
+    return _crd(
         "Task",
         "tasks",
         "tsk",
@@ -175,7 +180,11 @@ def build_crds() -> dict[str, dict[str, Any]]:
         ],
         scale=SCALE_SUBRESOURCE,
     )
-    shard = _crd(
+
+
+def _shard_crd() -> dict[str, Any]:
+    """The TaskShard CRD: its schema and its printer columns."""
+    return _crd(
         "TaskShard",
         "taskshards",
         "tss",
@@ -209,7 +218,6 @@ def build_crds() -> dict[str, dict[str, Any]]:
             _AGE,
         ],
     )
-    return {f"{API_GROUP}_tasks.yaml": task, f"{API_GROUP}_taskshards.yaml": shard}
 
 
 CRD_FILES = tuple(build_crds())
