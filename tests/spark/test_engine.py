@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_runtime.drain import wait_until
 from spark_runtime.produce import generate_events
 
 from .conftest import TaskEnv, wait_caught_up
@@ -215,7 +216,7 @@ def test_a_hung_batch_shows_how_long_it_runs_then_commits_exact(make_task, shard
             runner.poll()
             return runner.metrics.batch_running() >= seconds
 
-        assert runner.wait_until(lambda: hung_for(4.0), timeout=120), "the hung batch never showed"
+        assert wait_until(lambda: hung_for(4.0), timeout=120), "the hung batch never showed"
         assert runner.last_committed == committed, "nothing committed while it hangs"
         text = generate_latest(runner.metrics.registry).decode()
         samples = [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]

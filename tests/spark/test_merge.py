@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_runtime.drain import wait_until
 from spark_runtime.produce import generate_events
 
 from .conftest import TaskEnv, wait_caught_up
@@ -178,9 +179,9 @@ def test_the_merged_child_announces_itself_to_both_parents_and_they_drain(make_t
             assert summaries[parents.index(p)]["successors"] == [
                 {"shard": "orders-0-16-m1", "keyGroups": {"start": 0, "end": 16}}
             ]
-        assert merged.wait_until(lambda: merged.query is not None, 240), "the merged child never started its query"
+        assert wait_until(lambda: merged.query is not None, 240), "the merged child never started its query"
         produce(events[300:])
-        deadline_ok = merged.wait_until(
+        deadline_ok = wait_until(
             lambda: (env.progress("orders-0-16-m1") or {}).get("positions") == env.journal_ends(), 240
         )
         assert deadline_ok, f"the merged child did not catch up: {env.progress('orders-0-16-m1')}"

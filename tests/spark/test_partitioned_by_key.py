@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from spark_runtime.drain import wait_until
 from spark_runtime.produce import append_lines, generate_events, partition_for
 
 from .conftest import Reference, wait_caught_up
@@ -124,7 +125,7 @@ def test_a_partition_beyond_the_declared_count_stops_the_shard(make_task, shard_
     append_lines(env.journal, PARTITIONS, ['{"key": "k1"}'])
     env.produce(list(generate_events(200, 40, seed=4, start=400)))
     with pytest.raises(EnvironmentProblem) as stopped:
-        shard.wait_until(lambda: shard.poll() or False, timeout=60)
+        wait_until(lambda: shard.poll() or False, timeout=60)
     problem = stopped.value
     assert problem.reason == "PartitionCountChanged" and problem.field == "source.journal.partitions"
     assert "p4.jsonl" in str(problem) and "nested in 4" in str(problem)
