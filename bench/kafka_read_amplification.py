@@ -143,8 +143,8 @@ def run_shards(
                 "partitions": cfg.partitions_to_read or list(range(partitions)),
                 "seconds": round(time.monotonic() - t0, 2),
                 "cpuSeconds": round(cpu.seconds(r0, cpu.reading(threads=False)), 2),
-                "rowsRead": runner.source_metrics["rowsRead"],
-                "bytesRead": runner.source_metrics["bytesRead"],
+                "rowsRead": runner.progress.source_metrics["rowsRead"],
+                "bytesRead": runner.progress.source_metrics["bytesRead"],
             }
         )
     after = cpu.reading()

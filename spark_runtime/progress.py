@@ -10,7 +10,7 @@ module reads both for the shard runtime and keeps the counts a shard reports:
   and a drain hand exactly these on);
 - :meth:`Progress.write`: ``progress.json`` (batch, positions, dead letters, source counts), which the operator
   shows and a catching-up child follows (:mod:`spark_runtime.handover`);
-- :meth:`Progress.measure_journal_lag`: the journal's lag in bytes for the live metrics.
+- :meth:`Progress.refresh_metrics`: the live metrics of every poll (the journal's lag in bytes among them).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from spark_runtime.checkpoint import read_offsets
-from spark_runtime.metrics import JOURNAL_LAG_INTERVAL_SECONDS, journal_lag
+from spark_runtime.checkpoint import last_committed_batch, next_watermark_ms, read_offsets
+from spark_runtime.metrics import JOURNAL_LAG_INTERVAL_SECONDS, TRIGGER_POLL_SECONDS, journal_lag
 from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.snapshot import utc_now
 from spark_runtime.sources import NamesFixedPositions, ResolvesStartPositions
@@ -35,6 +35,12 @@ if TYPE_CHECKING:
 __all__ = ["Progress", "offsets_mismatch"]
 
 log = logging.getLogger("taskshard.shard")
+
+SPARK_BETWEEN_TRIGGERS = ("Waiting for data to arrive", "Waiting for next trigger")
+"""``query.status["message"]`` between triggers; with ``isDataAvailable`` false, the last trigger found nothing new
+in the sources (not at start: "Initializing sources")."""
+S3_LIST_INTERVAL_SECONDS = 5.0
+"""With storage on S3, how often a poll lists the commit log when no new batch was reported."""
 
 
 class Progress:
@@ -56,6 +62,10 @@ class Progress:
         """(batch id, its committed positions) behind the journal's lag, read again when the batch changes."""
         self._lag_failed = False
         self._verified = False
+        self._trigger_polled_at = 0.0
+        self._listed_at = 0.0
+        self._watermark_of = (-2, 0)
+        """(batch id, the watermark after it), read again when the batch changes."""
         """Whether this runtime compared its first committed batch with the offset log (:meth:`verify_offset_log`)."""
 
     def reported(self, batch_id: int) -> bool:
@@ -205,6 +215,57 @@ class Progress:
             },
             fsync=False,
         )
+
+    def poll(self, query: Any, last_committed: int, *, emitting: bool) -> int:
+        """One poll of the running ``query`` (``emitting``: the shard writes to its sink): new dead letters and
+        batches counted and logged, ``progress.json`` written when a batch committed since ``last_committed`` (or
+        dead letters came), the live metrics refreshed. Returns the last committed batch."""
+        dead_letters = self.io.dead_letters
+        new_dead = dead_letters.refresh() if dead_letters is not None else 0
+        if new_dead:
+            total, where = self.dead_letter_total(), self.io.dead_letter_dir
+            log.warning("%d new dead letters (total %d) in %s", new_dead, total, where)
+        batches, dead = self.take_new_batches(query)
+        new_dead += dead
+        # A batch's progress is posted after its commit; on S3 the commit log is listed only then (or every few
+        # seconds), not on every poll: a LIST request is not free.
+        now = time.monotonic()
+        if batches or new_dead or not self.io.storage.is_s3 or now - self._listed_at >= S3_LIST_INTERVAL_SECONDS:
+            self._listed_at = now
+            committed = last_committed_batch(self.io.paths.checkpoint)
+            if committed > last_committed or new_dead:
+                last_committed = committed
+                self.write(committed)
+        self.log_batches(batches)
+        self.refresh_metrics(query, last_committed, emitting=emitting)
+        return last_committed
+
+    def refresh_metrics(self, query: Any, last_committed: int, *, emitting: bool) -> None:
+        """The live metrics of every poll (a batch's own come from :meth:`take_new_batches`): the last commit, the
+        dead letters, the watermark and late records, whether the shard emits, the journal's lag, and (every
+        :data:`~spark_runtime.metrics.TRIGGER_POLL_SECONDS`) whether a trigger runs or the query idles."""
+        m, late = self.io.metrics, self.io.late_letters
+        m.on_commit(last_committed)
+        m.set_dead_letters(self.dead_letter_total())
+        if self.state.plan.event_time is not None:
+            m.set_event_time(self.watermark_ms(last_committed), late.total if late is not None else 0)
+        m.set_emitting(bool(query.isActive) and emitting)
+        self.measure_journal_lag(last_committed)
+        now = time.monotonic()
+        if now - self._trigger_polled_at >= TRIGGER_POLL_SECONDS:
+            self._trigger_polled_at = now
+            status = query.status
+            idle = status.get("message") in SPARK_BETWEEN_TRIGGERS and not status.get("isDataAvailable")
+            kafka = self.io.config.source.kafka is not None
+            m.on_trigger(bool(status.get("isTriggerActive")), idle_kafka=idle and kafka)
+        m.refresh()
+
+    def watermark_ms(self, last_committed: int) -> int:
+        """The event-time watermark the batch after ``last_committed`` runs with (that commit's, never below the
+        shard's floor)."""
+        if last_committed != self._watermark_of[0]:
+            self._watermark_of = (last_committed, next_watermark_ms(self.io.paths.checkpoint, last_committed))
+        return max(self._watermark_of[1], self.state.plan.watermark_floor_ms)
 
     def measure_journal_lag(self, batch_id: int) -> None:
         """At most every :data:`~spark_runtime.metrics.JOURNAL_LAG_INTERVAL_SECONDS`: the journal's lag in bytes,

@@ -13,8 +13,9 @@ drain summary starts on **standby** while the parent keeps processing. A child o
 reads (the journal) asks the parent for a pre-copy snapshot, restores it and catches up on its slice without
 emitting; a child of any other source (Kafka) warms up and waits. Once every key group has a ready child the
 parent drains finally and the children take over from its final positions. The runner only calls the hand-over
-(:meth:`ShardRunner.follow_split` in its poll loop, :meth:`ShardRunner.write_snapshot` for the pre-copy, and the
-emission rule in ``foreachBatch``). A SIGTERM on standby exits 0 (event ``stopped``, nothing processed).
+(:meth:`ShardRunner.follow_split` in its poll loop; the parent's side exports its pre-copy with the snapshot
+writer, and :mod:`spark_runtime.batch_output` applies the child's emission rule in ``foreachBatch``). A SIGTERM on
+standby exits 0 (event ``stopped``, nothing processed).
 
 A *final* drain (a split's hand-over) is sticky: the shard never processes again, because its children own its
 key groups from then on. A SIGTERM on its own (pod deletion for a template roll, a node drain, an eviction) runs
@@ -25,78 +26,57 @@ Recovery: the Spark checkpoint is the recovery log. A restart with the same conf
 loss) resumes from the last committed batch: an uncommitted batch is replayed with the offsets Spark logged for
 it, against the state of the previous commit, and its sink file is rewritten with the same content.
 
-Drain (:meth:`ShardRunner.drain`): :mod:`spark_runtime.drain` (the steps and what a crash in each leaves
-behind). Snapshots: :mod:`spark_runtime.snapshot`. Batches, positions and ``progress.json``:
-:mod:`spark_runtime.progress`. The runner itself is the supervisor: it prepares the start, starts the query
+The runner is the supervisor of collaborators that share the shard's typed state (:mod:`spark_runtime.shard_state`)
+and get a few callbacks each: what is settled before the query starts (:mod:`spark_runtime.preparation`), what a
+batch writes (:mod:`spark_runtime.batch_output`), batches, positions, ``progress.json`` and the live metrics
+(:mod:`spark_runtime.progress`), the drain (:mod:`spark_runtime.drain`: the steps and what a crash in each leaves
+behind), snapshots (:mod:`spark_runtime.snapshot`), the hand-overs. The runner prepares the start, starts the query
 (and restarts it in-process from the recovery log after a transient failure), polls, and calls those in turn.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from spark_runtime import faults
+from spark_runtime import preparation
+from spark_runtime.batch_output import BatchOutput
 from spark_runtime.checkpoint import last_committed_batch
-from spark_runtime.config import ConfigError, ShardConfig
+from spark_runtime.config import ShardConfig
 from spark_runtime.drain import Drain
 from spark_runtime.fencing import WriterFenced
 from spark_runtime.handover import ChildHandover, ParentHandover, StandbyCalls, StandbyStopped, own_drain_summary
 from spark_runtime.live import METRICS_HOST_ENV
 from spark_runtime.logs import set_phase as set_log_phase
 from spark_runtime.merge import MergeHandover
-from spark_runtime.metrics import TRIGGER_POLL_SECONDS
-from spark_runtime.pipeline import build_output_frame, results_past_fence
-from spark_runtime.problems import EnvironmentProblem, TemplateRefused
+from spark_runtime.pipeline import build_output_frame
+from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.progress import Progress
-from spark_runtime.protocol import (
-    STATE_SCHEMA_INCOMPATIBLE,
-    TIME_MODE_CHANGED,
-    Emission,
-    HandoverMode,
-    StandbyStopSummary,
-)
+from spark_runtime.protocol import Emission, HandoverMode, StandbyStopSummary
 from spark_runtime.shard_state import open_shard
 from spark_runtime.sink import DirectorySinkWriter
-from spark_runtime.snapshot import utc_now
 from spark_runtime.snapshot.export import SnapshotWriter
-from spark_runtime.snapshot.restore import plan_restore
-from spark_runtime.sources import (
-    ChecksEnvironment,
-    GuardsBatches,
-    ReadsRanges,
-    SourceContext,
-)
+from spark_runtime.sources import ChecksEnvironment
 from spark_runtime.state_map import StateMapper
 from spark_runtime.storage import Loc
-from spark_runtime.windows import WindowLateFinder, output_mode
+from spark_runtime.windows import output_mode
 
 __all__ = ["ShardFailed", "ShardRunner", "StandbyStopped", "summary_message"]
 
 log = logging.getLogger("taskshard.shard")
 
-SPARK_BETWEEN_TRIGGERS = ("Waiting for data to arrive", "Waiting for next trigger")
-"""``query.status["message"]`` between triggers; with ``isDataAvailable`` false, the last trigger found nothing new
-in the sources (not at start: "Initializing sources")."""
 RESTART_BACKOFF_SECONDS = 2.0
 IN_PROCESS_RESTARTS = 3
 """How often a failed query is restarted in-process (from its checkpoint) before the shard gives up (exit 1)."""
-GUARD_INTERVAL_SECONDS = 10.0
-"""How often ``poll()`` asks a guarding source (:class:`~spark_runtime.sources.GuardsBatches`) whether its mapping
-still holds while no batch runs (Kafka ``assign`` never sees an added partition, so no batch would notice)."""
 FENCE_POLL_SECONDS = 1.0
 """How often an idle runtime looks for a later writer epoch (a stat); a fenced one stops and exits."""
 FENCE_POLL_SECONDS_S3 = 5.0
 """The same on S3 (a HEAD request)."""
-S3_LIST_INTERVAL_SECONDS = 5.0
-"""With storage on S3, how often ``poll()`` lists the commit log when no new batch was reported."""
 TERMINATION_MESSAGE_LIMIT = 4096
 """Kubernetes keeps at most 4096 bytes of a termination message."""
 
@@ -146,6 +126,29 @@ def _state_field(name: str) -> Any:
     )
 
 
+def _processor_failure(error: str, checkpoint: Loc) -> ShardFailed | None:
+    """A query that failed in the user's processor (deterministic: a replay fails the same way) fails the shard at
+    once with the user's exception, the call's key groups and the batch; the Python traceback's last frames go to
+    the log. None for any other failure."""
+    from spark_runtime.engine.api import PROCESSOR_FAILED, processor_failure
+
+    failure = processor_failure(error)
+    if failure is None:
+        return None
+    start = error.rfind("Traceback (most recent call last)")
+    if start >= 0:
+        frames = error[start:].splitlines()
+        end = next((i for i, line in enumerate(frames) if "ProcessorFailed: " in line), len(frames) - 1)
+        log.error("the processor failed:\n%s", "\n".join(frames[max(1, end - 24) : end + 1]))
+    batch = last_committed_batch(checkpoint) + 1
+    return ShardFailed(f"batch {batch}: {failure}", reason=PROCESSOR_FAILED, field="processor.python")
+
+
+def _emits_all(batch_id: int) -> Emission:
+    """The emission rule of a shard that is no one's successor (or no longer waits for its parents)."""
+    return Emission.ALL
+
+
 class ShardRunner:
     """Runs one shard. ``run()`` blocks until drained; tests may use ``start()``/``poll()``/``drain()``. Its state is
     typed and grouped (:mod:`spark_runtime.shard_state`): ``io`` (fixed) and ``state`` (learnt while running),
@@ -179,15 +182,9 @@ class ShardRunner:
         self.summary: dict[str, Any] | None = None
         self.last_committed = -1
         self.restarts_left = IN_PROCESS_RESTARTS
-        self.window_late: WindowLateFinder | None = None  # a builtin window's, set at its first batch
         self._query_name = f"taskshard-{config.shard}-{uuid.uuid4().hex[:6]}"
         self._checked = False
-        self._fail_batch = faults.fail_batch()
-        self._stop_problem: EnvironmentProblem | None = None
-        """Set when the source's batch guard stopped the query (e.g. ``PartitionCountChanged``); never retried."""
-        self._listed_at = self._trigger_polled_at = 0.0
-        self._guarded_at = self._fence_polled_at = time.monotonic()
-        self._watermark_of = (-2, 0)
+        self._fence_polled_at = time.monotonic()
         self._wire(drain_timeout, catch_up)
 
     def _wire(self, drain_timeout: float, catch_up: bool | None) -> None:
@@ -199,7 +196,7 @@ class ShardRunner:
             catch_up = io.source.supports_catch_up and not state.plan.uses_time
         self.handover_mode = HandoverMode.CATCH_UP if catch_up else HandoverMode.RESTORE
         """How this shard takes over as a split child (``catch_up`` None: what its source supports)."""
-        calls = StandbyCalls(self.warm_up, self.stop_requested, lambda: self.drain_reason)
+        calls = StandbyCalls(self.warm_up, self.stop_requested, lambda: self.drainer.reason)
         self.as_child: ChildHandover | MergeHandover | None = None
         if io.config.restore_from is not None:
             self.as_child = ChildHandover(io, state, self.handover_mode, self.progress.positions_at, calls)
@@ -211,6 +208,9 @@ class ShardRunner:
         )
         self.state_map = StateMapper.for_shard(io, state, self.session)
         """Counts the state rows per key group now and then (:mod:`spark_runtime.state_map`), for ``by: state``."""
+        emission = self.as_child.emission if self.as_child is not None else _emits_all
+        self.output = BatchOutput(io, state, emission, self.progress.positions_at, self.session, self._query_name)
+        """The query's ``foreachBatch`` (:mod:`spark_runtime.batch_output`)."""
 
     # ---------------------------------------------------------------- requests
 
@@ -223,21 +223,8 @@ class ShardRunner:
         """A drain or stop was requested in this process (SIGTERM, ready children, a caller)."""
         return self.drainer.requested_here()
 
-    @property
-    def drain_reason(self) -> str:
-        return self.drainer.reason
-
     def drain_requested(self) -> bool:
         return self.drainer.requested()
-
-    @property
-    def source_metrics(self) -> dict[str, int]:
-        """Observed per-batch source metrics (Kafka), added up over this process's batches."""
-        return self.progress.source_metrics
-
-    @property
-    def rows_processed(self) -> int:
-        return self.progress.rows_processed
 
     # ---------------------------------------------------------------- start
 
@@ -246,39 +233,14 @@ class ShardRunner:
         """A valid drain summary of this shard exists (:func:`spark_runtime.handover.own_drain_summary`)."""
         return own_drain_summary(self.paths) is not None
 
-    @property
-    def dead_letter_total(self) -> int:
-        return self.progress.dead_letter_total()
-
-    def check_environment(self) -> None:
-        """Preflight of every start (:meth:`spark_runtime.shard_state.ShardIO.check_environment`)."""
-        self.io.check_environment()
-
     def check_recovery_log(self) -> None:
-        """A shard the operator has seen commit batch N (``expectedBatch``) refuses to start from a recovery log
-        that ends before N, missing (a wrong volume, a lifecycle rule) or older: it would silently start over
-        and lose or recount what batches up to N did. Raises :class:`EnvironmentProblem` ``RecoveryLogMissing``
-        (exit 3, the reason on the TaskShard) unless the user allowed a fresh start."""
-        cfg = self.config
-        if cfg.expected_batch is None or cfg.allow_fresh_start:
-            return
-        found = last_committed_batch(self.paths.checkpoint)
-        if found >= cfg.expected_batch:
-            return
-        where = "is missing" if found < 0 else f"ends at batch {found}"
-        raise EnvironmentProblem(
-            "RecoveryLogMissing",
-            "expectedBatch",
-            f"the recovery log {self.paths.checkpoint} {where}, but batch {cfg.expected_batch} was committed "
-            "before (the TaskShard's status.lastCheckpoint): starting over would lose or recount what those "
-            "batches did. Restore the storage, or annotate the TaskShard taskshard.io/allow-fresh-start=true to "
-            "start it over from its source's start positions on purpose",
-        )
+        """:func:`spark_runtime.preparation.check_recovery_log`."""
+        preparation.check_recovery_log(self.io)
 
     def prepare(self) -> bool:
         """Everything before Spark: the drained check, the restore checks, ``lineage.json``. Returns False for
         a shard that drained before (its summary is then in ``self.summary``). Idempotent."""
-        self.check_environment()
+        self.io.check_environment()
         drained = own_drain_summary(self.paths)
         if drained is not None:
             self.summary = drained
@@ -288,88 +250,13 @@ class ShardRunner:
                 self.summary.get("manifest"),
             )
             return False
-        cfg = self.config
-        self.fence.claim()  # before anything is written: a runtime still writing this shard is fenced from here on
-        self.metrics.set_writer_epoch(self.fence.epoch)
-        if isinstance(self.sink, DirectorySinkWriter):
-            self.sink.epoch = self.fence.epoch  # its pending batches in a directory of this epoch's own
-        self.check_recovery_log()
-        if cfg.ready_file:  # a container restarted in place keeps /tmp: not emitting until this run does
-            Path(cfg.ready_file).unlink(missing_ok=True)
-        self.paths.shard_dir.mkdir()
-        marker = self.paths.drain_marker
-        if marker.exists() and marker.read_text().startswith("stop"):
-            log.info("shard %s: an earlier SIGTERM stop was interrupted; resuming", cfg.shard)
-            marker.unlink()
-        self.restore = None
-        if self.as_child is not None:  # a split or merged child: its parents' manifests, slices and positions
-            self.restore = plan_restore(
-                cfg,
-                self.plan,
-                self.source,
-                self.as_child.manifests(),
-                self.s3,
-                self.paths.restore_report_dir,
-                resumed=last_committed_batch(self.paths.checkpoint) >= 0,
-            )
-            self.start_positions = self.restore.start_positions
-            if self.plan.event_time is not None:  # never below the parents' final watermark
-                floor = max(int(p.manifest.get("watermarkMs") or 0) for p in self.restore.slices)
-                self.plan = dataclasses.replace(self.plan, watermark_floor_ms=floor)
+        preparation.claim_shard(self.io)
+        preparation.settle_restore(self.io, self.state, self.as_child)
         if self.plan.kind == "python":
-            self._settle_state_schema()
-            self._settle_time_mode()
-        self._write_lineage()
+            preparation.settle_state_schema(self.io, self.state)
+            preparation.settle_time_mode(self.io, self.state)
+        preparation.write_lineage(self.io, self.state)
         return True
-
-    def _settle_state_schema(self) -> None:
-        """The Python processor's state schema, checked against the one its state was written with before anything
-        runs (rules: :mod:`spark_runtime.engine.schema`): a resumed shard's against ``state-schema.json``, a restored
-        child's (before its first batch) against its parents' manifests (:func:`plan_restore`); recorded, with the
-        retired names, in ``state-schema.json``. Raises :class:`TemplateRefused` (``StateSchemaIncompatible``)."""
-        from spark_runtime.engine.schema import SchemaIncompatible, StateSchema
-
-        record = self.paths.state_schema
-        recorded = StateSchema.from_json(record.read_json()) if record.exists() else None
-        committed = last_committed_batch(self.paths.checkpoint)
-        assert self.plan.schema is not None
-        if committed < 0:  # no state of its own yet: a fresh shard, or a child whose state is its parents' slices
-            effective = self.restore.schema if self.restore is not None else self.plan.schema
-        else:
-            try:
-                effective = self.plan.schema.evolve(recorded)
-            except SchemaIncompatible as exc:
-                raise TemplateRefused(
-                    STATE_SCHEMA_INCOMPATIBLE,
-                    "processor.python",
-                    f"{exc}; the shard keeps its state and stays stopped until the Task's template changes",
-                ) from None
-        if recorded is None or recorded.to_json() != effective.to_json():
-            self.fence.check("recording its state schema")
-            record.write_json(effective.to_json())
-        self.plan = dataclasses.replace(self.plan, schema=effective)
-
-    def _settle_time_mode(self) -> None:
-        """The checkpoint's ``timeMode`` (:attr:`spark_runtime.pipeline.Plan.time_mode`), recorded in
-        ``time-mode.json`` at the first start (a checkpoint without the record predates time: ``None``). Spark
-        refuses another one on restart, after the query started; this refuses it before anything runs.
-        Raises :class:`TemplateRefused` (``TimeModeChanged``)."""
-        record = self.paths.time_mode
-        committed = last_committed_batch(self.paths.checkpoint)
-        recorded = record.read_json()["timeMode"] if record.exists() else ("None" if committed >= 0 else None)
-        wanted = self.plan.time_mode
-        if recorded is not None and recorded != wanted:
-            raise TemplateRefused(
-                TIME_MODE_CHANGED,
-                "processor.python",
-                f"this shard's state was written in Spark's timeMode {recorded}, and the processor's timers and the "
-                f"Task's eventTime now ask for {wanted}, which Spark cannot change in a checkpoint; go back to the "
-                "processor's former timers (and eventTime), or run the new processor as a new Task. The shard "
-                "keeps its state and stays stopped until the Task's template changes",
-            )
-        if not record.exists():
-            self.fence.check("recording its time mode")
-            record.write_json({"timeMode": wanted})
 
     # ---------------------------------------------------------------- standby (a split child, spark_runtime.handover)
 
@@ -427,42 +314,18 @@ class ShardRunner:
         self.session()
         self._preflight()
         self.progress.pin_start_positions()
-        conf = cfg.spark.conf
-        ctx = SourceContext(
-            shard=cfg.shard,
-            max_key_groups=cfg.max_key_groups,
-            range_start=cfg.key_groups.start,
-            range_end=cfg.key_groups.end,
-            record_spec=self.plan.record_spec,
-            dead_letter_dir=self.dead_letter_dir,
-            drain_marker=self.paths.drain_marker,
-            start_positions=self.start_positions,
-            max_bytes_per_trigger=int(conf.get("spark.taskshard.maxBytesPerTrigger", "0")) or None,
-            partition_bytes=int(conf.get("spark.taskshard.partitionBytes", str(32 * 1024 * 1024))),
-            max_records_per_trigger=int(conf.get("spark.taskshard.maxRecordsPerTrigger", "0")) or None,
-            grouping=cfg.key_grouping,
-            read_partitions=cfg.partitions_to_read,
-            catch_up_state=self.paths.catch_up if self.as_child is not None and self.as_child.state else None,
-            skip=self.restore.skip if self.restore is not None else None,
-            fenced_by=self.paths.epoch(self.fence.epoch + 1) if self.fence.epoch is not None else None,
-        )
+        ctx = preparation.stream_context(self.io, self.state, self.as_child)
         self.source_context = ctx
         events = self.source.stream(self.spark, ctx)
         restore = self.restore
         seed = restore.seed_options if restore is not None else None
-        if self.plan.kind == "python":
-            from spark_runtime.engine import record_layout
-
-            chosen = record_layout(
-                self.paths.state_layout, last_committed_batch(self.paths.checkpoint), self.plan.state_buckets
-            )
-            self.plan = dataclasses.replace(self.plan, layout=chosen.layout, state_buckets=chosen.buckets)
+        preparation.settle_record_layout(self.io, self.state)
         out = build_output_frame(self.spark, cfg, self.plan, events, seed, restore.skip if restore else None)
         writer = (
             out.writeStream.outputMode(output_mode(self.plan.window))
             .queryName(self._query_name)
             .option("checkpointLocation", self.paths.checkpoint.uri())
-            .foreachBatch(self._write_batch)
+            .foreachBatch(self.output.write)
         )
         writer = (
             writer.trigger(availableNow=True)
@@ -473,158 +336,28 @@ class ShardRunner:
         self.metrics.on_commit(self.last_committed, committed_at=self.progress.commit_time(self.last_committed))
         if self.progress.batches_from is None:
             self.progress.batches_from = self.last_committed
-        resumed = self.last_committed >= 0
         self.query = writer.start()
         self.progress.write(self.last_committed)  # at once (-1 for a new shard), for status displays
         log.info(
-            "shard %s started: task=%s keyGroups=[%d, %d) processor=%s source=%s %s",
-            cfg.shard,
-            cfg.task,
-            cfg.key_groups.start,
-            cfg.key_groups.end,
-            self.plan.state_format,
-            self.source.kind,
-            f"resumed after batch {self.last_committed}"
-            if resumed
-            else (f"restored from {self.restore.manifest_uri}" if self.restore is not None else "fresh"),
+            "shard %s started: %s", cfg.shard, preparation.describe_start(self.io, self.state, self.last_committed)
         )
 
     def _guard_while_idle(self) -> None:
-        """Every :data:`GUARD_INTERVAL_SECONDS`, the source's guard; a mapping that no longer holds stops the query
-        and raises (the pod exits 3 with the reason), as it would before the next batch."""
-        if not isinstance(self.source, GuardsBatches) or time.monotonic() - self._guarded_at < GUARD_INTERVAL_SECONDS:
-            return
-        self._guarded_at = time.monotonic()
-        self._fence_polled_at = time.monotonic()
+        """The source's guard while no batch runs (:meth:`BatchOutput.guard_idle
+        <spark_runtime.batch_output.BatchOutput.guard_idle>`); a mapping that no longer holds stops the query and
+        raises (the pod exits 3 with the reason), as it would before the next batch."""
         try:
-            self.source.before_batch(self.spark, self.last_committed + 1)
-        except EnvironmentProblem as problem:
-            self._stop_problem = problem
+            self.output.guard_idle(self.last_committed + 1)
+        except EnvironmentProblem:
             self.stop()
             raise
 
-    def _write_late(self, df: Any, batch_id: int) -> Any:
-        """The batch's late records (rows with ``_late``, :mod:`spark_runtime.engine.stateful`) written to
-        ``late-b<batch>.jsonl`` (:mod:`spark_runtime.late`: a replay of the batch rewrites the same file, counted
-        once); returns the result rows. ``df`` is cached by the caller, so the stateful operator runs once."""
-        from pyspark.sql import functions as F
-
-        from spark_runtime.engine.step import LATE
-
-        letters = [r[0] for r in df.where(F.col(LATE).isNotNull()).select(LATE).collect()]
-        if letters and self.late_letters is not None:
-            self.fence.check(f"batch {batch_id}'s late records")
-            self.late_letters.write(batch_id, letters)
-        return df.where(F.col(LATE).isNull()).drop(LATE)
-
-    def _write_batch(self, df: Any, batch_id: int) -> None:
-        """``foreachBatch``: the source's guard (a mapping that no longer holds stops the shard before anything of
-        the batch is written or committed), then the sink."""
-        if self._fail_batch is not None and int(batch_id) == self._fail_batch:
-            raise RuntimeError(f"fault injection: batch {batch_id} fails ({faults.FAIL_BATCH_ENV})")
-        try:
-            self.fence.check(f"batch {batch_id}'s output")
-            faults.pause_in_batch(int(batch_id))  # fencing tests only (spark_runtime.faults)
-            if isinstance(self.source, GuardsBatches):
-                self.source.before_batch(self.spark, int(batch_id))
-        except EnvironmentProblem as problem:
-            self._stop_problem = problem
-            raise
-        cached = None
-        if self.plan.kind == "python" and self.plan.event_time is not None:
-            cached = df.persist()
-            df = self._write_late(cached, int(batch_id))
-        try:
-            self._emit(df, int(batch_id))
-        finally:
-            if cached is not None:
-                cached.unpersist()
-        if self.plan.window is not None:
-            self._write_window_late(int(batch_id))
-
-    def _window_late_finder(self, ctx: SourceContext) -> WindowLateFinder:
-        """A builtin window's late-record finder (:mod:`spark_runtime.windows`)."""
-        if not isinstance(self.source, ReadsRanges):  # journal and Kafka both can
-            raise ConfigError([f"processor.window: the {self.source.kind} source cannot read a batch's range again"])
-        return WindowLateFinder(self.config, self.plan, self.source, ctx, self.positions_at)
-
-    def _write_window_late(self, batch_id: int) -> None:
-        """A builtin window batch's late records to ``late-b<batch>.jsonl`` (after its output: Spark's count of
-        dropped rows is complete then; before the commit, so a replay rewrites the same file)."""
-        if self.window_late is None:  # the stream's context exists once the query started
-            assert self.source_context is not None
-            self.window_late = self._window_late_finder(self.source_context)
-        query = self.query or next(q for q in self.spark.streams.active if q.name == self._query_name)
-        letters = self.window_late.letters(self.spark, query, batch_id)
-        if letters and self.late_letters is not None:
-            self.fence.check(f"batch {batch_id}'s late records")
-            self.late_letters.write(batch_id, letters)
-
-    def _emit(self, df: Any, batch_id: int) -> None:
-        """The batch's results to the sink (a catching-up child's into nothing, or only those past its parent's
-        final positions), then the fence check."""
-        emission = self.as_child.emission(int(batch_id)) if self.as_child is not None else Emission.ALL
-        if emission == Emission.NONE:
-            # Catching up: the parent emitted this input (spark_runtime.handover). The batch still runs to the
-            # end (Spark commits the state stores only of a DataFrame executed in full), into nothing.
-            df.write.format("noop").mode("overwrite").save()
-        else:
-            if emission == Emission.FROM_FENCE and self.plan.kind == "builtin":
-                df = self._results_past_fence(df, int(batch_id))
-            self.sink(df, batch_id)
-        try:
-            self.fence.check(f"Spark commits batch {batch_id}")
-        except EnvironmentProblem as problem:
-            self._stop_problem = problem
-            raise
-
-    def _results_past_fence(self, df: Any, batch_id: int) -> Any:
-        """A builtin aggregation's results of the batch that reaches its parent's final positions, kept for the
-        keys with a record at or after them (the batch's range read again; a Python processor's held records
-        produce no output in the first place: :func:`spark_runtime.engine.step.split_held`)."""
-        assert self.source_context is not None and isinstance(self.source, ReadsRanges)
-        start, end = self.positions_at(batch_id - 1), self.positions_at(batch_id)
-        records = self.source.read_range(self.session(), self.source_context, start, end)
-        return results_past_fence(self.config, df, records)
-
     def session(self) -> Any:
-        """The shard's SparkSession, started on first use (``spark.master`` and :meth:`spark_conf`)."""
+        """The shard's SparkSession, started on first use
+        (:meth:`spark_runtime.shard_state.ShardIO.start_session`)."""
         if self.spark is None:
-            from spark_runtime.kubernetes import driver_conf
-            from spark_runtime.session import spark_session
-
-            # executors on Kubernetes: the in-cluster API server, the pod's credentials and address
-            master, pod_conf = driver_conf(self.config.spark.master, os.environ)
-            self.spark = spark_session(master, {**pod_conf, **self.spark_conf()})
+            self.spark = self.io.start_session()
         return self.spark
-
-    def spark_conf(self) -> dict[str, str]:
-        """The session's conf: s3a settings for ``storage.s3`` (credentials from the environment), then the
-        user's ``spark.conf`` (which wins)."""
-        conf: dict[str, str] = {}
-        if self.config.storage.s3 is not None:
-            conf.update(self.s3.hadoop_conf())
-        conf.update(self.config.spark.conf)
-        return conf
-
-    def _write_lineage(self) -> None:
-        cfg = self.config
-        lineage = {
-            "task": cfg.task,
-            "shard": cfg.shard,
-            "keyGroups": {"start": cfg.key_groups.start, "end": cfg.key_groups.end},
-            "maxKeyGroups": cfg.max_key_groups,
-            "parent": cfg.restore_from.parent if cfg.restore_from else None,
-            "parents": [p.parent for p in cfg.parents],
-            "restoreManifest": self.restore.manifest_uri if self.restore is not None else None,
-            "parentBatchId": self.restore.slices[0].manifest["batchId"] if self.restore is not None else None,
-            "sink": self.io.sink_description(),
-        }
-        if self.paths.lineage.exists():
-            old = self.paths.lineage.read_json()
-            if {k: old.get(k) for k in lineage} == lineage:
-                return
-        self.paths.lineage.write_json({**lineage, "createdAt": utc_now()})
 
     # ---------------------------------------------------------------- running
 
@@ -650,9 +383,11 @@ class ShardRunner:
         if check_failure:
             exc = self.query.exception()
             if exc is not None:
-                if self._stop_problem is not None:  # the source's guard stopped the batch: not transient
-                    raise self._stop_problem
-                self._raise_processor_failure(str(exc))
+                if self.output.stop_problem is not None:  # the source's guard stopped the batch: not transient
+                    raise self.output.stop_problem
+                failed = _processor_failure(str(exc), self.paths.checkpoint)
+                if failed is not None:
+                    raise failed
                 if self.restarts_left <= 0:
                     raise ShardFailed(f"streaming query failed: {exc}")
                 # Same as a pod restart, without a new JVM: resume from the recovery log (exact). Covers
@@ -669,64 +404,8 @@ class ShardRunner:
                 self._start_query()
                 return
         self._guard_while_idle()
-        new_dead = self.dead_letters.refresh() if self.dead_letters is not None else 0
-        if new_dead:
-            log.warning("%d new dead letters (total %d) in %s", new_dead, self.dead_letter_total, self.dead_letter_dir)
-        batches, dead = self.progress.take_new_batches(self.query)
-        new_dead += dead
-        # A batch's progress is posted after its commit; on S3 the commit log is listed only then (or every few
-        # seconds), not on every poll: a LIST request is not free.
-        now = time.monotonic()
-        if batches or new_dead or not self.storage.is_s3 or now - self._listed_at >= S3_LIST_INTERVAL_SECONDS:
-            self._listed_at = now
-            committed = last_committed_batch(self.paths.checkpoint)
-            if committed > self.last_committed or new_dead:
-                self.last_committed = committed
-                self.progress.write(committed)
-        self.progress.log_batches(batches)
-        self._update_metrics()
-
-    def _raise_processor_failure(self, error: str) -> None:
-        """A query that failed in the user's processor (deterministic: a replay fails the same way) fails the shard
-        at once with the user's exception, the call's key groups and the batch; the Python traceback's last frames
-        go to the log."""
-        from spark_runtime.engine.api import PROCESSOR_FAILED, processor_failure
-
-        failure = processor_failure(error)
-        if failure is None:
-            return
-        start = error.rfind("Traceback (most recent call last)")
-        if start >= 0:
-            frames = error[start:].splitlines()
-            end = next((i for i, line in enumerate(frames) if "ProcessorFailed: " in line), len(frames) - 1)
-            log.error("the processor failed:\n%s", "\n".join(frames[max(1, end - 24) : end + 1]))
-        batch = last_committed_batch(self.paths.checkpoint) + 1
-        raise ShardFailed(f"batch {batch}: {failure}", reason=PROCESSOR_FAILED, field="processor.python")
-
-    def _update_metrics(self) -> None:
-        """The live metrics of every poll (a batch's own come from ``on_batch`` in the progress loop)."""
-        m = self.metrics
-        m.on_commit(self.last_committed)
-        m.set_dead_letters(self.dead_letter_total)
-        if self.plan.event_time is not None:
-            m.set_event_time(self.watermark_ms(), self.late_letters.total if self.late_letters else 0)
-        m.set_emitting(bool(self.query.isActive) and not (self.as_child is not None and self.as_child.catching_up))
-        self.progress.measure_journal_lag(self.last_committed)
-        now = time.monotonic()
-        if now - self._trigger_polled_at >= TRIGGER_POLL_SECONDS:
-            self._trigger_polled_at = now
-            status = self.query.status
-            idle = status.get("message") in SPARK_BETWEEN_TRIGGERS and not status.get("isDataAvailable")
-            m.on_trigger(bool(status.get("isTriggerActive")), idle_kafka=idle and self.config.source.kafka is not None)
-        m.refresh()
-
-    def watermark_ms(self) -> int:
-        """The event-time watermark the next batch runs with (the last commit's, never below the shard's floor)."""
-        from spark_runtime.checkpoint import next_watermark_ms
-
-        if self.last_committed != self._watermark_of[0]:
-            self._watermark_of = (self.last_committed, next_watermark_ms(self.paths.checkpoint, self.last_committed))
-        return max(self._watermark_of[1], self.plan.watermark_floor_ms)
+        catching_up = self.as_child is not None and self.as_child.catching_up
+        self.last_committed = self.progress.poll(self.query, self.last_committed, emitting=not catching_up)
 
     def positions_at(self, batch_id: int) -> dict[str, Any]:
         """The source's end positions of committed ``batch_id`` (the start positions when -1)."""
@@ -789,14 +468,8 @@ class ShardRunner:
 
     def _mark_emitting(self) -> None:
         """Create ``readyFile`` (the pod's readiness) once the query runs and writes to the sink."""
-        path = self.config.ready_file
-        if not path or self.query is None or (self.as_child is not None and self.as_child.catching_up):
-            return
-        ready = Path(path)
-        if not ready.exists():
-            ready.parent.mkdir(parents=True, exist_ok=True)
-            ready.touch()
-            log.info("shard %s emits: ready", self.config.shard)
+        if self.query is not None and not (self.as_child is not None and self.as_child.catching_up):
+            self.io.mark_ready()
 
     # ---------------------------------------------------------------- drain (spark_runtime.drain)
 
@@ -805,11 +478,6 @@ class ShardRunner:
         for successors backed out, the shard goes on). Idempotent."""
         self.summary = self.drainer.run()
         return self.summary
-
-    def write_snapshot(self, batch_id: int, *, in_drain: bool = False) -> tuple[dict[str, Any], Loc]:
-        """The snapshot of committed ``batch_id``: its manifest and where it is (:mod:`spark_runtime.snapshot.export`);
-        also a parent's pre-copy while its query runs. Idempotent."""
-        return self.snapshots.write(batch_id, in_drain=in_drain)
 
     def poll_after_stop(self) -> None:
         try:

@@ -13,6 +13,8 @@ the snapshot writer, the state mapper) takes these two and the few callbacks it 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ from spark_runtime.sources import Source, SourceContext, make_source
 from spark_runtime.storage import Loc, S3Settings, check_storage, location, s3_settings_from, storage_root
 
 __all__ = ["RunState", "ShardIO", "open_shard"]
+
+log = logging.getLogger("taskshard.shard")
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,32 @@ class ShardIO:
         check_storage(self.storage)
         cfg = self.config
         claim_task_storage(self.paths.task_dir, task=cfg.task, namespace=cfg.namespace, uid=cfg.task_uid)
+
+    def start_session(self) -> Any:
+        """A SparkSession for this shard: ``spark.master`` (executors on Kubernetes: the in-cluster API server, the
+        pod's credentials and address) and :meth:`spark_conf`."""
+        from spark_runtime.kubernetes import driver_conf
+        from spark_runtime.session import spark_session
+
+        master, pod_conf = driver_conf(self.config.spark.master, os.environ)
+        return spark_session(master, {**pod_conf, **self.spark_conf()})
+
+    def mark_ready(self) -> None:
+        """Create ``readyFile`` (the pod's readiness: the shard emits), once."""
+        path = self.config.ready_file
+        if path and not Path(path).exists():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).touch()
+            log.info("shard %s emits: ready", self.config.shard)
+
+    def spark_conf(self) -> dict[str, str]:
+        """The SparkSession's conf: s3a settings for ``storage.s3`` (credentials from the environment), then the
+        user's ``spark.conf`` (which wins)."""
+        conf: dict[str, str] = {}
+        if self.config.storage.s3 is not None:
+            conf.update(self.s3.hadoop_conf())
+        conf.update(self.config.spark.conf)
+        return conf
 
     def sink_description(self) -> str:
         """Where the results go, for ``lineage.json``."""

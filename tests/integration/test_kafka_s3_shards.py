@@ -252,7 +252,7 @@ def test_a_batch_whose_progress_was_lost_is_recounted_from_kafka(spark, kafka_br
     summary = shard.finish()
     assert summary["deadLetters"] == ref.invalid > 0, "the only shard counts every invalid record once"
     r = shard.runner
-    counted = dict(r.source_metrics)
+    counted = dict(r.progress.source_metrics)
     assert counted["rowsRead"] == len(events)
     progress = [json.loads(p.json) for p in r.query.recentProgress]
     per_batch = {
@@ -263,11 +263,11 @@ def test_a_batch_whose_progress_was_lost_is_recounted_from_kafka(spark, kafka_br
     lost_batch = next(b for b, m in sorted(per_batch.items()) if b > 0 and m["deadLetters"] > 0)
     lost = per_batch[lost_batch]
     r.progress._seen.discard(lost_batch)  # as if the stop had come between its commit and its progress event
-    for name in r.source_metrics:
-        r.source_metrics[name] -= lost[name]
+    for name in r.progress.source_metrics:
+        r.progress.source_metrics[name] -= lost[name]
     assert not r.progress.reported(lost_batch)
     r.drainer.recount_unreported_batches()
-    assert r.source_metrics == counted, f"batch {lost_batch} recounted from Kafka: {lost}"
+    assert r.progress.source_metrics == counted, f"batch {lost_batch} recounted from Kafka: {lost}"
     assert r.progress.reported(lost_batch)
 
 
@@ -538,7 +538,7 @@ def test_a_key_partitioned_topic_is_read_once_through_two_splits(spark, kafka_br
     root.wait_caught_up(kafka_broker.end_offsets(setup.topic_in))
     summary = root.finish()
     assert root.runner.source.read_partitions == [0, 1, 2, 3]
-    assert root.runner.source_metrics["rowsRead"] == len(first)
+    assert root.runner.progress.source_metrics["rowsRead"] == len(first)
 
     restore = {"parent": "kt-0-16", "manifest": summary["manifest"]}
     left, right = (
@@ -554,7 +554,9 @@ def test_a_key_partitioned_topic_is_read_once_through_two_splits(spark, kafka_br
         child.wait_caught_up(_own(end, child))
     left_summary = left.finish()
     # Rows read by both children = rows produced after the parent's drain: every record fetched once.
-    assert left.runner.source_metrics["rowsRead"] + right.runner.source_metrics["rowsRead"] == len(second)
+    assert left.runner.progress.source_metrics["rowsRead"] + right.runner.progress.source_metrics["rowsRead"] == len(
+        second
+    )
 
     # Split [0, 8) at 2, inside partition 0's block [0, 4): both grandchildren read partition 0.
     restore = {"parent": "kt-0-8", "manifest": left_summary["manifest"]}
