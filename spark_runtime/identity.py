@@ -15,7 +15,9 @@ config); the first start of any shard of the Task writes ``identity.json`` ``{"u
   ``identity.json`` with this Task's UID, which the message names).
 
 The operator's cleanup pod (``checkpointRetention: Delete``) removes a task's directory only when it holds no
-identity or this Task's (:func:`remove_task_state`), so deleting one Task never deletes another's state.
+identity or this Task's (:func:`remove_task_state`), so deleting one Task never deletes another's state; its prune
+pod (``spec.history.retiredShards``) removes retired shards' recovery logs and snapshots on the same condition
+(:func:`prune_retired_shards`).
 A config without ``taskUid`` (the runtime run by hand, the tests' own shards) skips the check.
 """
 
@@ -29,9 +31,20 @@ from spark_runtime.problems import EnvironmentProblem
 from spark_runtime.protocol import rfc3339
 from spark_runtime.storage import Loc, location, remove_tree, s3_settings_from
 
-__all__ = ["IDENTITY_FILE", "StorageOwnedByAnotherTask", "claim_task_storage", "remove_task_state"]
+__all__ = [
+    "IDENTITY_FILE",
+    "RETIRED_SHARD_BULK",
+    "StorageOwnedByAnotherTask",
+    "claim_task_storage",
+    "prune_retired_shards",
+    "remove_task_state",
+]
 
 IDENTITY_FILE = "identity.json"
+RETIRED_SHARD_BULK = ("checkpoint", "snapshots", "handover", "restore")
+"""What :func:`prune_retired_shards` removes of a retired shard's directory: its recovery log, its snapshots, its
+hand-over notes and its restore reports. Its small records stay (``lineage.json`` and ``drained.json``, which the
+final results read, ``epochs/``, progress and standby records, late records' dead letters)."""
 
 
 class StorageOwnedByAnotherTask(EnvironmentProblem):
@@ -88,12 +101,14 @@ def claim_task_storage(task_dir: Loc, *, task: str, namespace: str, uid: str | N
     return found
 
 
-def remove_task_state(uri: str, uid: str | None, endpoint: str | None = None) -> str:
-    """The cleanup pod's job: delete the task directory ``uri`` (local path or ``s3a://``) unless its
-    ``identity.json`` names another UID, in which case nothing is deleted. Returns what was done, for the log."""
-    loc = location(
+def _task_dir(uri: str, endpoint: str | None) -> Loc:
+    return location(
         uri, s3_settings_from(None, {**os.environ, **({"TASKSHARD_S3_ENDPOINT": endpoint} if endpoint else {})})
     )
+
+
+def _owned_by_another(loc: Loc, uid: str | None) -> str | None:
+    """Why ``loc`` (a task directory) must be kept: its ``identity.json`` names another UID than ``uid``."""
     identity = loc / IDENTITY_FILE
     if uid and identity.exists():
         owner = identity.read_json()
@@ -101,4 +116,32 @@ def remove_task_state(uri: str, uid: str | None, endpoint: str | None = None) ->
             return (
                 f"kept {loc.uri()}: it holds Task {owner.get('namespace')}/{owner.get('task')} uid {owner.get('uid')}"
             )
-    return f"removed {remove_tree(uri, endpoint)}"
+    return None
+
+
+def remove_task_state(uri: str, uid: str | None, endpoint: str | None = None) -> str:
+    """The cleanup pod's job: delete the task directory ``uri`` (local path or ``s3a://``) unless its
+    ``identity.json`` names another UID, in which case nothing is deleted. Returns what was done, for the log."""
+    kept = _owned_by_another(_task_dir(uri, endpoint), uid)
+    return kept if kept is not None else f"removed {remove_tree(uri, endpoint)}"
+
+
+def prune_retired_shards(uri: str, uid: str | None, shards: list[str], endpoint: str | None = None) -> str:
+    """The prune pod's job (history retention): remove the bulk of each retired shard in ``shards`` from the task
+    directory ``uri`` (:data:`RETIRED_SHARD_BULK`), unless the directory holds another Task's state. The operator
+    names only retired shards whose successors all committed batches of their own, so nothing restores from what
+    goes. Idempotent (a retry finds less); returns what was done, for the log."""
+    loc = _task_dir(uri, endpoint)
+    kept = _owned_by_another(loc, uid)
+    if kept is not None:
+        return kept
+    removed = []
+    for shard in shards:
+        if not shard or "/" in shard or shard in (".", ".."):
+            raise ValueError(f"{shard!r} is not a shard name")
+        for name in RETIRED_SHARD_BULK:
+            target = loc / "shards" / shard / name
+            if target.exists():
+                target.rmtree()
+                removed.append(f"{shard}/{name}")
+    return f"pruned {loc.uri()}: {', '.join(removed) or 'nothing left to remove'}"

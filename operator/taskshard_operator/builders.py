@@ -22,6 +22,7 @@ import datetime
 import hashlib
 import json
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from spark_runtime import kafka_client, live, protocol
@@ -635,23 +636,60 @@ def build_cleanup_pod(*, task: str, spec: TaskSpec, task_uid: str | None = None)
 
     None when the storage is a filesystem path without a volume (nothing the operator can mount).
     """
+    target = task_storage_uri(task, spec)
+    return _storage_pod(
+        task,
+        spec,
+        naming.cleanup_pod_name(task),
+        naming.COMPONENT_CLEANUP,
+        lambda endpoint: (
+            f"from spark_runtime.identity import remove_task_state; "
+            f"print(remove_task_state({target!r}, {task_uid!r}, {endpoint!r}))"
+        ),
+    )
+
+
+def build_prune_pod(
+    *, task: str, spec: TaskSpec, shards: list[str], task_uid: str | None = None
+) -> dict[str, Any] | None:
+    """A one-shot pod that removes the recovery logs and snapshots of retired ``shards`` (history retention,
+    ``spark_runtime.identity.prune_retired_shards``: never in a directory whose ``identity.json`` names another
+    Task's UID than ``task_uid``); the shards it prunes are in its annotation ``naming.ANNOTATION_PRUNE_SHARDS``.
+    None when the storage is a filesystem path without a volume (nothing the operator can mount)."""
+    target = task_storage_uri(task, spec)
+    pod = _storage_pod(
+        task,
+        spec,
+        naming.prune_pod_name(task),
+        naming.COMPONENT_PRUNE,
+        lambda endpoint: (
+            f"from spark_runtime.identity import prune_retired_shards; "
+            f"print(prune_retired_shards({target!r}, {task_uid!r}, {list(shards)!r}, {endpoint!r}))"
+        ),
+    )
+    if pod is not None:
+        pod["metadata"]["annotations"] = {naming.ANNOTATION_PRUNE_SHARDS: ",".join(shards)}
+    return pod
+
+
+def _storage_pod(
+    task: str, spec: TaskSpec, name: str, component: str, script: Callable[[str | None], str]
+) -> dict[str, Any] | None:
+    """A one-shot pod of the shard image that runs ``script(endpoint)`` (Python) against the task's storage: the
+    storage volume mounted, or the S3 endpoint and credentials; None when the storage is a filesystem path without
+    a volume."""
     storage = _storage_volume(spec)
     s3 = spec.storage.s3
-    target = task_storage_uri(task, spec)
     if s3 is not None:
         endpoint, env = s3.endpoint, s3_credentials_env(spec)
     elif storage is not None and spec.storage.path is not None:
         endpoint, env = None, []
     else:
         return None
-    script = (
-        "from spark_runtime.identity import remove_task_state; "
-        f"print(remove_task_state({target!r}, {task_uid!r}, {endpoint!r}))"
-    )
     container: dict[str, Any] = {
-        "name": "cleanup",
+        "name": component,
         "image": spec.spark.image,
-        "command": ["python", "-c", script],
+        "command": ["python", "-c", script(endpoint)],
         "volumeMounts": [dict(TMP_MOUNT)],
     }
     if env:
@@ -663,10 +701,7 @@ def build_cleanup_pod(*, task: str, spec: TaskSpec, task_uid: str | None = None)
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": naming.cleanup_pod_name(task),
-            "labels": {naming.LABEL_TASK: task, naming.LABEL_COMPONENT: naming.COMPONENT_CLEANUP},
-        },
+        "metadata": {"name": name, "labels": {naming.LABEL_TASK: task, naming.LABEL_COMPONENT: component}},
         "spec": _restricted(
             {
                 "restartPolicy": "OnFailure",

@@ -42,6 +42,7 @@ from taskshard_operator.executors import ExecutorView
 from taskshard_operator.install_defaults import InstallDefaults, install_defaults
 from taskshard_operator.live import LiveStore, Scraped, ScrapeTarget
 from taskshard_operator.models.task import TaskSpec
+from taskshard_operator.retention import PrunePodView
 
 OVERLAY_TTL = 30.0
 """Seconds a write-through overlay outlives its write when the watch never delivers its version."""
@@ -139,6 +140,10 @@ class Observed(Protocol):
         """The last scrape of the shard's metrics endpoint (``taskshard_operator.live``), None when none."""
         ...
 
+    def prune_pod(self, namespace: str, task: str) -> PrunePodView | None:
+        """The Task's prune pod (history retention, :mod:`taskshard_operator.retention`), None when none."""
+        ...
+
     def wrote(self, plural: str, obj: Mapping[str, Any], *, created: bool = False) -> None:
         """Record an object a write returned (write-through); ``created``: the write made it (the watch has not
         shown it yet), else it updated an object the watch had shown."""
@@ -189,7 +194,8 @@ class KopfCache:
         "shard_configmap",
         "executor_pods",
     )
-    INDEXES = (SHARDS, SHARDS_BY_TASK, TASKS, PODS, CONFIGMAPS, EXECUTORS)
+    PRUNE_PODS = "prune_pods"
+    INDEXES = (SHARDS, SHARDS_BY_TASK, TASKS, PODS, CONFIGMAPS, EXECUTORS, PRUNE_PODS)
     """Every index id: each is a Kopf index function's id (``handlers/indexes.py``) and the kwarg Kopf passes it
     under to every handler, so :meth:`bind` finds it in the startup handler's kwargs."""
 
@@ -267,6 +273,9 @@ class KopfCache:
 
     def configmap_digest(self, namespace: str, shard: str) -> str | None:
         return self._one(self.CONFIGMAPS, (namespace, shard))
+
+    def prune_pod(self, namespace: str, task: str) -> PrunePodView | None:
+        return self._one(self.PRUNE_PODS, (namespace, task))
 
     def executors(self, namespace: str, shard: str) -> list[ExecutorView]:
         return sorted(self._values(self.EXECUTORS, (namespace, shard)), key=lambda v: v.name)

@@ -33,6 +33,7 @@ LABEL_FAMILY = f"{DOMAIN}/family"
 COMPONENT_SHARD = "shard"
 COMPONENT_EXECUTOR = "executor"
 COMPONENT_CLEANUP = "cleanup"
+COMPONENT_PRUNE = "prune"
 
 ANNOTATION_TEMPLATE_HASH = f"{DOMAIN}/template-hash"
 """On a TaskShard: the Task template hash it should run (set by the Task's roll); on a pod: the one it runs."""
@@ -53,6 +54,9 @@ ANNOTATION_ABORT_SPLIT = f"{DOMAIN}/abort-split"
 ANNOTATION_ABORT_MERGE = f"{DOMAIN}/abort-merge"
 """On a merged shard's driver pod started to abort its merge (``run --abort-merge``): it fences the merged shard
 and says whether a parent drained already."""
+ANNOTATION_PRUNE_SHARDS = f"{DOMAIN}/prune-shards"
+"""On a Task's prune pod (history retention): the retired shards whose recovery logs and snapshots it removes
+(comma-separated); their TaskShards are deleted once it succeeded."""
 ANNOTATION_MERGE_LEFT = f"{DOMAIN}/merge-left"
 """On the right shard of a merge: the left shard's name, the left shard's **claim** on it
 (:mod:`taskshard_operator.handover`). Patched by the pass that accepts the merge, conditionally on the right
@@ -126,6 +130,10 @@ def spark_auth_secret_name(shard: str) -> str:
 
 def cleanup_pod_name(task: str) -> str:
     return f"{task}-cleanup"
+
+
+def prune_pod_name(task: str) -> str:
+    return f"{task}-prune"
 
 
 def disruption_budget_name(task: str) -> str:

@@ -22,8 +22,9 @@
 5. summarise the shards into status (phase, shard count, active shards, conditions Ready/Progressing/Degraded/
    Tiled/Splitting/Scaled, observedGeneration, templateHash, ``selector``: the shard pods' label selector, which
    the scale subresource reports);
-6. delete the retired TaskShards (split parents, merged-away shards) beyond ``spec.history.retiredShards`` whose
-   successors no longer need them (:mod:`taskshard_operator.retention`), with a Normal event HistoryPruned.
+6. prune the retired TaskShards (split parents, merged-away shards) beyond ``spec.history.retiredShards`` whose
+   successors no longer need them (:mod:`taskshard_operator.retention`): a prune pod removes their recovery logs
+   and snapshots, then they are deleted, with a Normal event HistoryPruned.
 
 :func:`delete_task` (on deletion, before the finalizer goes): stop every shard pod, wait until they are gone,
 then, for ``checkpointRetention: Delete``, run a one-shot cleanup pod that removes ``<storage.path>/<task>`` (or the
@@ -55,6 +56,8 @@ from taskshard_operator.models.task import CheckpointRetention, HistorySpec, Sca
 from taskshard_operator.reconcile_shard import first_error
 from taskshard_operator.views import shard_views
 
+PRUNE_LOOK_SECONDS = 3.0
+"""How soon a Task pass looks at its prune pod again (a pod's change does not start a Task pass by itself)."""
 CREATE_PER_PASS = 20
 """At most this many TaskShards are created in one pass (a pass stays short; the next one follows at once). While
 more batches follow, the Task's status is written once (Progressing reason Creating), then when they are done."""
@@ -119,7 +122,7 @@ def decide_task(observed: Observed, namespace: str, name: str) -> Decision | Non
     scaled = _scale(decision, observed, status, spec, views, plan, target)
     _summarise(decision, views, plan, spec, target, cond, generation, cond(st.SCALED, *scaled))
     _keep_disruption_budget(decision, task, status, len(planner.owners(views)) + len(plan.create))
-    _prune_history(decision, observed.shards_of_task(namespace, name), spec)
+    _prune_history(decision, observed, task, spec)
     _set_status(decision, {"selector": naming.shard_selector(name)})
     _sum_live(decision, observed, namespace, {v.name for v in planner.owners(views)})
     shown = st.get_condition(status.get("conditions"), st.PROGRESSING) or {}
@@ -459,17 +462,55 @@ def _keep_disruption_budget(decision: Decision, task: dict[str, Any], status: Ma
     _set_status(decision, {"disruptionBudget": wanted})
 
 
-def _prune_history(decision: Decision, shards: list[dict[str, Any]], spec: TaskSpec) -> None:
-    """Step 6: delete the retired TaskShards beyond ``spec.history.retiredShards`` that nothing needs any more
-    (:func:`taskshard_operator.retention.prunable`), each only as the object the cache shows (its uid), with one
-    Normal event HistoryPruned naming them, posted with the deletes (the spec edit that lowered the count makes the
-    pass's status write conflict: Kopf annotates the Task after it)."""
+def _prune_history(decision: Decision, observed: Observed, task: dict[str, Any], spec: TaskSpec) -> None:
+    """Step 6: history retention (:mod:`taskshard_operator.retention`). The retired TaskShards beyond
+    ``spec.history.retiredShards`` that nothing needs any more lose their storage first (a prune pod removes their
+    recovery logs and snapshots), then their objects: each deleted only as the object the cache shows (its uid),
+    with one Normal event HistoryPruned naming them, posted with the deletes (the spec edit that lowered the count
+    makes the pass's status write conflict: Kopf annotates the Task after it). One prune at a time per Task."""
+    shards = observed.shards_of_task(decision.namespace, decision.name)
     keep = spec.history.retired_shards if spec.history is not None else HistorySpec().retired_shards
+    running = observed.prune_pod(decision.namespace, decision.name)
+    if running is not None:
+        _finish_prune(decision, running, shards, keep)
+        return
     names = retention.prunable(shards, keep)
     if not names:
         return
+    task_uid = task["metadata"].get("uid")
+    pod = builders.build_prune_pod(task=decision.name, spec=spec, shards=names, task_uid=task_uid)
+    if pod is None:  # a path without a volume: the operator cannot reach the storage, which stays
+        _delete_retired(decision, shards, names, keep, "their storage directories stay: no spec.storage.volume")
+        return
+    kopf.adopt(pod, owner=task)
+    decision.actions.append(Create("pods", pod))
+    decision.again_in(PRUNE_LOOK_SECONDS)
+
+
+def _finish_prune(decision: Decision, pod: retention.PrunePodView, shards: list[dict[str, Any]], keep: int) -> None:
+    """The Task's prune pod exists: once it succeeded, delete the retired TaskShards whose storage it pruned (those
+    still there) and the pod; a failed one is deleted (the next pass starts another); else look again soon."""
+    if pod.deleting:
+        decision.again_in(PRUNE_LOOK_SECONDS)
+    elif pod.phase == "Succeeded":
+        _delete_retired(decision, shards, list(pod.shards), keep, "their recovery logs and snapshots removed")
+        decision.actions.append(Delete("pods", pod.name, uid=pod.uid, grace=0))
+    elif pod.phase == "Failed":
+        message = f"the prune pod {pod.name} failed (see its log); it runs again: {_names(list(pod.shards))}"
+        decision.events.append(Event("Warning", "HistoryPruneFailed", message))
+        decision.actions.append(Delete("pods", pod.name, uid=pod.uid, grace=0))
+    else:
+        decision.again_in(PRUNE_LOOK_SECONDS)
+
+
+def _delete_retired(decision: Decision, shards: list[dict[str, Any]], names: list[str], keep: int, how: str) -> None:
     uids = {s["metadata"]["name"]: s["metadata"].get("uid") for s in shards}
-    message = f"deleted {len(names)} retired TaskShards beyond spec.history.retiredShards ({keep}): {_names(names)}"
+    names = [n for n in names if n in uids]
+    if not names:
+        return
+    message = (
+        f"deleted {len(names)} retired TaskShards beyond spec.history.retiredShards ({keep}): {_names(names)}; {how}"
+    )
     announce = Event("Normal", "HistoryPruned", message)  # with the last delete: a refused status write keeps it
     decision.actions += [
         Delete(naming.SHARD_PLURAL, n, uid=uids.get(n), announce=announce if n == names[-1] else None) for n in names

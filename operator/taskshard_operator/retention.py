@@ -13,17 +13,22 @@ that nothing may still need:
 - it has successors at all (a retired shard without one is a state the operator does not make; it is kept, so a
   person can look at it).
 
-Deleting a TaskShard removes its ConfigMap with it (owner reference); its storage directory (final checkpoint,
-snapshots, lineage, dead letters) stays until the Task is deleted with ``checkpointRetention: Delete``. Shard names
-never repeat within a Task (:func:`taskshard_operator.naming.shard_name`), so no later shard takes a deleted one's
-name or storage.
+Storage goes first: the Task starts a prune pod (:func:`taskshard_operator.builders.build_prune_pod`) that removes
+the chosen shards' recovery logs, snapshots and hand-over notes and keeps their small records (``lineage.json``,
+``drained.json``: the final results read them; late records' dead letters). Once it succeeded, the TaskShards are
+deleted (their ConfigMaps go with them: owner references) and the pod with them; until then nothing else is pruned.
+A storage the operator cannot mount (a path without ``spec.storage.volume``) keeps its directories: the TaskShards
+are deleted at once. Shard names never repeat within a Task (:func:`taskshard_operator.naming.shard_name`), so no
+later shard takes a deleted one's name or storage.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from taskshard_operator import naming
 from taskshard_operator.models.shard import ShardPhase
 
 RETIRED = (ShardPhase.SPLIT.value, ShardPhase.MERGED.value)
@@ -73,4 +78,28 @@ def prunable(shards: Sequence[Mapping[str, Any]], keep: int) -> list[str]:
     return out[:PRUNE_PER_PASS]
 
 
-__all__ = ["PRUNE_PER_PASS", "RETIRED", "prunable"]
+@dataclass(frozen=True)
+class PrunePodView:
+    """A Task's prune pod as its pass needs it (the watch-fed cache keeps one per Task)."""
+
+    name: str
+    uid: str | None
+    phase: str | None
+    shards: tuple[str, ...]
+    """The retired shards whose storage it prunes (``naming.ANNOTATION_PRUNE_SHARDS``)."""
+    deleting: bool = False
+
+
+def prune_pod_view(body: Mapping[str, Any]) -> PrunePodView:
+    meta = body.get("metadata") or {}
+    listed = (meta.get("annotations") or {}).get(naming.ANNOTATION_PRUNE_SHARDS) or ""
+    return PrunePodView(
+        name=str(meta.get("name") or ""),
+        uid=meta.get("uid"),
+        phase=(body.get("status") or {}).get("phase"),
+        shards=tuple(n for n in listed.split(",") if n),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+__all__ = ["PRUNE_PER_PASS", "RETIRED", "PrunePodView", "prunable", "prune_pod_view"]

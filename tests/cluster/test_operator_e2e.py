@@ -6,7 +6,8 @@ Scenarios share Spark pods to stay affordable on two cores:
   replaced and resumes; two splits leave three active shards; bad split requests are refused and change nothing;
   the Task is suspended (no pods, shards Suspended, a split request waits) and resumed (the waiting split runs);
   per-key results equal a plain-Python reference after each stage; at no instant do two running pods own a key
-  group; ``spec.history.retiredShards: 1`` then deletes the two older split parents and nothing else.
+  group; ``spec.history.retiredShards: 1`` then prunes the two older split parents (their recovery logs and
+  snapshots, then their TaskShards) and nothing else.
 - ``test_operator_killed_mid_split_at_each_step``: four splits, the operator dies right after persisting each
   step in turn (SplitRequested, Draining, Drained, ChildrenCreated) and a fresh one completes the split with
   exactly the expected children; results stay exact.
@@ -355,6 +356,14 @@ def test_demo_splits_pod_kill_bad_requests_suspend_resume(kubectl, operator_proc
         assert all(shard_phases(kubectl)[n] == "Running" for n in active)
         (pruned,) = [e for e in get_json(kubectl, "events")["items"] if e["reason"] == "HistoryPruned"]
         assert "demo-0-16" in pruned["message"] and "demo-8-16" in pruned["message"], pruned["message"]
+        # Their storage went first (the prune pod): recovery logs and snapshots; the records the results read stay.
+        shards_dir = data / "state" / "demo" / "shards"
+        for gone in ("demo-0-16", "demo-8-16"):
+            left = sorted(p.name for p in (shards_dir / gone).iterdir())
+            assert "checkpoint" not in left and "snapshots" not in left and "lineage.json" in left, (gone, left)
+        assert (shards_dir / "demo-0-8" / "checkpoint").is_dir(), "the kept retired shard keeps its storage"
+        assert not [p for p in get_json(kubectl, "pods")["items"] if p["metadata"]["name"] == "demo-prune"]
+        assert actual_counts(data, "demo") == expected, "the final results read the same after pruning"
     finally:
         watcher.stop()
     assert watcher.samples > 10

@@ -40,7 +40,7 @@ def task(name: str, version: str, uid: str = "task-uid", spec: dict[str, Any] | 
 
 
 class Indexes:
-    """The six Kopf indexes as plain dicts of lists (what ``KopfCache.bind`` reads)."""
+    """The Kopf indexes as plain dicts of lists (what ``KopfCache.bind`` reads)."""
 
     def __init__(self) -> None:
         self.shards: dict[tuple[str, str], list] = {}
@@ -49,6 +49,7 @@ class Indexes:
         self.pods: dict[tuple[str, str], list] = {}
         self.configmaps: dict[tuple[str, str], list] = {}
         self.executors: dict[tuple[str, str], list] = {}
+        self.prune_pods: dict[tuple[str, str], list] = {}
 
     def kwargs(self) -> dict[str, Any]:
         return {
@@ -58,6 +59,7 @@ class Indexes:
             KopfCache.PODS: self.pods,
             KopfCache.CONFIGMAPS: self.configmaps,
             KopfCache.EXECUTORS: self.executors,
+            KopfCache.PRUNE_PODS: self.prune_pods,
             "logger": object(),  # other handler kwargs are ignored
         }
 

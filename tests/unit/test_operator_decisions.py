@@ -95,6 +95,9 @@ class World:
     def live(self, namespace: str, shard: str):
         return self.scrapes.get(shard)
 
+    def prune_pod(self, namespace: str, task: str):
+        return None  # the decision tests prune no history
+
     def wrote(self, plural, obj, *, created=False) -> None:
         self.calls.append(("wrote", plural))
 

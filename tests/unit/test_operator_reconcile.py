@@ -28,6 +28,7 @@ from taskshard_operator.kube import Conflict
 from taskshard_operator.planner import owners
 from taskshard_operator.reconcile_shard import PodReplacementBackoff, reconcile_shard
 from taskshard_operator.reconcile_task import delete_task, reconcile_task
+from taskshard_operator.retention import prune_pod_view
 from taskshard_operator.views import shard_views
 
 from .operator_spec import NS, SPEC
@@ -73,6 +74,8 @@ class FakeKube:
         self.successors: dict[str, list[str]] = {}
         """The successors each drained shard's summary names."""
         self.fenced: set[str] = set()
+        self.pruned: set[str] = set()
+        """Retired shards whose storage a prune pod removed."""
         """Merged shards whose latest writer epoch is an abort's barrier (their ready notes are void)."""
         self.scrapes: dict[str, Any] = {}
         """The live store's last scrape per shard (``taskshard_operator.live.Scraped``): none unless a test sets it."""
@@ -241,6 +244,10 @@ class FakeKube:
     def live(self, namespace, shard):
         return self.scrapes.get(shard)
 
+    def prune_pod(self, namespace, task):
+        pod = self.objects.get(("pods", naming.prune_pod_name(task)))
+        return prune_pod_view(pod) if pod is not None else None
+
     def wrote(self, plural, obj, *, created=False):
         pass
 
@@ -291,6 +298,10 @@ def world_step(kube: FakeKube, batch: dict[str, int], *, hand_over: bool = True)
     progress); a pod started to abort a merge fences the merged shard and reports whether a parent drained."""
     for _name, pod in kube.pods().items():
         status = pod.setdefault("status", {})
+        if pod["metadata"]["labels"].get(naming.LABEL_COMPONENT) == naming.COMPONENT_PRUNE:
+            status["phase"] = "Succeeded"  # it removed the retired shards' storage and exited
+            kube.pruned.update((pod["metadata"].get("annotations") or {})[naming.ANNOTATION_PRUNE_SHARDS].split(","))
+            continue
         state = (status.get("containerStatuses") or [{}])[0].get("state", {})
         shard = pod["metadata"]["labels"][naming.LABEL_SHARD]
         if not status.get("phase"):
@@ -344,6 +355,8 @@ def running_ranges(kube: FakeKube) -> list[KeyGroupRange]:
         state = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {})
         if (pod["metadata"].get("annotations") or {}).get(naming.ANNOTATION_ABORT_MERGE):
             continue  # fences and reports; processes nothing
+        if naming.LABEL_SHARD not in pod["metadata"]["labels"]:
+            continue  # a Task's prune pod: no shard's
         if "running" in state or not (pod.get("status") or {}).get("phase"):  # created = may start any moment
             name = pod["metadata"]["labels"][naming.LABEL_SHARD]
             shard = kube.shards().get(name) or {}

@@ -109,6 +109,58 @@ def test_a_split_parent_is_deleted_in_the_simulated_world_once_its_children_comm
         kube._mutated()
     converge(kube, events)
     assert phases(kube) == {"t-0-4": "Running", "t-4-16": "Running"}
+    assert kube.pruned == {"t-0-16"}, "its storage was pruned before its TaskShard went"
+    assert "t-prune" not in kube.pods(), "the prune pod is deleted once it succeeded"
     (pruned,) = [e for e in events if e[2] == "HistoryPruned"]
     assert "t-0-16" in pruned[3] and "spec.history.retiredShards (0)" in pruned[3]
+    assert "recovery logs and snapshots removed" in pruned[3]
     assert kube.objects[("tasks", "t")]["status"]["shards"] == 2
+
+
+def _split_with_settled_children(spec: dict) -> tuple:
+    kube = new_world({**spec, "history": {"retiredShards": 0}})
+    events: list = []
+    converge(kube, events)
+    request_split(kube, "t-0-16", at=4)
+    converge(kube, events)
+    for child in ("t-0-4", "t-4-16"):
+        kube.objects[("taskshards", child)]["status"]["lastCheckpoint"] = {"batchId": 0}
+        kube._mutated()
+    return kube, events
+
+
+def test_a_retired_shard_stays_while_its_prune_pod_runs_and_a_failed_one_is_retried():
+    """The TaskShard goes only after its storage: not while the prune pod runs, not when it failed (a Warning
+    event, the pod deleted, the next pass starts another)."""
+    from taskshard_operator.reconcile_task import reconcile_task
+
+    from .test_operator_reconcile import NS
+
+    kube, events = _split_with_settled_children(SPEC)
+    emit = lambda *a: events.append(a)  # noqa: E731
+    reconcile_task(kube, kube, NS, "t", emit=emit)
+    pod = kube.pods()["t-prune"]
+    assert pod["metadata"]["annotations"]["taskshard.io/prune-shards"] == "t-0-16"
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "Task", "goes with its Task"
+    command = " ".join(pod["spec"]["containers"][0]["command"])
+    uid = kube.objects[("tasks", "t")]["metadata"]["uid"]
+    assert f"prune_retired_shards('/data/state/t', '{uid}', ['t-0-16'], None)" in command, command
+    pod["status"] = {"phase": "Running"}
+    reconcile_task(kube, kube, NS, "t", emit=emit)
+    assert "t-0-16" in phases(kube), "kept while its storage is being pruned"
+    pod["status"] = {"phase": "Failed"}
+    reconcile_task(kube, kube, NS, "t", emit=emit)
+    assert "t-0-16" in phases(kube) and "t-prune" not in kube.pods()
+    (failed,) = [e for e in events if e[2] == "HistoryPruneFailed"]
+    assert "t-0-16" in failed[3]
+    converge(kube, events)
+    assert "t-0-16" not in phases(kube) and kube.pruned == {"t-0-16"}
+
+
+def test_storage_the_operator_cannot_mount_stays_and_says_so():
+    spec = {**SPEC, "storage": {"path": "/data/state"}}
+    kube, events = _split_with_settled_children(spec)
+    converge(kube, events)
+    assert "t-0-16" not in phases(kube) and not kube.pruned
+    (pruned,) = [e for e in events if e[2] == "HistoryPruned"]
+    assert "their storage directories stay: no spec.storage.volume" in pruned[3]

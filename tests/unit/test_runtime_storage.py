@@ -159,3 +159,31 @@ def test_a_task_directory_belongs_to_one_task_uid(tmp_path):
     assert (tmp_path / "state" / "orders" / "shards").is_dir()
     assert remove_task_state(str(tmp_path / "state" / "orders"), "uid-a").startswith("removed")
     assert not (tmp_path / "state" / "orders").exists()
+
+
+def test_pruning_a_retired_shard_removes_its_recovery_log_and_snapshots_and_keeps_its_records(tmp_path):
+    """History retention's prune pod (``spec.history.retiredShards``): each named retired shard loses its bulk
+    (recovery log, snapshots, hand-over notes, restore reports) and keeps the records the final results read; a
+    directory of another Task is left alone; a name that is not a shard's is refused; a retry finds less."""
+    from spark_runtime.identity import claim_task_storage, prune_retired_shards
+
+    task_dir = tmp_path / "state" / "orders"
+    claim_task_storage(location(task_dir), task="orders", namespace="ns", uid="uid-a")
+    for shard in ("orders-0-16", "orders-0-8"):
+        root = task_dir / "shards" / shard
+        for bulky in ("checkpoint/commits", "snapshots/batch-3.1/state", "handover", "restore"):
+            (root / bulky).mkdir(parents=True)
+            (root / bulky / "f").write_text("x")
+        for small in ("lineage.json", "drained.json", "progress.json"):
+            (root / small).write_text("{}")
+    uri = str(task_dir)
+    assert prune_retired_shards(uri, "uid-b", ["orders-0-16"]).startswith("kept")
+    assert (task_dir / "shards" / "orders-0-16" / "checkpoint").is_dir()
+    done = prune_retired_shards(uri, "uid-a", ["orders-0-16"])
+    assert "orders-0-16/checkpoint" in done and "orders-0-16/snapshots" in done, done
+    pruned = task_dir / "shards" / "orders-0-16"
+    assert sorted(p.name for p in pruned.iterdir()) == ["drained.json", "lineage.json", "progress.json"]
+    assert (task_dir / "shards" / "orders-0-8" / "checkpoint" / "commits" / "f").exists(), "only the named shard"
+    assert prune_retired_shards(uri, "uid-a", ["orders-0-16"]).endswith("nothing left to remove")
+    with pytest.raises(ValueError, match="not a shard name"):
+        prune_retired_shards(uri, "uid-a", [".."])

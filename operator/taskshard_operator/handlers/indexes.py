@@ -1,4 +1,4 @@
-"""The watch-fed cache: Kopf indexes of Tasks, TaskShards, shard pods, shard ConfigMaps and executor pods (see
+"""The watch-fed cache: Kopf indexes of Tasks, TaskShards, shard pods, shard ConfigMaps, executor pods and prune pods
 ``cache.py``).
 
 Each index function is pure and returns ``{key: record}``; Kopf keeps the records up to date from its watches,
@@ -17,10 +17,13 @@ from taskshard_operator import naming
 from taskshard_operator import status as st
 from taskshard_operator.cache import KopfCache, data_digest, object_record, shard_of, task_of
 from taskshard_operator.executors import executor_view
+from taskshard_operator.retention import prune_pod_view
 
 SHARD_OBJECTS = {naming.LABEL_COMPONENT: naming.COMPONENT_SHARD}
 EXECUTOR_PODS = {naming.LABEL_COMPONENT: naming.COMPONENT_EXECUTOR}
 """Executor pods a shard's driver created (``builders.build_executor_conf`` labels them)."""
+PRUNE_PODS = {naming.LABEL_COMPONENT: naming.COMPONENT_PRUNE}
+"""A Task's prune pod (history retention, ``builders.build_prune_pod``)."""
 
 
 @kopf.index(naming.DOMAIN, naming.API_VERSION, naming.SHARD_PLURAL, id=KopfCache.SHARDS)
@@ -55,3 +58,9 @@ async def shard_configmap(namespace: str, body: kopf.Body, **_: Any) -> dict:
 async def executor_pods(namespace: str, body: kopf.Body, **_: Any) -> dict:
     shard = shard_of(body)
     return {(namespace, shard): executor_view(dict(body))} if shard else {}
+
+
+@kopf.index("", "v1", "pods", labels=PRUNE_PODS, id=KopfCache.PRUNE_PODS)
+async def prune_pods(namespace: str, body: kopf.Body, **_: Any) -> dict:
+    task = ((body.get("metadata") or {}).get("labels") or {}).get(naming.LABEL_TASK)
+    return {(namespace, task): prune_pod_view(dict(body))} if task else {}

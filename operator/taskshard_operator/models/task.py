@@ -803,8 +803,9 @@ class HistorySpec(K8sModel):
         ge=0,
         le=10_000,
         description="Split parents and merged-away shards kept per Task, the newest by their final checkpoint "
-        "(default 10). Older ones are deleted once every successor has committed a batch of its own; their storage "
-        "stays until the Task is deleted.",
+        "(default 10). Older ones are pruned once every successor has committed a batch of its own: a prune pod "
+        "removes their recovery logs and snapshots (storage on S3 or on spec.storage.volume; their lineage and "
+        "drain records stay), then their TaskShards are deleted.",
     )
 
 
