@@ -75,27 +75,37 @@ def _cmd_run(args: argparse.Namespace) -> int:
             runner.request_drain("SIGTERM", final=False)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    from spark_runtime.fencing import WriterFenced
-    from spark_runtime.problems import EXIT_ENVIRONMENT, EnvironmentProblem, TemplateRefused
     from spark_runtime.processor import ProcessorError
-    from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE, FailureSummary
-    from spark_runtime.shard import ShardFailed, ShardRunner
-    from spark_runtime.snapshot import RestoreError
-
-    def failed(error: Any, reason: str | None = None, code: int = 1, field: str | None = None) -> int:
-        _write_termination_message(
-            config.termination_message_path,
-            FailureSummary(config.shard, str(error), reason=reason, field=field).to_json(),
-        )
-        return code
+    from spark_runtime.shard import ShardRunner
 
     try:
         runner = ShardRunner(config)
     except (ProcessorError, NotImplementedError, ConfigError) as exc:
         print(f"invalid shard config: {exc}", file=sys.stderr)
-        return failed(exc, code=2)
+        return _failed(config, exc, code=2)
     if early_sigterm:
         runner.request_drain("SIGTERM", final=False)
+    return _run_and_report(args, config, runner)
+
+
+def _failed(config: ShardConfig, error: Any, reason: str | None = None, code: int = 1, field: str | None = None) -> int:
+    """Report a failure in the termination message (a ``FailureSummary``); returns the exit code."""
+    from spark_runtime.protocol import FailureSummary
+
+    summary = FailureSummary(config.shard, str(error), reason=reason, field=field).to_json()
+    _write_termination_message(config.termination_message_path, summary)
+    return code
+
+
+def _run_and_report(args: argparse.Namespace, config: ShardConfig, runner: ShardRunner) -> int:
+    """Run what ``run`` was started for and report its end in the termination message; returns the exit code
+    (0: done, fenced or refused by the template; 1: failed; 2: cannot restore; 3: the environment)."""
+    from spark_runtime.fencing import WriterFenced
+    from spark_runtime.problems import EXIT_ENVIRONMENT, EnvironmentProblem, TemplateRefused
+    from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE
+    from spark_runtime.shard import ShardFailed
+    from spark_runtime.snapshot import RestoreError
+
     try:
         summary = _run_mode(args, runner)
     except WriterFenced as exc:
@@ -118,10 +128,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             refused = TemplateRefused(exc.reason, "processor.python", str(exc))
             _write_termination_message(config.termination_message_path, refused.termination(config.shard))
             return 0
-        return failed(exc, exc.reason, code=2)
+        return _failed(config, exc, exc.reason, code=2)
     except ShardFailed as exc:
         log.error("%s", exc)
-        return failed(exc, exc.reason, field=exc.field)
+        return _failed(config, exc, exc.reason, field=exc.field)
     _write_termination_message(config.termination_message_path, summary)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return 0

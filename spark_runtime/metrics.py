@@ -141,7 +141,12 @@ class ShardMetrics:
         self.address: tuple[str, int] | None = None
         """(host, port) the endpoint serves on (None: not serving)."""
 
-        own = (task, shard)
+        self._register_core_series()
+
+    def _register_core_series(self) -> None:
+        """Every series of the shard's own (its rows, rate, lag, batches, state, dead letters, restarts, emitting,
+        writer epoch), the key-group maps and the event-time series."""
+        own = (self.task, self.shard)
 
         def gauge(name: Metric, doc: str, *extra: str) -> Gauge:
             return Gauge(str(name), doc, [*_LABELS, *extra], registry=self.registry)

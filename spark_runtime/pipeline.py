@@ -266,55 +266,71 @@ def build_output_frame(
 
     from spark_runtime.sources.seed import seed_stream
 
-    r = config.range
     kg = key_group_column(config)
-    mine = owned_records(config, events, skip)
-    if live.key_group_metrics_enabled(config.spark.conf):
-        # Rows per bucket of key groups, per batch (in the progress' observedMetrics): the shard's load map. One
-        # aggregate, histogram_numeric over the bucket index. Its merge of the partitions' partial histograms keeps
-        # every partial bin while the total fits in the bins and then merges neighbouring bins, which misattributes
-        # rows (measured: 64 values in 16 partitions, 17 of 64 buckets wrong with 64 bins, none with 1024); so the
-        # bins are LOAD_MAP_BINS_PER_BUCKET times the buckets: exact up to that many partitions per batch.
-        # Opt-in: Spark's observe() sits between the source and the aggregation outside whole-stage code
-        # generation, which costs about a tenth of the native path's throughput whatever it computes (64
-        # conditional sums: a third; a sampled histogram: no cheaper).
-        n = len(live.key_group_buckets(r.start, r.end))
-        bucket = F.floor(((F.col("key_group") - r.start + 1) * n - 1) / (r.end - r.start)).cast("int")
-        mine = mine.observe(
-            live.KEY_GROUP_METRICS,
-            F.histogram_numeric(bucket, F.lit(max(2, n * LOAD_MAP_BINS_PER_BUCKET))).alias("buckets"),
-            F.count(F.lit(1)).alias("rows"),
-        )
+    mine = _observe_load_map(config, owned_records(config, events, skip))
     if plan.window is not None:
         return window_frame(spark, config, plan, mine, kg, seed)
     if plan.kind == "builtin":
-        delta_type = plan.result_type
-        if plan.delta_expr_field is None:
-            delta = F.lit(1).cast("bigint")
-        else:
-            delta = F.col(f"`{plan.delta_expr_field}`").cast("double")
-        if config.key_grouping.nested:
-            # A key's group depends on its partition, which the aggregation would drop: group by both (one key
-            # is in one partition, so this is still one row per key), and the state key carries the group.
-            deltas = mine.select("key", "key_group", delta.alias("delta"))
-            ddl = f"key string, key_group int, delta {delta_type}"
-        else:
-            deltas = mine.select("key", delta.alias("delta"))
-            ddl = f"key string, delta {delta_type}"
-        if seed is not None:
-            deltas = seed_stream(spark, mode="rows", schema_ddl=ddl, **seed).unionByName(deltas)
-        total = {BuiltinProcessor.MIN: F.min, BuiltinProcessor.MAX: F.max}.get(plan.builtin, F.sum)
-        if config.key_grouping.nested:
-            agg = deltas.groupBy("key", "key_group").agg(total("delta").alias("result"))
-            return agg.select("key", "key_group", "result")
-        agg = deltas.groupBy("key").agg(total("delta").alias("result"))
-        return agg.select("key", kg.alias("key_group"), "result")
-
+        return _builtin_frame(spark, config, plan, mine, kg, seed)
     ev = mine.withColumn("seed", F.lit(None).cast("binary"))
     if seed is not None:
         ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in ev.schema.fields)
         ev = seed_stream(spark, mode="blobs", schema_ddl=ddl, **seed).unionByName(ev)
     return python_state_frame(plan, ev, config.shard)
+
+
+def _observe_load_map(config: ShardConfig, mine: Any) -> Any:
+    """``mine`` with the shard's load map observed per batch when key-group metrics are on."""
+    from pyspark.sql import functions as F
+
+    if not live.key_group_metrics_enabled(config.spark.conf):
+        return mine
+    r = config.range
+    # Rows per bucket of key groups, per batch (in the progress' observedMetrics): the shard's load map. One
+    # aggregate, histogram_numeric over the bucket index. Its merge of the partitions' partial histograms keeps
+    # every partial bin while the total fits in the bins and then merges neighbouring bins, which misattributes
+    # rows (measured: 64 values in 16 partitions, 17 of 64 buckets wrong with 64 bins, none with 1024); so the
+    # bins are LOAD_MAP_BINS_PER_BUCKET times the buckets: exact up to that many partitions per batch.
+    # Opt-in: Spark's observe() sits between the source and the aggregation outside whole-stage code
+    # generation, which costs about a tenth of the native path's throughput whatever it computes (64
+    # conditional sums: a third; a sampled histogram: no cheaper).
+    n = len(live.key_group_buckets(r.start, r.end))
+    bucket = F.floor(((F.col("key_group") - r.start + 1) * n - 1) / (r.end - r.start)).cast("int")
+    return mine.observe(
+        live.KEY_GROUP_METRICS,
+        F.histogram_numeric(bucket, F.lit(max(2, n * LOAD_MAP_BINS_PER_BUCKET))).alias("buckets"),
+        F.count(F.lit(1)).alias("rows"),
+    )
+
+
+def _builtin_frame(spark: Any, config: ShardConfig, plan: Plan, mine: Any, kg: Any, seed: dict[str, Any] | None) -> Any:
+    """A builtin aggregation's ``(key, key_group, result)``: per key the sum (count: of ones), min or max of the
+    records' deltas, on top of a restored child's seed rows."""
+    from pyspark.sql import functions as F
+
+    from spark_runtime.sources.seed import seed_stream
+
+    delta_type = plan.result_type
+    if plan.delta_expr_field is None:
+        delta = F.lit(1).cast("bigint")
+    else:
+        delta = F.col(f"`{plan.delta_expr_field}`").cast("double")
+    if config.key_grouping.nested:
+        # A key's group depends on its partition, which the aggregation would drop: group by both (one key
+        # is in one partition, so this is still one row per key), and the state key carries the group.
+        deltas = mine.select("key", "key_group", delta.alias("delta"))
+        ddl = f"key string, key_group int, delta {delta_type}"
+    else:
+        deltas = mine.select("key", delta.alias("delta"))
+        ddl = f"key string, delta {delta_type}"
+    if seed is not None:
+        deltas = seed_stream(spark, mode="rows", schema_ddl=ddl, **seed).unionByName(deltas)
+    total = {BuiltinProcessor.MIN: F.min, BuiltinProcessor.MAX: F.max}.get(plan.builtin, F.sum)
+    if config.key_grouping.nested:
+        agg = deltas.groupBy("key", "key_group").agg(total("delta").alias("result"))
+        return agg.select("key", "key_group", "result")
+    agg = deltas.groupBy("key").agg(total("delta").alias("result"))
+    return agg.select("key", kg.alias("key_group"), "result")
 
 
 def event_columns(plan: Plan) -> list[str]:

@@ -82,38 +82,7 @@ def rehearse(
     root = Path(tempfile.mkdtemp(prefix=f"taskshard-rehearsal-{config.shard}-", dir=scratch))
     query = None
     try:
-        journal = root / "journal"
-        journal.mkdir()
-        (journal / partition_file(0)).touch()
-        state = root / "seed"
-        write_synthetic_snapshot(state, plan, config.key_groups.start)
-        source = JournalSource(str(journal), 1)
-        ctx = SourceContext(
-            shard=config.shard,
-            max_key_groups=config.max_key_groups,
-            range_start=config.key_groups.start,
-            range_end=config.key_groups.end,
-            record_spec=plan.record_spec,
-            dead_letter_dir=root / "dead-letters",
-            drain_marker=location(str(root / DRAIN_MARKER)),
-        )
-        events = source.stream(spark, ctx)
-        seed = {
-            "slices": [(location(str(state)), config.key_groups.start, config.key_groups.end)],
-            "report_dir": location(str(root / "restore")),
-        }
-        out = build_output_frame(spark, config, plan, events, seed)
-        from spark_runtime.sink import DirectorySinkWriter
-
-        sink = DirectorySinkWriter(SinkPaths.of(str(root / "sink"), config.shard), "jsonl", config.shard)
-        query = (
-            out.writeStream.outputMode("update")
-            .queryName(f"taskshard-rehearsal-{config.shard}")
-            .option("checkpointLocation", str(root / "checkpoint"))
-            .foreachBatch(sink)
-            .trigger(availableNow=True)
-            .start()
-        )
+        query = _start_rehearsal(spark, config, plan, root)
         deadline = time.monotonic() + TIMEOUT_SECONDS
         while not query.awaitTermination(0.2):
             if should_stop():
@@ -137,3 +106,40 @@ def rehearse(
             except Exception:  # noqa: BLE001
                 pass
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_rehearsal(spark: Any, config: ShardConfig, plan: Plan, root: Path) -> Any:
+    """The rehearsal's query under ``root``: an empty one-partition journal, a synthetic snapshot of the first key
+    group as the seed, the shard's own plan, a directory sink; one batch (``availableNow``)."""
+    journal = root / "journal"
+    journal.mkdir()
+    (journal / partition_file(0)).touch()
+    state = root / "seed"
+    write_synthetic_snapshot(state, plan, config.key_groups.start)
+    source = JournalSource(str(journal), 1)
+    ctx = SourceContext(
+        shard=config.shard,
+        max_key_groups=config.max_key_groups,
+        range_start=config.key_groups.start,
+        range_end=config.key_groups.end,
+        record_spec=plan.record_spec,
+        dead_letter_dir=root / "dead-letters",
+        drain_marker=location(str(root / DRAIN_MARKER)),
+    )
+    events = source.stream(spark, ctx)
+    seed = {
+        "slices": [(location(str(state)), config.key_groups.start, config.key_groups.end)],
+        "report_dir": location(str(root / "restore")),
+    }
+    out = build_output_frame(spark, config, plan, events, seed)
+    from spark_runtime.sink import DirectorySinkWriter
+
+    sink = DirectorySinkWriter(SinkPaths.of(str(root / "sink"), config.shard), "jsonl", config.shard)
+    return (
+        out.writeStream.outputMode("update")
+        .queryName(f"taskshard-rehearsal-{config.shard}")
+        .option("checkpointLocation", str(root / "checkpoint"))
+        .foreachBatch(sink)
+        .trigger(availableNow=True)
+        .start()
+    )
