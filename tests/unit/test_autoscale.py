@@ -19,8 +19,8 @@ from taskshard_operator.models.task import AutoscaleSpec, TaskSpec
 from taskshard_operator.planner import owners
 from taskshard_operator.views import shard_views
 
+from .fake_cluster import converge, new_world
 from .operator_spec import NS, SPEC
-from .test_operator_reconcile import converge, new_world
 
 pytestmark = pytest.mark.unit
 

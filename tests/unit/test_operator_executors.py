@@ -4,7 +4,7 @@ event handler that feed it, and what :func:`~taskshard_operator.reconcile_shard.
 
 The pods are what the API shows for the executor pods a shard's Spark driver creates (``<shard>-exec-<n>``,
 labelled ``taskshard.io/component=executor``); the decisions are made over the dict-backed World of
-``test_operator_decisions``.
+``fake_observed``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from taskshard_operator.handlers import indexes, taskshard
 from taskshard_operator.handlers.runtime import RUNTIME
 from taskshard_operator.models.common import SHARD_CONDITION_TYPES
 
+from .fake_cluster import _merge
+from .fake_observed import PARENT, World, add_shard, decide, make_pod, running, sync_config
 from .operator_spec import NS, SPEC
-from .test_operator_decisions import PARENT, World, add_shard, decide, make_pod, running, sync_config
-from .test_operator_reconcile import _merge
 
 pytestmark = pytest.mark.unit
 

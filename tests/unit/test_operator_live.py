@@ -17,7 +17,7 @@ from taskshard_operator.live import (
 )
 from taskshard_operator.reconcile_task import decide_task
 
-from .test_operator_decisions import NS, PARENT, TASK, World, add_shard, decide, make_pod, running, sync_config
+from .fake_observed import NS, PARENT, TASK, World, add_shard, decide, make_pod, running, sync_config
 
 SCRAPE = """\
 # HELP taskshard_shard_rows_total Input rows of committed batches.

@@ -1,4 +1,4 @@
-"""The merge protocol against the in-memory API and the simulated world of ``test_operator_reconcile``: two
+"""The merge protocol against the in-memory API and the simulated world of ``fake_cluster``: two
 adjacent shards become one (``spec.merge`` on the left one), crash-and-resume at every step, refusals, and
 the ownership of the merged range moving at one observed moment (the Task's tiling never has a gap or an
 overlap). A merge parent's simulated runtime drains once the merged shard's pod runs (its ready note)."""
@@ -14,8 +14,7 @@ from taskshard_operator import naming
 from taskshard_operator.reconcile_shard import PodReplacementBackoff, reconcile_shard
 from taskshard_operator.reconcile_task import reconcile_task
 
-from .operator_spec import NS, SPEC
-from .test_operator_reconcile import (
+from .fake_cluster import (
     Crash,
     FakeKube,
     converge,
@@ -26,6 +25,7 @@ from .test_operator_reconcile import (
     request_split,
     world_step,
 )
+from .operator_spec import NS, SPEC
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@ the scaler's split) asked of the same shard at once never both go through, whate
 however stale a pass's cache is. The right shard of a merge is claimed by its left neighbour with a patch
 conditional on the right shard's resourceVersion, and the right shard's own acceptance is a status write
 conditional on the same version: only one lands. Against the in-memory API and simulated world of
-``test_operator_reconcile`` (its ``converge`` also checks, at every step, that no shard has successors of two
+``fake_cluster`` (its ``converge`` also checks, at every step, that no shard has successors of two
 hand-overs and no two emitting pods overlap)."""
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from taskshard_operator.handover import related_shards
 from taskshard_operator.reconcile_shard import PodReplacementBackoff, reconcile_shard
 from taskshard_operator.reconcile_task import reconcile_task
 
-from .operator_spec import NS, SPEC
-from .test_operator_merge import MERGED, condition, request_merge, two_shards
-from .test_operator_reconcile import (
+from .fake_cluster import (
     FakeKube,
     assert_no_overlap,
     assert_one_handover_per_shard,
@@ -33,6 +31,8 @@ from .test_operator_reconcile import (
     successor_sets,
     world_step,
 )
+from .operator_spec import NS, SPEC
+from .test_operator_merge import MERGED, condition, request_merge, two_shards
 
 pytestmark = pytest.mark.unit
 

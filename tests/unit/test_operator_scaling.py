@@ -38,9 +38,9 @@ from taskshard_operator.scaling import (
 )
 from taskshard_operator.views import shard_views
 
+from .fake_cluster import converge, new_world
+from .fake_observed import TASK, World, actions_of, add_shard, make_pod, running
 from .operator_spec import NS, SPEC
-from .test_operator_decisions import TASK, World, actions_of, add_shard, make_pod, running
-from .test_operator_reconcile import converge, new_world
 
 pytestmark = pytest.mark.unit
 

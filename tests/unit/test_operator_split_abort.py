@@ -15,7 +15,7 @@ from taskshard_operator import status as st
 from taskshard_operator.act import Create, Delete, Patch
 from taskshard_operator.reconcile_shard import decide_shard
 
-from .test_operator_decisions import (
+from .fake_observed import (
     DRAIN_SUMMARY,
     HIGH,
     LONG_AGO,

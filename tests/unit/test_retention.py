@@ -8,8 +8,8 @@ import pytest
 
 from taskshard_operator.retention import PRUNE_PER_PASS, prunable
 
+from .fake_cluster import converge, new_world, phases, request_split
 from .operator_spec import SPEC
-from .test_operator_reconcile import converge, new_world, phases, request_split
 
 pytestmark = pytest.mark.unit
 
@@ -134,7 +134,7 @@ def test_a_retired_shard_stays_while_its_prune_pod_runs_and_a_failed_one_is_retr
     event, the pod deleted, the next pass starts another)."""
     from taskshard_operator.reconcile_task import reconcile_task
 
-    from .test_operator_reconcile import NS
+    from .fake_cluster import NS
 
     kube, events = _split_with_settled_children(SPEC)
     emit = lambda *a: events.append(a)  # noqa: E731

@@ -17,7 +17,7 @@ from taskshard_operator.models.shard import ShardPhase, SplitBy, TaskShardSpec
 from taskshard_operator.planner import SplitAccepted, SplitRefused, plan_split
 from taskshard_operator.split_points import imbalance, load_split_point
 
-from .test_operator_decisions import PARENT, World, condition, decide
+from .fake_observed import PARENT, World, condition, decide
 from .test_operator_live import SCRAPE, _running_shard
 
 pytestmark = pytest.mark.unit
