@@ -62,11 +62,11 @@ class Progress:
         """(batch id, its committed positions) behind the journal's lag, read again when the batch changes."""
         self._lag_failed = False
         self._verified = False
+        """Whether this runtime compared its first committed batch with the offset log (:meth:`verify_offset_log`)."""
         self._trigger_polled_at = 0.0
         self._listed_at = 0.0
         self._watermark_of = (-2, 0)
         """(batch id, the watermark after it), read again when the batch changes."""
-        """Whether this runtime compared its first committed batch with the offset log (:meth:`verify_offset_log`)."""
 
     def reported(self, batch_id: int) -> bool:
         """Whether ``batch_id``'s progress (and so its source metrics) was counted by this runtime."""

@@ -3,8 +3,8 @@
 - :class:`ShardIO`: what the shard reads and writes, fixed for the runtime's life: its config, storage and
   paths, its writer fence, source, sink, dead letters and live metrics. Built by :func:`open_shard`.
 - :class:`RunState`: what the runtime learns while it runs: the plan as settled at start, a child's restore, the
-  start positions, the SparkSession and the query, the standby timings. The runner writes it; a collaborator
-  reads it, and the few fields one of them writes say so.
+  start positions, the SparkSession and the query, the standby timings. The runner and its preparation steps write
+  it; a collaborator reads it, and the few fields one of them writes say so.
 
 A collaborator (:class:`~spark_runtime.progress.Progress`, :class:`~spark_runtime.drain.Drain`, the hand-overs,
 the snapshot writer, the state mapper) takes these two and the few callbacks it truly needs, never the runner.
@@ -105,7 +105,8 @@ class ShardIO:
 
 @dataclass
 class RunState:
-    """What one shard runtime learns while it runs; the runner writes it unless a field says otherwise."""
+    """What one shard runtime learns while it runs; written by the runner and the preparation steps it calls
+    (:mod:`spark_runtime.preparation`), and by a collaborator where a field says so."""
 
     plan: Plan
     """The processing plan; settled at start (state layout, schema, a child's watermark floor)."""
