@@ -32,12 +32,13 @@ class Crash(Exception):
     """The operator process died."""
 
 
-def _merge(target: dict, patch: dict) -> dict:
+def merge_patch(target: dict, patch: dict) -> dict:
+    """Apply a JSON merge patch (None deletes) to ``target`` in place, as the API applies a patch or status write."""
     for k, v in patch.items():
         if v is None:
             target.pop(k, None)
         elif isinstance(v, dict) and isinstance(target.get(k), dict):
-            _merge(target[k], v)
+            merge_patch(target[k], v)
         else:
             target[k] = copy.deepcopy(v)
     return target
@@ -124,7 +125,7 @@ class FakeKube:
         expected = (patch.get("metadata") or {}).get("resourceVersion")
         if expected is not None and expected != obj["metadata"]["resourceVersion"]:
             raise Conflict(f"{plural} {name} changed since {expected}", plural, name)
-        _merge(obj, patch)
+        merge_patch(obj, patch)
         if "spec" in patch:
             obj["metadata"]["generation"] += 1
         self._bump(obj)
@@ -136,7 +137,7 @@ class FakeKube:
         if resource_version is not None and resource_version != obj["metadata"]["resourceVersion"]:
             raise Conflict(f"{plural} {name} changed since {resource_version}", plural, name)
         obj.setdefault("status", {})
-        _merge(obj["status"], status)
+        merge_patch(obj["status"], status)
         self._bump(obj)
         self._mutated()
         return copy.deepcopy(obj)

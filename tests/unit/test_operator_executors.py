@@ -25,7 +25,7 @@ from taskshard_operator.handlers import indexes, taskshard
 from taskshard_operator.handlers.runtime import RUNTIME
 from taskshard_operator.models.common import SHARD_CONDITION_TYPES
 
-from .fake_cluster import _merge
+from .fake_cluster import merge_patch
 from .fake_observed import PARENT, World, add_shard, decide, make_pod, running, sync_config
 from .operator_spec import NS, SPEC
 
@@ -267,7 +267,7 @@ def executor_world(spec: dict[str, Any] | None = None, *executors: dict[str, Any
 
 def written(world: World, decision) -> None:
     """What the API does with the decision's status (a merge patch: None removes a field)."""
-    _merge(world.shards[PARENT]["status"], decision.status)
+    merge_patch(world.shards[PARENT]["status"], decision.status)
 
 
 def settle(world: World) -> None:

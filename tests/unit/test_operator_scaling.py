@@ -38,7 +38,7 @@ from taskshard_operator.scaling import (
 )
 from taskshard_operator.views import shard_views
 
-from .fake_cluster import converge, new_world
+from .fake_cluster import converge, merge_patch, new_world
 from .fake_observed import TASK, World, actions_of, add_shard, make_pod, running
 from .operator_spec import NS, SPEC
 
@@ -289,18 +289,6 @@ def task_pass(world: World):
     return decision
 
 
-def merge(target: dict, patch: dict) -> dict:
-    """A JSON merge patch (None deletes), as the API applies a status write."""
-    for k, v in patch.items():
-        if v is None:
-            target.pop(k, None)
-        elif isinstance(v, dict) and isinstance(target.get(k), dict):
-            merge(target[k], v)
-        else:
-            target[k] = copy.deepcopy(v)
-    return target
-
-
 def scaled_condition(status: dict) -> dict:
     cond = st.get_condition(status.get("conditions"), st.SCALED)
     assert cond is not None
@@ -333,7 +321,7 @@ def test_the_task_pass_asks_the_hottest_shard_to_split_once():
     )
 
     # The next pass sees the request (a new generation its shard's pass has not taken yet): no second patch.
-    merge(world.tasks[TASK]["status"], decision.status)
+    merge_patch(world.tasks[TASK]["status"], decision.status)
     world.shards["t-8-16"]["spec"]["split"] = patch.patch["spec"]["split"]
     world.shards["t-8-16"]["metadata"]["generation"] = 2
     again = task_pass(world)
@@ -342,7 +330,7 @@ def test_the_task_pass_asks_the_hottest_shard_to_split_once():
     assert "shard" not in again.status["scaling"] or again.status["scaling"]["shard"] is None
     assert "t-8-16 (Running) has a split request" in again.status["scaling"]["message"]
     # Once accepted the shard is SplitRequested: still one split at a time, nothing else asked.
-    merge(world.tasks[TASK]["status"], again.status)
+    merge_patch(world.tasks[TASK]["status"], again.status)
     world.shards["t-8-16"]["status"].update(phase="SplitRequested", observedGeneration=2)
     accepted = task_pass(world)
     assert actions_of(accepted, Patch) == [] and "ScalingUp" not in [e.reason for e in accepted.events]
@@ -354,12 +342,12 @@ def test_an_unchanged_decision_writes_no_status():
     first = task_pass(world)
     assert first.actions == [] and first.status["scaling"]["decision"] == "NoChange"
     assert scaled_condition(first.status)["status"] == "True"
-    merge(world.tasks[TASK]["status"], first.status)
+    merge_patch(world.tasks[TASK]["status"], first.status)
     assert task_pass(world).status == {}, "nothing changed: no status write"
     unset = scaled_world(None)
     first = task_pass(unset)
     assert "scaling" not in first.status and scaled_condition(first.status)["reason"] == "NotRequested"
-    merge(unset.tasks[TASK]["status"], first.status)
+    merge_patch(unset.tasks[TASK]["status"], first.status)
     assert task_pass(unset).status == {}
 
 
