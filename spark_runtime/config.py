@@ -55,6 +55,7 @@ from pydantic.alias_generators import to_camel
 from spark_runtime import live
 from spark_runtime.kafka_client import reserved_option_problems
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT, InvalidRangeError, KeyGrouping, KeyGroupRange
+from spark_runtime.protocol import DEFAULT_SNAPSHOTS_KEPT
 from spark_runtime.reserved_conf import Owner, reserved_conf_problems
 
 __all__ = [
@@ -649,6 +650,9 @@ class ShardConfig(_Model):
     allow_fresh_start: bool = False
     """The user's decision (TaskShard annotation ``taskshard.io/allow-fresh-start: "true"``) to start a shard
     whose recovery log is missing or older than ``expectedBatch`` over from its source's start positions."""
+    snapshots_kept: int = Field(default=DEFAULT_SNAPSHOTS_KEPT, ge=0, le=1000)
+    """Complete snapshots of its own (savepoints, pre-copies) a running shard keeps; older ones are removed at its
+    start (:mod:`spark_runtime.snapshot.retention`; the Task's ``spec.history.snapshots``)."""
     metrics_port: int = Field(default=live.METRICS_PORT, ge=0, le=65535)
     """The port of the live metrics endpoint (``http://<pod IP>:<metricsPort>/metrics``, Prometheus text; names
     in :mod:`spark_runtime.live`), served while ``run`` runs. 0 disables the endpoint."""

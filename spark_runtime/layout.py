@@ -191,7 +191,8 @@ class ShardPaths:
 
     def snapshot_dir(self, batch_id: int, epoch: int | None = None) -> Loc:
         """``snapshots/batch-<id>.<epoch>/``: one writer epoch's snapshot of a batch (only that epoch's runtime
-        writes or removes anything in it)."""
+        writes anything in it or removes it while incomplete; a complete one never changes, and only the shard's
+        retention removes it, :mod:`spark_runtime.snapshot.retention`)."""
         return self.snapshots / snapshot_name(batch_id, epoch)
 
     def state_dir(self, batch_id: int, epoch: int | None = None) -> Loc:

@@ -26,6 +26,7 @@ from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE, TIME_MODE_CHANGED
 from spark_runtime.sink import DirectorySinkWriter
 from spark_runtime.snapshot import utc_now
 from spark_runtime.snapshot.restore import plan_restore
+from spark_runtime.snapshot.retention import prune_own_snapshots
 from spark_runtime.sources import SourceContext
 
 if TYPE_CHECKING:
@@ -52,7 +53,8 @@ def claim_shard(io: ShardIO) -> None:
     """The first writes of a start: claim the shard's next writer epoch (a runtime still writing this shard is
     fenced from here on; a directory sink's pending batches go to a directory of this epoch's own), check the
     recovery log, remove a stale ready file (a container restarted in place keeps /tmp: not emitting until this
-    run does) and the marker of an interrupted SIGTERM stop (the shard resumes)."""
+    run does) and the marker of an interrupted SIGTERM stop (the shard resumes), and prune the shard's own older
+    snapshots (:mod:`spark_runtime.snapshot.retention`)."""
     cfg = io.config
     io.fence.claim()
     io.metrics.set_writer_epoch(io.fence.epoch)
@@ -66,6 +68,7 @@ def claim_shard(io: ShardIO) -> None:
     if marker.exists() and marker.read_text().startswith("stop"):
         log.info("shard %s: an earlier SIGTERM stop was interrupted; resuming", cfg.shard)
         marker.unlink()
+    prune_own_snapshots(io.paths, cfg.snapshots_kept, io.fence.check)
 
 
 def check_recovery_log(io: ShardIO) -> None:

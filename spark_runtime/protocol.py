@@ -83,6 +83,9 @@ DRAIN_MARKER = "drain-requested"
 HANDOVER_DIR = "handover"
 PRECOPY_POINTER = "precopy.json"
 CATCH_UP_STATE = "catch-up.json"
+DEFAULT_SNAPSHOTS_KEPT = 2
+"""Complete snapshots of its own (savepoints, pre-copies) a running shard keeps when the Task's
+``spec.history.snapshots`` is unset (:mod:`spark_runtime.snapshot.retention`)."""
 
 
 EPOCHS_DIR = "epochs"

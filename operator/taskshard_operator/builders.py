@@ -190,6 +190,7 @@ def build_shard_config(
             "conf": conf,
             "triggerInterval": spark.get("triggerInterval", "1 second"),
         },
+        **({"snapshotsKept": spec.history.snapshots} if spec.history and spec.history.snapshots is not None else {}),
         "terminationMessagePath": naming.TERMINATION_MESSAGE_PATH,
         "readyFile": naming.EMITTING_FILE,
         **({"expectedBatch": expected_batch} if expected_batch is not None else {}),

@@ -33,7 +33,9 @@ def test_sigkill_and_restart_resume_exactly(make_task):
     shard = "orders-0-16"
     config_path = env.root / "shard.json"
     termination = env.root / "termination.log"
-    config_path.write_text(json.dumps(env.config_dict(0, 16, terminationMessagePath=str(termination))))
+    # snapshotsKept 0 (spec.history.snapshots): a restart removes the savepoints of earlier stops
+    config = env.config_dict(0, 16, terminationMessagePath=str(termination), snapshotsKept=0)
+    config_path.write_text(json.dumps(config))
     ref = Reference("sum", "amount")
     events = list(generate_events(1500, 50, seed=9))
 
@@ -90,6 +92,8 @@ def test_sigkill_and_restart_resume_exactly(make_task):
     assert summary["event"] == "drained" and summary["shard"] == shard
     assert summary["positions"] == target
     assert Path(summary["manifest"]).is_file()
+    assert not Path(stopped["manifest"]).parent.exists(), "run 4's start pruned run 3's savepoint"
+    assert "removed batch-" in (env.root / "run4.log").read_text()
     assert summary["stateRows"] == len(ref.results)
     assert env.results() == ref.results
     assert not list((out_dir / "_pending").glob("**/batch-*")), "the drain published every committed batch"

@@ -28,6 +28,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 from spark_runtime import config, kafka_client
 from spark_runtime.config import JOURNAL_PARTITIONS_LIMIT, KAFKA_PARTITIONS_LIMIT, BuiltinProcessor
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
+from spark_runtime.protocol import DEFAULT_SNAPSHOTS_KEPT
 from spark_runtime.reserved_conf import (
     RESERVED_SPARK_CONF,
     RESERVED_SPARK_CONF_PATTERNS,
@@ -796,7 +797,8 @@ AUTOSCALE_EXCLUDES_SHARDS = (
 
 
 class HistorySpec(K8sModel):
-    """How much of a Task's history (retired TaskShards) the operator keeps."""
+    """How much of a Task's history the operator and its shards keep: retired TaskShards, and running shards' own
+    snapshots."""
 
     retired_shards: int = Field(
         default=10,
@@ -806,6 +808,15 @@ class HistorySpec(K8sModel):
         "(default 10). Older ones are pruned once every successor has committed a batch of its own: a prune pod "
         "removes their recovery logs and snapshots (storage on S3 or on spec.storage.volume; their lineage and "
         "drain records stay), then their TaskShards are deleted.",
+    )
+    snapshots: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description=f"Snapshots of its own a running shard keeps: the newest complete ones, by batch (default "
+        f"{DEFAULT_SNAPSHOTS_KEPT}). A shard writes one at each SIGTERM stop (a savepoint) and one for each split it "
+        "hands over (the pre-copy); older ones are removed when its pod starts. The pre-copy of a hand-over in "
+        "progress is always kept, and a shard that drained keeps all of its own (its successors restore them).",
     )
 
 
