@@ -1,23 +1,16 @@
 """Where a fresh split child's CPU time goes, from its process's start to its first committed batch.
 
-A script, not a test. It builds a parent shard's state once (``--keys`` distinct keys, builtin count, drained to
-a snapshot, in ``<out>/work/child_cpu``), then starts a child restoring half of the key groups as a fresh
-``python -m spark_runtime run`` process, ``--repeat`` times per JVM option set (``--java-options``: the child's
-whole ``spark.driver.extraJavaOptions``, one set per ``;``-separated entry; the empty entry is the runtime's
-default, :data:`spark_runtime.session.DEFAULT_CONF`). While the child runs, every 0.25 s it reads the CPU
-time of each of the child's JVM threads (grouped by thread name: JIT compilers, GC, Spark's task and stream
-threads, ...) and of each Python process (the runtime, Spark's Python data source runners and worker daemons).
-
-This is the work a split needs per child no matter how well it overlaps with the parent's drain: on a machine
-with few cores it bounds the split latency from below (see ``bench/split_latency.py``, table 4).
-Prints the tables and writes ``<out>/child_cpu.{json,png}``.
+A parent's state of ``--keys`` keys is built once (``<out>/work/child_cpu``); then a child restoring half of its key
+groups runs as a fresh ``python -m spark_runtime run`` process, ``--repeat`` times per JVM option set
+(``--java-options``, ``;``-separated; the empty set is the runtime's default), while the CPU time of each of its JVM
+threads (by name) and Python processes is read every 0.25 s: the work a split needs per child, however well it
+overlaps with the parent's drain. Writes ``<out>/child_cpu.{json,png}``.
 
     .venv/bin/python bench/child_cpu.py --keys 50000 --repeat 2
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -31,19 +24,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import restore_cost  # noqa: E402
-from common import (  # noqa: E402
-    DEFAULT_OUT,
-    LoadSampler,
-    command_line,
-    descendants,
-    machine,
-    print_table,
-    pyplot,
-    say,
-    spawn_runtime,
-    write_result,
-)
-from proc_cpu import JIT_THREADS, cmdline, proc_stat  # noqa: E402
+from common import LoadSampler, descendants, options, parse, publish, pyplot, say, spawn_runtime  # noqa: E402
+from proc_cpu import GC_THREADS, JIT_THREADS, cmdline, proc_stat  # noqa: E402
 
 from spark_runtime.session import DEFAULT_CONF  # noqa: E402
 
@@ -52,9 +34,10 @@ RUNTIME_DEFAULT = DEFAULT_CONF["spark.driver.extraJavaOptions"]
 DEFAULT_SETS = ";-Xss32m -XX:CompileThresholdScaling=5;-Xss32m -XX:TieredStopAtLevel=1"
 """The runtime's default (HotSpot's JIT settings), later JIT compilation, and C1 only."""
 CONF = {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
+JIT = "JIT compilers (C1, C2)"
 THREAD_GROUPS = [
-    ("JIT compilers (C1, C2)", JIT_THREADS),
-    ("GC", ("GC Thread", "G1 ", "VM Thread", "VM Periodic")),
+    (JIT, JIT_THREADS),
+    ("GC", GC_THREADS),
     ("Spark tasks", ("Executor task",)),
     ("stream execution", ("stream executio",)),  # thread names are cut to 15 characters
 ]
@@ -63,6 +46,17 @@ PYTHON_GROUPS = [
     ("Python: the runtime (driver)", "spark_runtime"),
     ("Python: data source runners", "python_streaming_source_runner"),
     ("Python: worker daemons and workers", "pyspark.daemon"),
+]
+LABELS = [g for g, _ in THREAD_GROUPS] + ["other JVM"] + [g for g, _ in PYTHON_GROUPS] + ["Python: other"]
+NOTES = [
+    "CPU seconds are user + system time from /proc (each JVM thread, each Python process), sampled every 0.25 s until "
+    "the child's commits/0 exists (a Python process that exits between samples loses up to 0.25 s). Unlike wall "
+    "time, they do not depend on CPU stolen by the hypervisor.",
+    "-XX:CompileThresholdScaling=5 compiles a method after 5x as many calls (start-up code stays interpreted, hot "
+    "code still reaches C2); -XX:TieredStopAtLevel=1 (C1 only) removes C2's work but leaves hot code slower for the "
+    "shard's life. Neither is a default: with CompileThresholdScaling=5 the throughput benchmark (section 1) was not "
+    "faster (builtin count 0.81x instead of 0.87x in one run); C1 only was not measured there. A Task's "
+    "spec.spark.conf['spark.driver.extraJavaOptions'] replaces the runtime's default; keep -Xss32m.",
 ]
 
 
@@ -82,26 +76,33 @@ def build_parent(root: Path, keys: int) -> str:
     return summary["manifest"]
 
 
-def thread_group(name: str) -> str:
-    for label, prefixes in THREAD_GROUPS:
-        if name.startswith(prefixes):
-            return label
-    return "other JVM"
+def group_of(name: str, groups: list[tuple[str, Any]], fallback: str, match: Any) -> str:
+    return next((label for label, key in groups if match(name, key)), fallback)
 
 
-def python_group(cmd: str) -> str:
-    for label, needle in PYTHON_GROUPS:
-        if needle in cmd:
-            return label
-    return "Python: other"
+def sample(pids: list[int], threads: dict[tuple[int, str], float], processes: dict[tuple[int, str], float]) -> None:
+    """The CPU seconds of every JVM thread (into ``threads``) and every other process (into ``processes``)."""
+    for pid in pids:
+        st = proc_stat(f"/proc/{pid}/stat")
+        if st is None:
+            continue
+        if st[0] != "java":
+            processes[(pid, cmdline(pid))] = st[1]
+            continue
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            ts = proc_stat(f"/proc/{pid}/task/{tid}/stat")
+            if ts is not None:
+                threads[(int(tid), ts[0])] = ts[1]
 
 
 def run_child(root: Path, manifest: str, java_options: str, index: int) -> dict[str, Any]:
     """One fresh child process: start -> ``commits/0``; its CPU by group."""
     shard = f"child-{index}"
-    conf = dict(CONF)
-    if java_options:
-        conf["spark.driver.extraJavaOptions"] = java_options
+    conf = CONF | ({"spark.driver.extraJavaOptions": java_options} if java_options else {})
     cfg = restore_cost.config(root, shard, 64, PARTITIONS, conf, {"parent": restore_cost.PARENT, "manifest": manifest})
     restore_cost.cleanup_child(root, shard)
     cfg_path = root / f"{shard}.json"
@@ -111,24 +112,6 @@ def run_child(root: Path, manifest: str, java_options: str, index: int) -> dict[
     proc = spawn_runtime(cfg_path, root / f"{shard}.log")
     threads: dict[tuple[int, str], float] = {}
     processes: dict[tuple[int, str], float] = {}
-
-    def sample() -> None:
-        for pid in [proc.pid, *descendants(proc.pid)]:
-            st = proc_stat(f"/proc/{pid}/stat")
-            if st is None:
-                continue
-            if st[0] == "java":
-                try:
-                    tids = os.listdir(f"/proc/{pid}/task")
-                except OSError:
-                    continue
-                for tid in tids:
-                    ts = proc_stat(f"/proc/{pid}/task/{tid}/stat")
-                    if ts is not None:
-                        threads[(int(tid), ts[0])] = ts[1]
-            else:
-                processes[(pid, cmdline(pid))] = st[1]
-
     try:
         deadline = time.monotonic() + 600
         while not commit0.exists():
@@ -136,9 +119,9 @@ def run_child(root: Path, manifest: str, java_options: str, index: int) -> dict[
                 raise RuntimeError(f"child {shard} exited with {proc.returncode}; see {root / shard}.log")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"child {shard} did not commit batch 0 in 600 s")
-            sample()
+            sample([proc.pid, *descendants(proc.pid)], threads, processes)
             time.sleep(0.25)
-        sample()
+        sample([proc.pid, *descendants(proc.pid)], threads, processes)
         wall = time.time() - t0
     finally:
         if proc.poll() is None:
@@ -146,10 +129,10 @@ def run_child(root: Path, manifest: str, java_options: str, index: int) -> dict[
         proc.wait(timeout=60)
     groups: dict[str, float] = {}
     for (_, name), cpu in threads.items():
-        label = thread_group(re.sub(r"[-#\d\s]+$", "", name))
+        label = group_of(re.sub(r"[-#\d\s]+$", "", name), THREAD_GROUPS, "other JVM", str.startswith)
         groups[label] = groups.get(label, 0.0) + cpu
     for (_, cmd), cpu in processes.items():
-        label = python_group(cmd)
+        label = group_of(cmd, PYTHON_GROUPS, "Python: other", lambda c, needle: needle in c)
         groups[label] = groups.get(label, 0.0) + cpu
     return {
         "wall": round(wall, 2),
@@ -160,12 +143,12 @@ def run_child(root: Path, manifest: str, java_options: str, index: int) -> dict[
     }
 
 
-def plot(rows: list[dict[str, Any]], labels: list[str], path: Path, title: str) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 1.5 + 0.7 * len(rows)))
     for i, r in enumerate(rows):
         left = 0.0
-        for j, label in enumerate(labels):
+        for j, label in enumerate(LABELS):
             width = r["groups"].get(label, 0.0)
             ax.barh(i, width, left=left, color=plt.cm.tab10(j), label=label if i == 0 else None)
             left += width
@@ -180,99 +163,70 @@ def plot(rows: list[dict[str, Any]], labels: list[str], path: Path, title: str) 
     plt.close(fig)
 
 
+def medians(opts: str, rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One option set's row: the medians of its children."""
+    row = {k: statistics.median(r[k] for r in rs) for k in ("wall", "jvm", "python", "pythonProcesses")}
+    row["groups"] = {g: round(statistics.median(r["groups"].get(g, 0.0) for r in rs), 2) for g in LABELS}
+    return {"label": opts or f"runtime default: {RUNTIME_DEFAULT}", **row}
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = options(__doc__, seed=None)
     ap.add_argument("--keys", type=int, default=50_000, help="distinct keys of the parent's state (default 50,000)")
     ap.add_argument("--repeat", type=int, default=2, help="children per JVM option set (default 2)")
-    ap.add_argument(
-        "--java-options",
-        default=DEFAULT_SETS,
-        help="';'-separated sets of the child's whole spark.driver.extraJavaOptions (the empty set is the "
-        f"runtime's default, {RUNTIME_DEFAULT!r}; default {DEFAULT_SETS!r})",
-    )
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
-    args = ap.parse_args(argv)
-    args.out = args.out.resolve()
+    sets = f"';'-separated spark.driver.extraJavaOptions sets ('': the runtime's default; default {DEFAULT_SETS!r})"
+    ap.add_argument("--java-options", default=DEFAULT_SETS, help=sets)
+    args = parse(ap, argv)
     root = args.out / "work" / "child_cpu" / f"keys-{args.keys}"
-    option_sets = [o.strip() for o in args.java_options.split(";")]
-
+    runs: dict[str, list[dict[str, Any]]] = {}
     with LoadSampler() as load:
         say(f"parent state of {args.keys:,} keys in {root}")
         manifest = build_parent(root, args.keys)
-        runs: dict[str, list[dict[str, Any]]] = {}
         index = 0
         for _ in range(args.repeat):
-            for opts in option_sets:  # interleaved, so a burst of load hits every option set alike
+            for opts in (o.strip() for o in args.java_options.split(";")):  # interleaved: load hits every set alike
                 index += 1
                 r = run_child(root, manifest, opts, index)
-                say(
-                    f"child with JVM options '{opts or 'default'}': wall {r['wall']:.1f} s, JVM {r['jvm']:.1f} CPU s, "
-                    f"Python {r['python']:.1f} CPU s"
-                )
+                say(f"'{opts or 'default'}': wall {r['wall']:.1f} s, CPU s JVM {r['jvm']:.1f} Python {r['python']:.1f}")
                 runs.setdefault(opts, []).append(r)
-    labels = [g for g, _ in THREAD_GROUPS] + ["other JVM"] + [g for g, _ in PYTHON_GROUPS] + ["Python: other"]
-    rows = []
-    for opts, rs in runs.items():
-        rows.append(
-            {
-                "label": opts or f"runtime default: {RUNTIME_DEFAULT}",
-                "wall": statistics.median(r["wall"] for r in rs),
-                "jvm": statistics.median(r["jvm"] for r in rs),
-                "python": statistics.median(r["python"] for r in rs),
-                "pythonProcesses": statistics.median(r["pythonProcesses"] for r in rs),
-                "groups": {g: round(statistics.median(r["groups"].get(g, 0.0) for r in rs), 2) for g in labels},
-            }
-        )
-    title = (
-        f"A fresh split child restoring half of a {args.keys:,}-key state (builtin count, local[2]): CPU seconds "
-        f"from process start to the first committed batch, median of {args.repeat}"
-    )
-    columns = ["JVM options", "wall s", "CPU s", "JVM", *labels, "Python processes"]
+    rows = [medians(opts, rs) for opts, rs in runs.items()]
+    title = f"A fresh split child restoring half of a {args.keys:,}-key state (builtin count, local[2]): CPU seconds "
+    title += f"from process start to the first committed batch, median of {args.repeat}"
+    columns = ["JVM options", "wall s", "CPU s", "JVM", *LABELS, "Python processes"]
     table = [
-        [
-            r["label"],
-            r["wall"],
-            round(r["jvm"] + r["python"], 2),
-            r["jvm"],
-            *(r["groups"][g] for g in labels),
-            r["pythonProcesses"],
-        ]
+        [r["label"], r["wall"], round(r["jvm"] + r["python"], 2), r["jvm"], *(r["groups"][g] for g in LABELS)]
+        + [r["pythonProcesses"]]
         for r in rows
     ]
-    summary = load.summary()
-    print_table(title, columns, table, summary)
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot(rows, labels, args.out / "child_cpu.png", title)
-    write_result(
-        args.out,
+    plot(rows, args.out / "child_cpu.png", title)
+    publish(
         "child_cpu",
-        {
-            "title": "Where a split child's CPU goes (informational)",
-            "command": command_line(argv),
-            "parameters": vars(args) | {"out": str(args.out)},
-            "machine": machine(),
-            "load": summary,
-            "tables": [{"title": title, "columns": columns, "rows": table}],
-            "targets": [],
-            "plots": ["child_cpu.png"],
-            "notes": [
-                "CPU seconds are user + system time from /proc (each JVM thread, each Python process), sampled "
-                "every 0.25 s until the child's commits/0 exists; a Python process that exited between samples "
-                "loses up to 0.25 s.",
-                "'CPU s' does not depend on how much CPU the hypervisor steals the way wall time does: it is the "
-                "work a split needs per child, however well it overlaps with the parent's drain.",
-                "-XX:CompileThresholdScaling=5 makes HotSpot compile a method after 5x as many calls as usual, "
-                "so start-up code that runs a few times is interpreted instead of compiled, while hot code still "
-                "reaches C2; -XX:TieredStopAtLevel=1 (C1 only) removes the C2 compiler's work but makes hot code "
-                "slower for the life of the shard. Neither is a default: with CompileThresholdScaling=5 the "
-                "throughput benchmark (section 1) was not faster (builtin count 0.81x instead of 0.87x in one run), "
-                "and C1 only was not measured there. A Task sets its own options through "
-                "spec.spark.conf['spark.driver.extraJavaOptions'], which replace the runtime's default; keep -Xss32m.",
-            ],
-            "raw": {"runs": runs},
-        },
+        args,
+        argv,
+        title="Where a split child's CPU goes (informational)",
+        load=load.summary(),
+        tables=[(title, columns, table)],
+        targets=[],
+        plots=["child_cpu.png"],
+        notes=NOTES,
+        raw={"runs": runs},
     )
     return 0
+
+
+def summarize(data: dict[str, Any]) -> list[str]:
+    """Per JVM option set: the child's CPU seconds to its first batch (JVM, JIT, Python) and wall time."""
+    out = []
+    for opts, runs in data["raw"]["runs"].items():
+        jvm, python = (statistics.median(r[k] for r in runs) for k in ("jvm", "python"))
+        jit = statistics.median(r["groups"].get(JIT, 0.0) for r in runs)
+        procs = statistics.median(r["pythonProcesses"] for r in runs)
+        out.append(
+            f"JVM options '{opts or 'default'}': {jvm + python:.1f} CPU s from the child's start to its first batch "
+            f"({jvm:.1f} in the JVM, {jit:.1f} of it in the JIT compilers; {python:.1f} in {procs:.0f} Python "
+            f"processes); wall {statistics.median(r['wall'] for r in runs):.1f} s."
+        )
+    return out
 
 
 if __name__ == "__main__":

@@ -20,20 +20,22 @@ next to each table, and prefer ratios measured inside one run.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / ".run" / "bench"
-VENV_BIN = str(Path(sys.executable).parent)
 
 for _p in (REPO, REPO / "operator", REPO / "hack"):
     if str(_p) not in sys.path:
@@ -62,23 +64,20 @@ def _first_line(cmd: list[str]) -> str:
     return text[0] if text else "unavailable"
 
 
+def proc_value(path: str, field: str) -> str | None:
+    """The value of the first ``<field>: <value>`` line of a ``/proc`` file (None without one, or without the file)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() == field), None)
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
+    cpu = proc_value("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
+    mem = proc_value("/proc/meminfo", "MemTotal")
+    mem_gib = round(int(mem.split()[0]) / 1024 / 1024, 1) if mem else None
     try:
         import pyspark
 
@@ -163,6 +162,26 @@ def fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def median(values: list[Any]) -> float | None:
+    """The median of the values that were measured (None when none was), 3 decimals."""
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 3) if present else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b`` (3 decimals), None when either is missing or ``b`` is 0."""
+    return round(a / b, 3) if a is not None and b else None
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file, ``{}`` when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def md_table(columns: list[str], rows: list[list[Any]]) -> str:
     """A Markdown table; columns whose values are all numbers (or empty) are right-aligned."""
 
@@ -210,28 +229,6 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-# ---------------------------------------------------------------- the local control plane
-
-
-def kubectl_retry(cluster: Any, *args: str, input: str | None = None, namespace: str | None = None) -> str:
-    """``cluster.kubectl(...)``, retried for up to a minute: right after the CRDs are Established the API server
-    may still answer 429 "storage is (re)initializing" for them. Raises with kubectl's stderr."""
-    deadline = time.monotonic() + 60
-    while True:
-        result = cluster.kubectl(*args, input=input, namespace=namespace, check=False)
-        if result.returncode == 0:
-            return result.stdout
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-        time.sleep(1.0)
-
-
-def wait_served(cluster: Any, namespace: str, *plurals: str) -> None:
-    """Wait until the API server lists each resource in ``namespace`` (the CRDs are served, not just Established)."""
-    for plural in plurals:
-        kubectl_retry(cluster, "get", plural, namespace=namespace)
-
-
 # ---------------------------------------------------------------- files and processes
 
 
@@ -242,39 +239,31 @@ def mtime(path: Path) -> float | None:
         return None
 
 
-def birth_time(path: Path) -> float | None:
-    """The creation time of ``path`` (statx btime via ``stat -c %.9W``), None where the filesystem has none."""
+def stat_fields(path: str) -> tuple[str, list[str]] | None:
+    """``(comm, the fields after it)`` of a ``/proc/.../stat`` file (None when it is gone)."""
     try:
-        out = subprocess.run(["stat", "-c", "%.9W", str(path)], capture_output=True, text=True, timeout=10)
-        value = float(out.stdout.strip())
-    except (OSError, ValueError, subprocess.TimeoutExpired):
+        raw = Path(path).read_text()
+    except OSError:
         return None
-    return value if value > 0 else None
+    return raw[raw.index("(") + 1 : raw.rindex(")")], raw[raw.rindex(")") + 2 :].split()
 
 
-def _ppid_map() -> dict[int, int]:
-    out = {}
+def children_map() -> dict[int, list[int]]:
+    """Parent pid -> the pids of its children, from ``/proc`` (a snapshot)."""
+    out: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        out[int(d)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if d.isdigit() and (st := stat_fields(f"/proc/{d}/stat")) is not None:
+            out.setdefault(int(st[1][1]), []).append(int(d))
     return out
 
 
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (a snapshot)."""
-    children: dict[int, list[int]] = {}
-    for p, pp in _ppid_map().items():
-        children.setdefault(pp, []).append(p)
+def descendants(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """``pid`` and every process below it in ``children`` (default: a fresh :func:`children_map`)."""
+    children = children_map() if children is None else children
     out, todo = [], [pid]
     while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
+        out.append(todo.pop())
+        todo.extend(children.get(out[-1], []))
     return out
 
 
@@ -294,24 +283,159 @@ def spawn_runtime(config_path: Path, log_path: Path) -> subprocess.Popen:
 
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of the live processes ``pids`` (plus their reaped children)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for p in pids:
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text()
-        except OSError:
-            continue
-        f = stat[stat.rindex(")") + 2 :].split()
-        total += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
-    return total / tick
+    stats = [st[1] for p in pids if (st := stat_fields(f"/proc/{p}/stat")) is not None]
+    return sum(int(f[11]) + int(f[12]) + int(f[13]) + int(f[14]) for f in stats) / os.sysconf("SC_CLK_TCK")
 
 
 def status_kib(pid: int, field: str) -> int | None:
     """A ``/proc/<pid>/status`` field in KiB (``VmRSS``, ``VmHWM``), None when the process is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+    value = proc_value(f"/proc/{pid}/status", field)
+    return int(value.split()[0]) if value else None
+
+
+# ---------------------------------------------------------------- the harness: options, targets, the result file
+
+
+def options(doc: str | None, *, seed: int | None = 7) -> argparse.ArgumentParser:
+    """The options every benchmark takes: ``--out`` (the results directory) and, unless ``seed`` is None,
+    ``--seed``. The description is the first paragraph of ``doc`` (the script's docstring)."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results directory (default {DEFAULT_OUT})")
+    if seed is not None:
+        ap.add_argument("--seed", type=int, default=seed, help=f"random seed (default {seed})")
+    return ap
+
+
+def parse(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``ap.parse_args(argv)`` with ``--out`` made absolute (paths go into configs and hostPath volumes) and
+    created."""
+    args = ap.parse_args(argv)
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def target(name: str, bound: str, value: str, met: bool, why: str | None = None) -> dict[str, Any]:
+    """One Targets row: what is measured, the target (``"<= 5 s"``, ``"exact"``, ``"reported"``), the measured
+    value as text, whether it is met, and (when missed) what the time or memory is spent on."""
+    row: dict[str, Any] = {"name": name, "target": bound, "value": value, "met": bool(met)}
+    if why and not met:
+        row["why"] = why
+    return row
+
+
+def bed_task(name: str, namespace: str, data: Path, partitions: int, spark: dict[str, Any], **spec: Any) -> dict:
+    """A Task for ``hack/operator_bed.py``: one shard of 128 key groups, builtin count keyed by ``key``, its journal
+    (``partitions``), output and state under ``data`` (the pods' ``/data``), the shard image with ``spark``;
+    ``spec`` adds or replaces fields."""
+    spec = {"maxKeyGroups": 128, "initialShards": 1, "keyField": "key", "processor": {"builtin": "count"}} | spec
+    spec["source"] = {"journal": {"path": f"/data/journal/{name}", "partitions": partitions}}
+    spec["sink"] = {"directory": {"path": f"/data/output/{name}", "format": "jsonl"}}
+    spec["storage"] = {"path": "/data/state", "volume": {"hostPath": str(data), "mountPath": "/data"}}
+    spec["spark"] = {"image": "taskshard/shard:0.1.0", **spark}
+    meta = {"name": name, "namespace": namespace}
+    return {"apiVersion": "taskshard.io/v1alpha1", "kind": "Task", "metadata": meta, "spec": spec}
+
+
+def publish(
+    name: str,
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    *,
+    title: str,
+    load: dict[str, Any],
+    tables: list[tuple[str, list[str], list[list[Any]]]],
+    targets: list[dict[str, Any]],
+    plots: list[str] = (),  # type: ignore[assignment]
+    notes: list[str] = (),  # type: ignore[assignment]
+    raw: Any = None,
+) -> Path:
+    """Print each ``(title, columns, rows)`` table and write ``<args.out>/<name>.json`` in the shape this module's
+    docstring gives (the parameters are ``args``; the command line is ``argv``'s)."""
+    for table_title, columns, rows in tables:
+        print_table(table_title, columns, rows, load)
+    payload = {
+        "title": title,
+        "command": command_line(argv),
+        "parameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "machine": machine(),
+        "load": load,
+        "tables": [{"title": t, "columns": c, "rows": r} for t, c, r in tables],
+        "targets": list(targets),
+        "plots": list(plots),
+        "notes": list(notes),
+        "raw": raw,
+    }
+    return write_result(args.out, name, payload)
+
+
+def bar_plot(path: Path, bars: dict[str, float], *, xlabel: str, title: str) -> None:
+    """A horizontal bar per entry of ``bars`` (label -> value), saved as ``path``."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 0.5 + 0.45 * max(2, len(bars))))
+    ax.barh(list(bars), list(bars.values()), color="#4c72b0")
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- in-process shard runs
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user + system, with reaped children's) used so far by this process tree: the driver, the JVM,
+    Spark's Python workers. Unlike wall time it barely moves when other jobs share the machine."""
+    return cpu_seconds(descendants(os.getpid()))
+
+
+def cpu_since(start: float) -> float:
+    """CPU seconds of the process tree since ``start``; NaN when the tree lost a process that was not yet
+    reaped (its time then shows up nowhere: the sample is dropped rather than reported wrong)."""
+    time.sleep(0.5)  # let parents reap finished workers so their time moves into cutime
+    used = tree_cpu_seconds() - start
+    return used if used > 0 else float("nan")
+
+
+def rounds(repeat: int, journal: Path, warm: Path, batches: int, partitions: int) -> Iterator[tuple[bool, Path, int]]:
+    """Round 0 warms up on ``warm`` (2 micro-batches), rounds 1.. are measured on ``journal``: (measured, journal,
+    byte budget per trigger: split evenly over the partitions, the largest one takes ``batches`` micro-batches)."""
+    for attempt in range(repeat + 1):
+        src = journal if attempt else warm
+        largest = max(f.stat().st_size for f in src.glob("p*.jsonl"))
+        yield attempt > 0, src, (-(-largest // (batches if attempt else 2)) + 256) * partitions
+
+
+def runner_config(
+    root: Path, journal: Path, parts: int, shard: str, start: int, end: int, proc: dict, conf: dict, **extra: Any
+) -> Any:
+    """A shard's parsed config: task ``bench`` (``task=`` another), 128 key groups, ``proc``, a journal of
+    ``parts`` partitions, sink and storage under ``root``, local[2] with ``conf``, a 1 s trigger (``trigger=``
+    another); ``extra`` adds or replaces top-level fields (``restoreFrom``, ``metricsPort``, ``source``, ...)."""
+    from spark_runtime.config import parse_config
+
+    trigger = extra.pop("trigger", "1 second")
+    cfg = {"task": "bench", "shard": shard, "maxKeyGroups": 128, "keyGroups": {"start": start, "end": end}}
+    cfg |= {"processor": proc, "source": {"journal": {"path": str(journal), "partitions": parts}}}
+    cfg["sink"] = {"directory": {"path": str(root / "out"), "format": "jsonl"}}
+    cfg["storage"] = {"path": str(root / "state")}
+    cfg["spark"] = {"master": "local[2]", "conf": conf, "triggerInterval": trigger}
+    return parse_config(cfg | extra)
+
+
+def timed_query(start: Callable[[], Any]) -> tuple[float, float, list[dict[str, Any]]]:
+    """``start()`` an availableNow query, wait for it: its wall and CPU (process tree) seconds, its progress."""
+    c0, t0 = tree_cpu_seconds(), time.perf_counter()
+    query = start()
+    query.awaitTermination()
+    seconds, cpu = time.perf_counter() - t0, cpu_since(c0)
+    return seconds, cpu, [json.loads(p.json) for p in query.recentProgress]
+
+
+def method_notes(doc: str) -> list[str]:
+    """The "How it is measured" notes of a result: the paragraphs of the script's docstring between its first
+    paragraph and its usage line, each on one line."""
+    paragraphs = doc.strip().split("\n\n")[1:]
+    return [" ".join(p.split()) for p in paragraphs if not p.lstrip().startswith(".venv/")]

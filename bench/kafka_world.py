@@ -1,12 +1,7 @@
-"""The Kafka + MinIO world of the hand-over benchmark (``bench/merge_gap.py --source kafka``): a real broker and
-a real MinIO on loopback (``hack/testinfra``), one input and one output topic and one S3 prefix per trial, and the
-runtime's times read from the bucket (object LastModified from a listing: millisecond precision, the machine's
-clock) and from the output topic (each record's ``taskshard-id`` header names its shard and batch).
-
-A trial offers what :func:`merge_gap.trial` asks of its world: the shards' ``source``/``sink``/``storage`` blocks,
-a pre-fill and a producer, whether a shard consumed the pre-fill, the drain-summary pointer of a parent, and the
-commit times (a parent's last, a child's first emitting one).
-"""
+"""The Kafka + MinIO world of ``bench/merge_gap.py --source kafka`` (``hack/testinfra``, loopback): per trial an
+input and an output topic and an S3 prefix, answering what :func:`merge_gap.trial` asks of its world. Commit times
+are object LastModified from a listing (millisecond precision); a child's first emitting batch comes from the output
+records' ``taskshard-id`` header."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ BUCKET = "bench"
 
 
 class KafkaS3World:
-    """A broker and MinIO for the whole run; :meth:`trial` gives each trial its own topics and prefix. The shard
-    processes inherit the S3 credentials and the connector jars through the environment."""
+    """A broker and MinIO for the run; the shards inherit the S3 credentials and the jars from the environment."""
 
     def __init__(self, run_dir: Path) -> None:
         from testinfra.jars import spark_jars
@@ -38,14 +32,11 @@ class KafkaS3World:
         self.minio = MinioServer(run_dir / "minio")
         self.minio.start()
         self.minio.create_bucket(BUCKET)
+        key, secret = self.minio.access_key, self.minio.secret_key
         os.environ.update(
-            AWS_ACCESS_KEY_ID=self.minio.access_key,
-            AWS_SECRET_ACCESS_KEY=self.minio.secret_key,
-            TASKSHARD_EXTRA_JARS=os.pathsep.join(str(j) for j in jars),
+            AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret, TASKSHARD_EXTRA_JARS=os.pathsep.join(map(str, jars))
         )
-        self.s3 = S3Settings(
-            endpoint=self.minio.endpoint, access_key=self.minio.access_key, secret_key=self.minio.secret_key
-        )
+        self.s3 = S3Settings(endpoint=self.minio.endpoint, access_key=key, secret_key=secret)
         self.trials = 0
 
     def trial(self, partitions: int) -> KafkaS3Trial:
@@ -63,28 +54,24 @@ class KafkaS3Trial:
     def __init__(self, world: KafkaS3World, tag: str, partitions: int) -> None:
         self.world, self.tag, self.partitions = world, tag, partitions
         self.topic_in, self.topic_out = f"{tag}-in", f"{tag}-out"
-        world.broker.create_topic(self.topic_in, partitions)
-        world.broker.create_topic(self.topic_out, partitions)
+        for topic in (self.topic_in, self.topic_out):
+            world.broker.create_topic(topic, partitions)
         self.root = f"s3a://{BUCKET}/{tag}/{TASK}"
         self._first_batch: dict[str, int] = {}
         self._stop = threading.Event()
         self._reader = threading.Thread(target=self._read_output, daemon=True)
         self._reader.start()
 
-    # ---------------------------------------------------------------- the shards' config blocks
-
     def blocks(self) -> dict[str, Any]:
-        servers = self.world.broker.bootstrap_servers
+        kafka = {"bootstrapServers": self.world.broker.bootstrap_servers}
         return {
-            "source": {"kafka": {"bootstrapServers": servers, "topic": self.topic_in}},
-            "sink": {"kafka": {"bootstrapServers": servers, "topic": self.topic_out}},
+            "source": {"kafka": kafka | {"topic": self.topic_in}},
+            "sink": {"kafka": kafka | {"topic": self.topic_out}},
             "storage": {"s3": {"bucket": BUCKET, "prefix": self.tag, "endpoint": self.world.minio.endpoint}},
         }
 
     def drained_pointer(self, shard: str) -> str:
         return drain_summary_uri(self.root, shard)
-
-    # ---------------------------------------------------------------- input
 
     def prefill(self, keys: int, seed: int) -> dict[str, Any]:
         """One record per key (``u<i>``, shuffled); returns the topic's end offsets after it."""
@@ -96,10 +83,14 @@ class KafkaS3Trial:
     def producer(self, keys: int, rate: int, seed: int) -> KafkaProducerThread:
         return KafkaProducerThread(self.world.broker.bootstrap_servers, self.topic_in, keys, rate, seed)
 
-    # ---------------------------------------------------------------- what the shards did
-
     def _loc(self, shard: str, *parts: str) -> Loc:
         return location("/".join([self.root, "shards", shard, *parts]), self.world.s3)
+
+    def _listing(self, loc: Loc) -> dict[str, float]:
+        from pyarrow import fs  # file name -> LastModified
+
+        infos = loc.fs.get_file_info(fs.FileSelector(loc.path, allow_not_found=True))
+        return {i.path.rsplit("/", 1)[-1]: i.mtime.timestamp() for i in infos if i.mtime is not None}
 
     def consumed(self, shard: str, ends: dict[str, Any]) -> bool:
         try:
@@ -110,17 +101,7 @@ class KafkaS3Trial:
         return all(int(got.get(p, 0)) >= int(o) for p, o in ends[self.topic_in].items())
 
     def _commit_times(self, shard: str) -> dict[int, float]:
-        """``checkpoint/commits/<n>`` -> its LastModified (a listing: millisecond precision)."""
-        from pyarrow import fs
-
-        loc = self._loc(shard, "checkpoint", "commits")
-        infos = loc.fs.get_file_info(fs.FileSelector(loc.path, allow_not_found=True))
-        out = {}
-        for info in infos:
-            name = info.path.rsplit("/", 1)[-1]
-            if name.isdigit() and info.mtime is not None:
-                out[int(name)] = info.mtime.timestamp()
-        return out
+        return {int(n): t for n, t in self._listing(self._loc(shard, "checkpoint", "commits")).items() if n.isdigit()}
 
     def first_emit(self, shard: str) -> float | None:
         batch = self._first_batch.get(shard)
@@ -131,40 +112,24 @@ class KafkaS3Trial:
         return self._commit_times(shard).get(int(summary["batchId"]))
 
     def drained_at(self, shard: str) -> float | None:
-        from pyarrow import fs
-
-        loc = self._loc(shard)
-        for info in loc.fs.get_file_info(fs.FileSelector(loc.path, allow_not_found=True)):
-            if info.path.endswith("/drained.json") and info.mtime is not None:
-                return info.mtime.timestamp()
-        return None
+        return self._listing(self._loc(shard)).get("drained.json")
 
     def _read_output(self) -> None:
         """Follow the output topic: the first batch of each shard that wrote a record."""
         from testinfra.kafka import _confluent
 
-        ck = _confluent()
-        consumer = ck.Consumer(
-            {
-                "bootstrap.servers": self.world.broker.bootstrap_servers,
-                "group.id": f"bench-{self.tag}",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-            }
+        consumer = _confluent().Consumer(
+            {"bootstrap.servers": self.world.broker.bootstrap_servers, "group.id": f"bench-{self.tag}"}
+            | {"auto.offset.reset": "earliest", "enable.auto.commit": False, "isolation.level": "read_committed"}
         )
         consumer.subscribe([self.topic_out])
         try:
             while not self._stop.is_set():
                 for msg in consumer.consume(1000, timeout=0.2):
-                    if msg.error():
-                        continue
-                    for name, value in msg.headers() or []:
+                    for name, value in [] if msg.error() else msg.headers() or []:
                         if name == "taskshard-id" and value:
                             shard, batch = value.decode().split("/")[:2]
-                            known = self._first_batch.get(shard)
-                            if known is None or int(batch) < known:
-                                self._first_batch[shard] = int(batch)
+                            self._first_batch[shard] = min(int(batch), self._first_batch.get(shard, int(batch)))
         finally:
             consumer.close()
 
@@ -174,7 +139,7 @@ class KafkaS3Trial:
 
 
 class KafkaProducerThread(threading.Thread):
-    """Produces ``rate`` records per second (keys ``u<i>`` of the pre-fill) until stopped."""
+    """Produces ``rate`` records per second (keys ``u<i>`` of the pre-fill) until ``stop_event`` is set."""
 
     def __init__(self, servers: str, topic: str, keys: int, rate: int, seed: int) -> None:
         super().__init__(daemon=True)

@@ -2,11 +2,10 @@
 
     TASKSHARD_BENCH_TIMINGS=/tmp/timings.json .venv/bin/python bench/operator_timed.py --namespace NS --standalone
 
-Takes exactly the arguments of ``python -m taskshard_operator`` and runs the same ``main()``; before that it
-registers the operator's handlers and wraps, in Kopf's default registry, each handler's function with a timer
-(wall time of the call, i.e. what one handler invocation costs, not its queueing), every reconcile pass of the
-work queue (as ``pass:task`` and ``pass:shard``), and wraps the methods of :class:`taskshard_operator.kube.Kube`
-(API calls by kind). Every two seconds and at exit it writes ``$TASKSHARD_BENCH_TIMINGS`` (also on SIGUSR1)::
+Takes the arguments of ``python -m taskshard_operator`` and runs its ``main()`` after wrapping, with timers, each
+handler function in Kopf's default registry (wall time of one call, not its queueing), every reconcile pass of the
+work queue (``pass:task``, ``pass:shard``) and the methods of :class:`taskshard_operator.kube.Kube` (API calls).
+Every 2 s, at exit and on SIGUSR1 it writes ``$TASKSHARD_BENCH_TIMINGS``::
 
     {"handlers": {"<id>": {"calls": n, "seconds": total, "max": s, "p50": s, "p99": s,
                             "slowest": [{"seconds": s, "object": "ns/name", "at": unix}, ...]}},
@@ -20,6 +19,7 @@ Nothing in the operator is changed; the wrappers only measure.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,17 +55,13 @@ def _record_handler(hid: str, seconds: float, obj: str) -> None:
 def _record_api(name: str, seconds: float, error: str | None = None) -> None:
     with _LOCK:
         a = _API.setdefault(name, {"calls": 0, "seconds": 0.0, "max": 0.0, "errors": {}})
-        a["calls"] += 1
-        a["seconds"] += seconds
-        a["max"] = max(a["max"], seconds)
+        a["calls"], a["seconds"], a["max"] = a["calls"] + 1, a["seconds"] + seconds, max(a["max"], seconds)
         if error is not None:
             a["errors"][error] = a["errors"].get(error, 0) + 1
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] if sorted_values else 0.0
 
 
 def snapshot() -> dict[str, Any]:
@@ -73,26 +70,15 @@ def snapshot() -> dict[str, Any]:
         for hid, h in _HANDLERS.items():
             d = sorted(h["durations"])
             handlers[hid] = {
-                "calls": len(d),
-                "seconds": round(sum(d), 4),
-                "max": round(d[-1], 4) if d else 0.0,
-                "p50": round(_quantile(d, 0.5), 4),
-                "p99": round(_quantile(d, 0.99), 4),
-                "slowest": list(h["slowest"]),
-            }
+                "calls": len(d), "seconds": round(sum(d), 4), "max": round(d[-1], 4) if d else 0.0,
+                "p50": round(_quantile(d, 0.5), 4), "p99": round(_quantile(d, 0.99), 4), "slowest": list(h["slowest"]),
+            }  # fmt: skip
         api = {k: {**v, "seconds": round(v["seconds"], 4), "max": round(v["max"], 4)} for k, v in _API.items()}
         now = time.perf_counter()
-        inflight = sorted(
-            ({"handler": hid, "object": obj, "seconds": round(now - t0, 4)} for hid, obj, t0 in _INFLIGHT.values()),
-            key=lambda c: -c["seconds"],
-        )
-    return {
-        "handlers": handlers,
-        "inflight": inflight[:KEEP_SLOWEST],
-        "api": api,
-        "written": round(time.time(), 3),
-        "pid": os.getpid(),
-    }
+        inflight = [{"handler": h, "object": o, "seconds": round(now - t0, 4)} for h, o, t0 in _INFLIGHT.values()]
+    inflight.sort(key=lambda c: -c["seconds"])
+    return {"handlers": handlers, "inflight": inflight[:KEEP_SLOWEST], "api": api, "written": round(time.time(), 3),
+            "pid": os.getpid()}  # fmt: skip
 
 
 def dump(path: str) -> None:
@@ -101,22 +87,19 @@ def dump(path: str) -> None:
     os.replace(tmp, path)
 
 
-class _Timed:
+@contextlib.contextmanager
+def _timed(hid: str, obj: str) -> Iterator[None]:
     """Times one call of handler ``hid`` on object ``obj`` (and lists it as in flight meanwhile)."""
-
-    def __init__(self, hid: str, obj: str) -> None:
-        self.hid, self.obj = hid, obj
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    with _LOCK:
+        token = next(_TOKENS)
+        _INFLIGHT[token] = (hid, obj, t0)
+    try:
+        yield
+    finally:
         with _LOCK:
-            self.token = next(_TOKENS)
-            _INFLIGHT[self.token] = (self.hid, self.obj, self.t0)
-
-    def __exit__(self, *_: Any) -> None:
-        with _LOCK:
-            _INFLIGHT.pop(self.token, None)
-        _record_handler(self.hid, time.perf_counter() - self.t0, self.obj)
+            _INFLIGHT.pop(token, None)
+        _record_handler(hid, time.perf_counter() - t0, obj)
 
 
 def _timed_handler(hid: str, fn: Any) -> Any:
@@ -129,14 +112,14 @@ def _timed_handler(hid: str, fn: Any) -> Any:
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _Timed(hid, obj(kwargs)):
+            with _timed(hid, obj(kwargs)):
                 return await fn(*args, **kwargs)
 
         return async_wrapper
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with _Timed(hid, obj(kwargs)):
+        with _timed(hid, obj(kwargs)):
             return fn(*args, **kwargs)
 
     return wrapper
@@ -147,7 +130,7 @@ def _timed_pass(run: Any) -> Any:
 
     def wrapper(key: Any) -> Any:
         kind, namespace, name = key
-        with _Timed(f"pass:{kind}", f"{namespace}/{name}"):
+        with _timed(f"pass:{kind}", f"{namespace}/{name}"):
             return run(key)
 
     return wrapper
@@ -156,8 +139,7 @@ def _timed_pass(run: Any) -> Any:
 def _timed_method(name: str, fn: Any) -> Any:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        error = None
+        t0, error = time.perf_counter(), None
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # counted by type (e.g. Conflict: a conditional write refused), then re-raised
@@ -209,17 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.backoff_base is not None:
         os.environ["TASKSHARD_BACKOFF_BASE"] = str(args.backoff_base)
     count = instrument()
-    path = os.environ.get("TASKSHARD_BENCH_TIMINGS")
-    if path:
+    if path := os.environ.get("TASKSHARD_BENCH_TIMINGS"):
         atexit.register(dump, path)
 
         def loop() -> None:
             while True:
                 time.sleep(2.0)
-                try:
+                with contextlib.suppress(OSError):
                     dump(path)
-                except OSError:
-                    pass
 
         threading.Thread(target=loop, daemon=True, name="bench-timings").start()
         signal.signal(signal.SIGUSR1, lambda *_: dump(path))  # a dump on demand

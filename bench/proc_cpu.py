@@ -1,11 +1,9 @@
 """Where a machine's CPU time went during a measurement: per-process CPU seconds, grouped, from ``/proc``.
 
-:class:`ProcessCpuSampler` reads ``utime + stime`` of every process every ``interval`` seconds and charges each
-process's growth since the sampler started (or since the process appeared) to a group chosen by a classifier
-(for example, "the parent shard's pod" for a process whose environment says ``TASKSHARD_SHARD=<parent>``).
-It also reads the machine's total busy and idle time from ``/proc/stat``, so the table shows how much of the
-machine the groups account for. A process that exits between two samples loses at most ``interval`` seconds of
-its CPU time; that loss shows as the difference between the machine's busy time and the groups' sum.
+:class:`ProcessCpuSampler` charges every process's ``utime + stime`` growth (sampled every ``interval`` seconds)
+to a group named by a classifier, next to the machine's busy and idle time from ``/proc/stat`` (a process that
+exits between two samples loses at most ``interval`` seconds). :class:`TreeCpu` measures process trees over
+windows, including the processes that start or exit inside them.
 """
 
 from __future__ import annotations
@@ -16,23 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import _ppid_map, cpu_times
-
-__all__ = [
-    "CPU_KINDS",
-    "GC_THREADS",
-    "JIT_THREADS",
-    "MachineCpu",
-    "ProcessCpuSampler",
-    "TreeCpu",
-    "cmdline",
-    "machine_between",
-    "proc_stat",
-    "process_env",
-    "shard_classifier",
-]
+from common import children_map, cpu_times, descendants, stat_fields
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+"""HotSpot's JIT compiler threads, by their (truncated) thread names."""
+GC_THREADS = ("GC Thread", "G1 ", "VM Thread", "VM Periodic")
+"""HotSpot's garbage collector and VM threads, by their (truncated) thread names."""
+CPU_KINDS = ("JIT compilers", "GC", "other JVM", "Python")
 
 
 class MachineCpu:
@@ -45,46 +34,57 @@ class MachineCpu:
         self.steal = f[7] / CLK_TCK
 
 
-JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
-"""HotSpot's JIT compiler threads, by their (truncated) thread names."""
+def machine_between(before: MachineCpu, after: MachineCpu) -> dict[str, float | None]:
+    """The machine's busy, idle and steal seconds between two readings, and ``stealPercent``: the share of all
+    three the hypervisor gave to other guests (None when no time passed)."""
+    busy, idle, steal = after.busy - before.busy, after.idle - before.idle, after.steal - before.steal
+    total = busy + idle + steal
+    return {
+        "busy": round(busy, 2),
+        "idle": round(idle, 2),
+        "steal": round(steal, 2),
+        "stealPercent": round(100.0 * steal / total, 1) if total > 0 else None,
+    }
 
 
 def proc_stat(path: str) -> tuple[str, float] | None:
     """``(comm, utime + stime seconds)`` of a ``/proc/.../stat`` file (None when it is gone)."""
-    try:
-        raw = Path(path).read_text()
-    except OSError:
+    st = stat_fields(path)
+    return None if st is None else (st[0], (int(st[1][11]) + int(st[1][12])) / CLK_TCK)
+
+
+def _times(pid: int) -> tuple[str, int, float, float] | None:
+    """``(comm, ppid, own utime + stime, reaped children's cutime + cstime)`` in seconds; None when gone."""
+    st = stat_fields(f"/proc/{pid}/stat")
+    if st is None:
         return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return raw[raw.index("(") + 1 : raw.rindex(")")], (int(fields[11]) + int(fields[12])) / CLK_TCK
+    comm, f = st
+    return comm, int(f[1]), (int(f[11]) + int(f[12])) / CLK_TCK, (int(f[13]) + int(f[14])) / CLK_TCK
 
 
-def _jit_cpu(pid: int) -> float:
-    """CPU seconds of a JVM's JIT compiler threads."""
-    total = 0.0
+def _jvm_threads(pid: int) -> tuple[float, float]:
+    """CPU seconds of a JVM's JIT compiler threads and of its GC and VM threads."""
+    jit = gc = 0.0
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return 0.0
+        return 0.0, 0.0
     for tid in tids:
         st = proc_stat(f"/proc/{pid}/task/{tid}/stat")
         if st is not None and st[0].startswith(JIT_THREADS):
-            total += st[1]
-    return total
+            jit += st[1]
+        elif st is not None and st[0].startswith(GC_THREADS):
+            gc += st[1]
+    return jit, gc
 
 
 def process_env(pid: int) -> dict[str, str]:
     """The environment a process started with (empty when it is gone or not readable)."""
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
     except OSError:
         return {}
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode(errors="replace")] = value.decode(errors="replace")
-    return out
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
 
 
 def cmdline(pid: int) -> str:
@@ -96,16 +96,14 @@ def cmdline(pid: int) -> str:
 
 def shard_classifier(shards: dict[str, str]) -> Callable[[int, str], str]:
     """A classifier for shard benchmarks: ``shards`` maps a shard name to its group label; a process whose
-    environment has ``TASKSHARD_SHARD`` in it is charged to that label plus `` JVM`` (its command is ``java``)
-    or `` Python``; the control plane (etcd, kube-*), the node agent, the operator and the rest get their own
-    groups."""
+    environment has ``TASKSHARD_SHARD`` is charged to that label plus `` JVM`` (command ``java``) or `` Python``;
+    the control plane, the node agent, the operator and the rest get their own groups."""
 
     def classify(pid: int, comm: str) -> str:
         cmd = cmdline(pid)
         shard = process_env(pid).get("TASKSHARD_SHARD")
         if shard is not None:
-            label = shards.get(shard, "other shards")
-            return f"{label} {'JVM' if comm == 'java' else 'Python'}"
+            return f"{shards.get(shard, 'other shards')} {'JVM' if comm == 'java' else 'Python'}"
         if any(name in cmd for name in ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler")):
             return "control plane"
         if "localkube" in cmd or "podshim" in cmd or "podworker" in cmd:
@@ -119,44 +117,30 @@ def shard_classifier(shards: dict[str, str]) -> Callable[[int, str], str]:
 
 class ProcessCpuSampler(threading.Thread):
     """Samples every process's CPU time until :meth:`finish`; :attr:`groups` then holds seconds per group, and
-    :attr:`jit_groups` the part of each JVM group spent in its JIT compiler threads.
-
-    ``classify(pid, comm)`` names a process's group; it is asked again when the process's command changes
-    (a shell script that ``exec``s ``java``)."""
+    :attr:`jit_groups` the part of each JVM group spent in its JIT compiler threads. ``classify(pid, comm)`` is
+    asked again when a process's command changes (a shell script that ``exec``s ``java``)."""
 
     def __init__(self, classify: Callable[[int, str], str], interval: float = 0.25) -> None:
         super().__init__(daemon=True)
-        self.classify, self.interval = classify, interval
-        self.halt = threading.Event()
-        self.first: dict[int, float] = {}
-        self.last: dict[int, float] = {}
-        self.jit_first: dict[int, float] = {}
-        self.jit_last: dict[int, float] = {}
+        self.classify, self.interval, self.halt = classify, interval, threading.Event()
+        self.cpu: dict[int, list[float]] = {}
+        """pid -> [CPU seconds at the start (0 if it started later), now, the same of its JIT threads]."""
         self.comm: dict[int, str] = {}
         self.group_of: dict[int, str] = {}
-        self.machine_before = MachineCpu()
-        self.machine_after: MachineCpu | None = None
+        self.machine_before, self.machine_after = MachineCpu(), None
         self._sample(initial=True)
 
     def _sample(self, initial: bool = False) -> None:
         for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            pid = int(entry)
-            st = proc_stat(f"/proc/{pid}/stat")
+            st = proc_stat(f"/proc/{entry}/stat") if entry.isdigit() else None
             if st is None:
                 continue
-            comm, cpu = st
-            if pid not in self.first:
-                self.first[pid] = cpu if initial else 0.0
+            pid, (comm, cpu) = int(entry), st
             if self.comm.get(pid) != comm:
-                self.comm[pid] = comm
-                self.group_of[pid] = self.classify(pid, comm)
-            self.last[pid] = cpu
-            if comm == "java":
-                jit = _jit_cpu(pid)
-                self.jit_first.setdefault(pid, jit if initial else 0.0)
-                self.jit_last[pid] = jit
+                self.comm[pid], self.group_of[pid] = comm, self.classify(pid, comm)
+            jit = _jvm_threads(pid)[0] if comm == "java" else 0.0
+            seen = self.cpu.setdefault(pid, [cpu, cpu, jit, jit] if initial else [0.0, cpu, 0.0, jit])
+            seen[1], seen[3] = cpu, jit
 
     def run(self) -> None:
         while not self.halt.wait(self.interval):
@@ -170,76 +154,31 @@ class ProcessCpuSampler(threading.Thread):
         self.machine_after = MachineCpu()
         return self.groups
 
-    def _by_group(self, first: dict[int, float], last: dict[int, float]) -> dict[str, float]:
+    def _by_group(self, first: int) -> dict[str, float]:
         out: dict[str, float] = {}
-        for pid, value in last.items():
-            grown = value - first[pid]
-            if grown > 0:
-                out[self.group_of[pid]] = out.get(self.group_of[pid], 0.0) + grown
+        for pid, seen in self.cpu.items():
+            if seen[first + 1] - seen[first] > 0:
+                out[self.group_of[pid]] = out.get(self.group_of[pid], 0.0) + seen[first + 1] - seen[first]
         return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
     @property
     def groups(self) -> dict[str, float]:
         """CPU seconds per group, largest first."""
-        return self._by_group(self.first, self.last)
+        return self._by_group(0)
 
     @property
     def jit_groups(self) -> dict[str, float]:
         """Seconds of JIT compiler threads per (JVM) group."""
-        return self._by_group(self.jit_first, self.jit_last)
+        return self._by_group(2)
 
-    def machine(self) -> dict[str, float]:
-        """Busy, idle and steal seconds of the whole machine between the start and :meth:`finish`, and the
-        stolen share of all three in percent (``stealPercent``, None when no time passed)."""
+    def machine(self) -> dict[str, float | None]:
+        """:func:`machine_between` the start and :meth:`finish`."""
         return machine_between(self.machine_before, self.machine_after or MachineCpu())
 
 
-GC_THREADS = ("GC Thread", "G1 ", "VM Thread", "VM Periodic")
-"""HotSpot's garbage collector and VM threads, by their (truncated) thread names."""
-CPU_KINDS = ("JIT compilers", "GC", "other JVM", "Python")
-
-
-def _tree(root: int, children: dict[int, list[int]]) -> list[int]:
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
-def _jvm_threads(pid: int) -> tuple[float, float]:
-    """CPU seconds of a JVM's JIT compiler threads and of its GC and VM threads."""
-    jit = gc = 0.0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0, 0.0
-    for tid in tids:
-        st = proc_stat(f"/proc/{pid}/task/{tid}/stat")
-        if st is None:
-            continue
-        if st[0].startswith(JIT_THREADS):
-            jit += st[1]
-        elif st[0].startswith(GC_THREADS):
-            gc += st[1]
-    return jit, gc
-
-
-def _times(pid: int) -> tuple[str, int, float, float] | None:
-    """``(comm, ppid, own utime + stime, reaped children's cutime + cstime)`` in seconds; None when gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    f = raw[raw.rindex(")") + 2 :].split()
-    comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-    return comm, int(f[1]), (int(f[11]) + int(f[12])) / CLK_TCK, (int(f[13]) + int(f[14])) / CLK_TCK
-
-
 def _ignores_sigchld(pid: int) -> bool:
-    """Whether ``pid`` ignores SIGCHLD: its children are then reaped by the kernel, and their CPU time is never
-    added to its ``cutime`` (Spark's Python daemon does this)."""
+    """Whether ``pid`` ignores SIGCHLD: the kernel then reaps its children, whose CPU time never reaches its
+    ``cutime`` (Spark's Python daemon does this)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("SigIgn:"):
@@ -252,18 +191,12 @@ def _ignores_sigchld(pid: int) -> bool:
 class TreeCpu(threading.Thread):
     """CPU seconds of process trees over windows, including the processes that start or exit inside a window.
 
-    ``roots`` maps a label to a root pid (a shard's process). Every ``interval`` seconds (and at each
-    :meth:`reading`) the sampler reads, for every process in each tree (minus the tree of ``exclude``, a broker
-    the benchmark started), its own ``utime + stime`` and its reaped children's ``cutime + cstime``, and keeps the
-    last values it saw of each process, also after it is gone. Between two readings a process counts:
-
-    - alive at the end: its growth (own + reaped) since the first reading (from 0 if it started in the window);
-    - exited, its parent waits for its children: minus what it had at the first reading, because the parent's
-      reaped time grew by its whole life (so short-lived processes count exactly);
-    - exited, its parent ignores SIGCHLD (Spark's Python daemon, whose workers the kernel reaps without adding
-      their time to anyone): its last sampled values minus the first (it loses at most its last ``interval``).
-
-    The sampler thread's own CPU is subtracted when it runs inside a measured tree (the benchmark's process)."""
+    ``roots`` maps a label to a root pid. Every ``interval`` seconds (and at each :meth:`reading`) it keeps, for each
+    process in each tree (minus the tree of ``exclude``), its own ``utime + stime`` and its reaped children's
+    ``cutime + cstime``, also after it is gone. Between two readings a process counts its growth (from 0 if it
+    started in the window) if alive at the end or if its parent ignores SIGCHLD (Spark's Python daemon: it loses at
+    most its last ``interval``); minus what it had at the first reading if it exited and its parent waits for it
+    (the parent's reaped time grew by its whole life). The sampler thread's own CPU is not counted."""
 
     def __init__(self, roots: dict[str, int], *, exclude: int | None = None, interval: float = 1.0) -> None:
         super().__init__(daemon=True)
@@ -286,24 +219,19 @@ class TreeCpu(threading.Thread):
 
     def _sample(self) -> None:
         with self.lock:
-            children: dict[int, list[int]] = {}
-            for p, pp in _ppid_map().items():
-                children.setdefault(pp, []).append(p)
-            skip = set(_tree(self.exclude, children)) if self.exclude else set()
-            me = os.getpid()
+            children = children_map()
+            skip = set(descendants(self.exclude, children)) if self.exclude else set()
             alive = set()
             for label, root in self.roots.items():
-                for pid in _tree(root, children):
-                    if pid in skip:
-                        continue
-                    t = _times(pid)
+                for pid in descendants(root, children):
+                    t = _times(pid) if pid not in skip else None
                     if t is None:
                         continue
                     comm, ppid, own, reaped = t
                     if pid not in self.unaccounted:
                         self.unaccounted[pid] = _ignores_sigchld(ppid)
                     self.comm[pid] = comm
-                    self.last[label][pid] = (own - (self._own_thread_cpu() if pid == me else 0.0), reaped)
+                    self.last[label][pid] = (own - (self._own_thread_cpu() if pid == os.getpid() else 0.0), reaped)
                     alive.add(pid)
             self.alive = alive
 
@@ -324,11 +252,7 @@ class TreeCpu(threading.Thread):
         with self.lock:
             cpu = {label: dict(v) for label, v in self.last.items()}
             alive = set(self.alive)
-        jvm = {}
-        if threads:
-            for pid in alive:
-                if self.comm.get(pid) == "java":
-                    jvm[pid] = _jvm_threads(pid)
+        jvm = {pid: _jvm_threads(pid) for pid in alive if threads and self.comm.get(pid) == "java"}
         return {"cpu": cpu, "alive": alive, "jvm": jvm}
 
     def _grown(self, before: dict[str, Any], after: dict[str, Any], label: str) -> dict[int, tuple[float, float]]:
@@ -352,8 +276,7 @@ class TreeCpu(threading.Thread):
 
     def kinds(self, before: dict[str, Any], after: dict[str, Any], label: str | None = None) -> dict[str, float]:
         """:meth:`seconds` by kind (``CPU_KINDS``): the JVMs' JIT threads, their GC and VM threads, the rest of the
-        JVMs, and every other process (Python: the runtime, Spark's Python workers and source runners; a JVM's
-        reaped children are Python processes)."""
+        JVMs, and every other process (Python; a JVM's reaped children are Python processes)."""
         labels = [label] if label is not None else list(after["cpu"])
         out = dict.fromkeys(CPU_KINDS, 0.0)
         for lb in labels:
@@ -364,22 +287,9 @@ class TreeCpu(threading.Thread):
                     continue
                 jit = gc = 0.0
                 if pid in after["jvm"]:  # a live JVM (one that exited in the window counts as 'other JVM')
-                    jit = after["jvm"][pid][0] - before["jvm"].get(pid, (0.0, 0.0))[0]
-                    gc = after["jvm"][pid][1] - before["jvm"].get(pid, (0.0, 0.0))[1]
+                    jit0, gc0 = before["jvm"].get(pid, (0.0, 0.0))
+                    jit, gc = after["jvm"][pid][0] - jit0, after["jvm"][pid][1] - gc0
                 out["JIT compilers"] += jit
                 out["GC"] += gc
                 out["other JVM"] += own - jit - gc
         return {k: round(v, 2) for k, v in out.items()}
-
-
-def machine_between(before: MachineCpu, after: MachineCpu) -> dict[str, float | None]:
-    """The machine's busy, idle and steal seconds between two readings, and ``stealPercent``: the share of all
-    three the hypervisor gave to other guests (None when no time passed)."""
-    busy, idle, steal = after.busy - before.busy, after.idle - before.idle, after.steal - before.steal
-    total = busy + idle + steal
-    return {
-        "busy": round(busy, 2),
-        "idle": round(idle, 2),
-        "steal": round(steal, 2),
-        "stealPercent": round(100.0 * steal / total, 1) if total > 0 else None,
-    }

@@ -1,43 +1,24 @@
 """Throughput of one TaskShard shard next to Spark's own streaming ``groupBy(key).count()``, same input, same run.
 
-A script, not a test. It writes ``--events`` JSON events over ``--keys`` keys into a journal of
-``--partitions`` partition files (and the same lines as chunk files for Spark's file source), then runs, one
-after another in one SparkSession (RocksDB state store with changelog checkpointing, the same shuffle
-partitions, trigger ``availableNow``, the input cut into ``--batches`` micro-batches, a fresh checkpoint each):
+``--events`` JSON events over ``--keys`` keys, in a journal of ``--partitions`` files and, as ``--batches`` chunk
+files per partition, for Spark's file source. In one SparkSession (RocksDB with changelog checkpointing,
+``availableNow``, ``--batches`` micro-batches, fresh checkpoints) each kind runs once per round: Spark's
+``groupBy(key).count()`` / ``.sum(amount)`` (text source, ``from_json``, update mode, ``noop`` sink), and a
+whole-range ``ShardRunner`` with the builtin or Python count and sum (``(blob layout)``: the older layout, no target;
+``(with key-group counts)``: the load map on, costing ``1 - wall(without) / wall(with)``). "wall": ``start()`` until
+all is consumed (not the drain); "batch-time": the micro-batches' durations; "CPU": the process tree's. A warm-up
+round, then ``--repeat`` measured rounds; the best is reported. Writes ``<out>/shard_throughput.{json,png}``.
 
-- ``spark groupBy(key).count()`` and ``spark groupBy(key).sum(amount)`` (the baselines): Spark's text file
-  source over the chunk files (``maxFilesPerTrigger`` = partitions), ``from_json``, ``groupBy("key")`` with
-  ``count()`` / ``sum("amount")``, update mode, ``noop`` sink: Spark's native path and nothing else;
-- ``shard builtin count`` / ``shard builtin sum``: :class:`spark_runtime.shard.ShardRunner` over the whole range
-  (journal source with validation and dead letters, native key-group filter, native aggregation, the directory
-  sink writing every updated key of every batch), ``spark.taskshard.maxBytesPerTrigger`` = input / batches;
-- ``shard python count`` / ``shard python sum``: the same with the Python processor API
-  (:class:`spark_runtime.engine.api.CountProcessor` / ``SumProcessor``) on the runs state layout every new shard
-  uses; ``shard python count (blob layout)``: the same count on the blob layout (checkpoints written before the
-  runs layout; reference, no target);
-- ``shard builtin count (with key-group counts)``: ``shard builtin count`` with the per-key-group row counts on
-  (the shard's load map, ``spark.taskshard.keyGroupMetrics=true``; off by default); its ``keyGroupCountsCost``
-  is ``1 - wall(without) / wall(with)``: the share of throughput the counts cost (target <= 3 %).
-
-"wall" is from ``start()`` until the query consumed everything (source start-up and planning included; the
-drain's snapshot export excluded, reported in the JSON); "batch-time" sums the micro-batches' own durations;
-"CPU" is the CPU time of the whole process tree (driver, JVM, Python workers) over the run, the measure that
-stays meaningful when other jobs share the machine.
-A warm-up round on a small journal runs first; then each measured round runs every kind once (so a burst of
-machine load hits all kinds alike). The best of ``--repeat`` rounds is reported (interference only ever slows a
-run down; the median is in the JSON). Sum runs are compared with ``spark groupBy(key).sum(amount)``, count
-runs with ``spark groupBy(key).count()``. Prints a table and writes ``<out>/shard_throughput.{json,md,png}``.
-
-    PYSPARK_PYTHON=.venv/bin/python .venv/bin/python bench/shard_throughput.py --repeat 3
+    .venv/bin/python bench/shard_throughput.py --repeat 3
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import platform
+import random
 import shutil
 import statistics
 import sys
@@ -46,18 +27,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from spark_runtime.config import parse_config  # noqa: E402
-from spark_runtime.produce import append_lines, partition_for  # noqa: E402
-from spark_runtime.session import spark_session  # noqa: E402
-from spark_runtime.shard import ShardRunner  # noqa: E402
+from common import (  # noqa: E402
+    LoadSampler,
+    bar_plot,
+    options,
+    parse,
+    publish,
+    rounds,
+    runner_config,
+    say,
+    target,
+    timed_query,
+)
 
 WITH_KEY_GROUP_COUNTS = "shard builtin count (with key-group counts)"
-"""``shard builtin count`` with the per-key-group row counts on (``spark.taskshard.keyGroupMetrics`` true; off by
-default): the pair measures what the load map costs (target: at most 3 % of the throughput)."""
 KEY_GROUP_COUNTS_TARGET = 0.03
 KINDS = {
     "shard builtin count": {"builtin": "count"},
@@ -69,17 +54,25 @@ KINDS = {
 }
 LAYOUTS = {"shard python count (blob layout)": "blob"}
 """Kinds that run on another state layout than a new shard's (recorded in the shard's ``state-layout.json``)."""
-BASELINE = "spark groupBy(key).count()"
-BASELINE_SUM = "spark groupBy(key).sum(amount)"
+BASELINE, BASELINE_SUM = "spark groupBy(key).count()", "spark groupBy(key).sum(amount)"
 BASELINES = {BASELINE: "count", BASELINE_SUM: "sum"}
 TARGETS = {"builtin": 0.9, "python": 0.6}
+TRANSIENT_ERRORS = ("Python worker failed to connect back", "CANNOT_OPEN_SOCKET")
+"""Spark gives a new Python worker 10 s (fixed) to connect back; when the hypervisor steals most of this VM's
+CPU for a while, a source's Python runner can miss that, and the query fails before reading anything."""
+KEY_GROUP_COUNTS_WHY = (
+    "the counts are Spark's observe() with one histogram_numeric over the bucket index; observe() sits between the "
+    "source and the aggregation outside whole-stage code generation, so every input row is handed over one more "
+    "time whatever it computes (64 conditional sums cost 33 %, a histogram over a random eighth of the rows was no "
+    "cheaper); off by default"
+)
 
 
 def write_journal(path: Path, events: int, keys: int, partitions: int, seed: int, batches: int) -> int:
     """``events`` lines ``{"key": "k<j>", "amount": <0..99>, "seq": i}`` into ``path`` (the journal), and the
     same lines into ``<path>-baseline`` as ``batches`` chunk files per partition for Spark's file source
     (``maxFilesPerTrigger = partitions`` then gives it the same micro-batches). Returns the journal's bytes."""
-    import random
+    from spark_runtime.produce import append_lines, partition_for
 
     rng = random.Random(seed)
     buckets: dict[int, list[str]] = {p: [] for p in range(partitions)}
@@ -98,101 +91,51 @@ def write_journal(path: Path, events: int, keys: int, partitions: int, seed: int
     return sum(f.stat().st_size for f in path.glob("p*.jsonl"))
 
 
-def tree_cpu_seconds(root: int | None = None) -> float:
-    """CPU seconds (user + system) used so far by this process tree: the driver, the JVM, Spark's Python
-    workers, including children they already reaped (``cutime``/``cstime``). Unlike wall time it barely moves
-    when other jobs share the machine, so it is the robust measure on a busy host."""
-    root = os.getpid() if root is None else root
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(entry)
-        stats[pid] = fields
-        children.setdefault(int(fields[1]), []).append(pid)
-    tick = os.sysconf("SC_CLK_TCK")
-    total, stack = 0.0, [root]
-    while stack:
-        pid = stack.pop()
-        f = stats.get(pid)
-        if f is not None:  # fields after the name: state ppid ... utime(11) stime(12) cutime(13) cstime(14)
-            total += sum(int(x) for x in f[11:15]) / tick
-        stack.extend(children.get(pid, []))
-    return total
-
-
-def cpu_since(start: float) -> float:
-    """CPU seconds of the process tree since ``start``; NaN when the tree lost a process that was not yet
-    reaped (its time then shows up nowhere: the sample is dropped rather than reported wrong)."""
-    time.sleep(0.5)  # let parents reap finished workers so their time moves into cutime
-    used = tree_cpu_seconds() - start
-    return used if used > 0 else float("nan")
-
-
-def trigger_seconds(progress: list[dict[str, Any]]) -> float:
-    """Sum of ``triggerExecution`` over the triggers that processed a batch."""
-    return sum(p["durationMs"].get("triggerExecution", 0) for p in progress if p.get("numInputRows")) / 1000
+def progress_facts(progress: list[dict[str, Any]]) -> dict[str, Any]:
+    """Input rows, batches with input, and the sum of their ``triggerExecution`` seconds."""
+    busy = [p for p in progress if p.get("numInputRows")]
+    trigger = sum(p["durationMs"].get("triggerExecution", 0) for p in busy) / 1000
+    return {"rows": sum(int(p["numInputRows"]) for p in progress), "batches": len(busy), "triggerSeconds": trigger}
 
 
 def run_baseline(spark: Any, journal: Path, work: Path, partitions: int, kind: str = "count") -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     ckpt = Path(tempfile.mkdtemp(prefix="baseline-", dir=work)) / "checkpoint"
-    c0 = tree_cpu_seconds()
-    t0 = time.perf_counter()
-    lines = spark.readStream.format("text").option("maxFilesPerTrigger", partitions).load(f"{journal}-baseline")
-    if kind == "count":
-        events = lines.select(F.from_json("value", "key string").alias("e")).select("e.*")
-        agg = events.groupBy("key").count()
-    else:
-        events = lines.select(F.from_json("value", "key string, amount double").alias("e")).select("e.*")
-        agg = events.groupBy("key").agg(F.sum("amount"))
-    q = (
-        agg.writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", str(ckpt))
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination()
-    seconds = time.perf_counter() - t0
-    cpu = cpu_since(c0)
-    progress = [json.loads(p.json) for p in q.recentProgress]
-    rows = sum(int(p["numInputRows"]) for p in progress)
-    return {
-        "seconds": seconds,
-        "cpuSeconds": cpu,
-        "rows": rows,
-        "batches": sum(1 for p in progress if p["numInputRows"]),
-        "triggerSeconds": trigger_seconds(progress),
-    }
+
+    def start() -> Any:
+        lines = spark.readStream.format("text").option("maxFilesPerTrigger", partitions).load(f"{journal}-baseline")
+        if kind == "count":
+            agg = lines.select(F.from_json("value", "key string").alias("e")).select("e.*").groupBy("key").count()
+        else:
+            events = lines.select(F.from_json("value", "key string, amount double").alias("e")).select("e.*")
+            agg = events.groupBy("key").agg(F.sum("amount"))
+        writer = agg.writeStream.outputMode("update").format("noop").option("checkpointLocation", str(ckpt))
+        return writer.trigger(availableNow=True).start()
+
+    seconds, cpu, progress = timed_query(start)
+    return {"seconds": seconds, "cpuSeconds": cpu, **progress_facts(progress)}
 
 
-def shard_config(work: Path, journal: Path, partitions: int, processor: dict[str, Any], conf: dict[str, str]) -> Any:
-    return parse_config(
-        {
-            "task": "bench",
-            "shard": "bench-0-128",
-            "maxKeyGroups": 128,
-            "keyGroups": {"start": 0, "end": 128},
-            "processor": processor,
-            "source": {"journal": {"path": str(journal), "partitions": partitions}},
-            "sink": {"directory": {"path": str(work / "out"), "format": "jsonl"}},
-            "storage": {"path": str(work / "state")},
-            "spark": {"master": "local[2]", "conf": conf, "triggerInterval": "1 second"},
-        }
-    )
+def run_shard(
+    spark: Any, work: Path, journal: Path, partitions: int, processor: dict, conf: dict, layout: str | None = None
+) -> dict[str, Any]:
+    from spark_runtime.shard import ShardRunner
 
-
-TRANSIENT_ERRORS = ("Python worker failed to connect back", "CANNOT_OPEN_SOCKET")
-"""Spark gives a new Python worker 10 s (fixed) to connect back; when the hypervisor steals most of this VM's
-CPU for a while, a source's Python runner can miss that, and the query fails before reading anything."""
+    run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work))  # Spark caches state stores by checkpoint path
+    cfg = runner_config(run_dir, journal, partitions, "bench-0-128", 0, 128, processor, conf)
+    runner = ShardRunner(cfg, spark, available_now=True)
+    if layout is not None:
+        runner.paths.state_layout.create_exclusive_json({"layout": layout})
+    seconds, cpu, progress = timed_query(lambda: runner.start() or runner.query)
+    runner.poll()
+    t1 = time.perf_counter()
+    summary = runner.drain()
+    drain = time.perf_counter() - t1
+    result = {"seconds": seconds, "cpuSeconds": cpu, **progress_facts(progress), "drainSeconds": drain}
+    result |= {"stateRows": summary["stateRows"], "outputRows": runner.sink.rows_written if runner.sink else 0}
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return result
 
 
 def retry_transient(name: str, run: Any, *args: Any, attempts: int = 3) -> dict[str, Any]:
@@ -204,83 +147,117 @@ def retry_transient(name: str, run: Any, *args: Any, attempts: int = 3) -> dict[
         except Exception as e:  # noqa: BLE001 - only the transient start-up failures are retried
             if attempt == attempts or not any(t in str(e) for t in TRANSIENT_ERRORS):
                 raise
-            first_line = str(e).strip().splitlines()[0][:200]
-            print(f"  {name}: a Python worker did not start in time, running it again ({first_line})", flush=True)
+            say(f"{name}: a Python worker did not start in time, running it again ({str(e).strip()[:200]})")
             continue
-        result["retries"] = attempt - 1
-        return result
+        return result | {"retries": attempt - 1}
     raise AssertionError("unreachable")
 
 
-def run_shard(
-    spark: Any,
-    work: Path,
-    journal: Path,
-    partitions: int,
-    processor: dict,
-    conf: dict,
-    batch_bytes: int,
-    layout: str | None = None,
-) -> dict[str, Any]:
-    # A fresh directory per run: Spark caches state-store providers by checkpoint path within a session.
-    run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work))
-    conf = {**conf, "spark.taskshard.maxBytesPerTrigger": str(batch_bytes)}
-    runner = ShardRunner(shard_config(run_dir, journal, partitions, processor, conf), spark, available_now=True)
-    if layout is not None:
-        runner.paths.state_layout.create_exclusive_json({"layout": layout})
-    c0 = tree_cpu_seconds()
+def measure(args: Any, spark: Any, work: Path, conf: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    """The warm-up round, then the measured rounds, each running every kind once (so a burst of load on the
+    machine hits all kinds alike rather than one kind's repeats): the measured runs by kind."""
+    journal, warm = work / "journal", work / "warm-journal"
     t0 = time.perf_counter()
-    runner.start()
-    runner.query.awaitTermination()
-    seconds = time.perf_counter() - t0
-    cpu = cpu_since(c0)
-    runner.poll()
-    progress = [json.loads(p.json) for p in runner.query.recentProgress]
-    rows = sum(int(p["numInputRows"]) for p in progress)
-    t1 = time.perf_counter()
-    summary = runner.drain()
-    result = {
-        "seconds": seconds,
-        "cpuSeconds": cpu,
-        "rows": rows,
-        "batches": sum(1 for p in progress if p["numInputRows"]),
-        "triggerSeconds": trigger_seconds(progress),
-        "drainSeconds": time.perf_counter() - t1,
-        "stateRows": summary["stateRows"],
-        "outputRows": runner.sink.rows_written if runner.sink else 0,
+    nbytes = write_journal(journal, args.events, args.keys, args.partitions, args.seed, args.batches)
+    write_journal(warm, 20_000, 1_000, args.partitions, args.seed + 1, 2)
+    say(f"input: {args.events:,} events, {args.keys:,} keys, {nbytes / 1e6:.1f} MB ({time.perf_counter() - t0:.1f}s)")
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for measured, src, batch_bytes in rounds(args.repeat, journal, warm, args.batches, args.partitions):
+        for name in [BASELINE, BASELINE_SUM, *kinds]:
+            if name in BASELINES:
+                r = retry_transient(name, run_baseline, spark, src, work, args.partitions, BASELINES[name])
+            else:
+                kind_conf = {**conf, "spark.taskshard.maxBytesPerTrigger": str(batch_bytes)}
+                if name == WITH_KEY_GROUP_COUNTS:
+                    kind_conf["spark.taskshard.keyGroupMetrics"] = "true"
+                shard = (spark, work, src, args.partitions, KINDS[name], kind_conf, LAYOUTS.get(name))
+                r = retry_transient(name, run_shard, *shard)
+            if measured:
+                runs.setdefault(name, []).append(r)
+                times = f"{r['seconds']:.2f}s (batches {r['triggerSeconds']:.2f}s, cpu {r['cpuSeconds']:.2f}s)"
+                say(f"{name}: {times}, rows={r['rows']:,}, batches={r['batches']}")
+    return runs
+
+
+def results(runs: dict[str, list[dict[str, Any]]], events: int) -> list[dict[str, Any]]:
+    """Per kind its best round against its baseline's best (sum kinds against the sum baseline)."""
+
+    def best(field: str) -> dict[str, float]:  # a dropped CPU sample (NaN) is skipped
+        return {n: min((r[field] for r in rs if r[field] == r[field]), default=float("nan")) for n, rs in runs.items()}
+
+    wall, trigger, cpu, out = best("seconds"), best("triggerSeconds"), best("cpuSeconds"), []
+    for name, rs in runs.items():
+        base = BASELINE_SUM if name.endswith(" sum") or name == BASELINE_SUM else BASELINE
+        if rs[0]["rows"] != events:
+            say(f"WARNING: {name} consumed {rs[0]['rows']:,} rows, expected {events:,}")
+        entry = {"name": name, "baseline": base, "seconds": round(wall[name], 3)}
+        entry |= {"medianSeconds": round(statistics.median(r["seconds"] for r in rs), 3)}
+        entry |= {"eventsPerSecond": round(events / wall[name], 1), "ratio": round(wall[base] / wall[name], 3)}
+        entry |= {"batchSeconds": round(trigger[name], 3), "batchRatio": round(trigger[base] / trigger[name], 3)}
+        entry |= {"cpuSeconds": round(cpu[name], 3), "cpuRatio": round(cpu[base] / cpu[name], 3)}
+        entry |= {"batches": rs[0]["batches"], "runs": rs}
+        if name == WITH_KEY_GROUP_COUNTS and "shard builtin count" in wall:
+            entry["keyGroupCountsCost"] = round(1 - wall["shard builtin count"] / wall[name], 4)
+            entry["keyGroupCountsCpuCost"] = round(1 - cpu["shard builtin count"] / cpu[name], 4)
+            entry["keyGroupCountsTarget"] = KEY_GROUP_COUNTS_TARGET
+        elif name not in BASELINES and name not in LAYOUTS:
+            entry["target"] = TARGETS["builtin" if "builtin" in name else "python"]
+            entry["meetsTarget"] = entry["ratio"] >= entry["target"]
+        out.append(entry)
+    return out
+
+
+def report(args: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The table (each kind against its baseline), the Targets rows, the notes and the raw results of ``rows``."""
+    columns = ["run", "compared with", "wall s", "median s", "events/s", "ratio", "batch-time ratio", "CPU s"]
+    columns += ["CPU ratio", "target (on the wall ratio)"]
+    table, targets = [], []
+    for r in rows:
+        name, goal, met = r["name"], r.get("target"), r.get("meetsTarget")
+        verdict = "baseline" if name in BASELINES else f">= {goal}x: {'met' if met else 'MISSED'}" if goal else "-"
+        numbers = [r[k] for k in ("seconds", "medianSeconds", "eventsPerSecond", "ratio", "batchRatio", "cpuSeconds")]
+        table.append([name, "-" if name in BASELINES else r["baseline"], *numbers, r["cpuRatio"], verdict])
+        cost, cpu = r.get("keyGroupCountsCost"), r.get("keyGroupCountsCpuCost")
+        if cost is not None:
+            bound = float(r.get("keyGroupCountsTarget") or KEY_GROUP_COUNTS_TARGET)
+            value = f"{cost:.1%} of the wall time" + (f" ({cpu:.1%} of the CPU time)" if cpu == cpu else "")
+            what = "per-key-group row counts (the load map, opt-in): throughput cost, builtin count, one run"
+            targets.append(target(what, f"<= {bound:.0%}", value, cost <= bound, KEY_GROUP_COUNTS_WHY))
+        if goal is not None:
+            targets.append(target(f"{name} vs {r['baseline']}", f">= {goal}x", f"{r['ratio']:.2f}x", bool(met)))
+    env = (
+        f"{args.events:,} events, {args.keys:,} keys, {args.partitions} journal partitions, {args.batches} "
+        f"micro-batches, local[2], shuffle partitions {args.shuffle_partitions}, RocksDB + changelog checkpointing, "
+        f"availableNow, best of {args.repeat} rounds; {platform.machine()}, {os.cpu_count()} cores"
+    )
+    note = (
+        "One SparkSession, every kind once per round after a warm-up round; ratio = the baseline's wall time / the "
+        "kind's wall time (count kinds against Spark's groupBy(key).count(), sum kinds against "
+        "groupBy(key).sum(amount)); 'wall s' is the best round, 'median s' the median over rounds."
+    )
+    return {
+        "title": "Per-shard stateful throughput",
+        "tables": [(f"Shard throughput: {env}", columns, no_nan(table))],
+        "targets": targets,
+        "notes": [note],
+        "raw": no_nan({"environment": env, "results": rows}),
     }
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return result
 
 
-def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
+def no_nan(obj: Any) -> Any:
+    """Strict JSON: a dropped CPU sample (NaN) is null."""
+    return json.loads(json.dumps(obj), parse_constant=lambda _: None)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    names = [r["name"] for r in results]
-    rates = [r["eventsPerSecond"] for r in results]
-    colors = [
-        "#888888" if r["name"] in BASELINES else ("#1f77b4" if "builtin" in r["name"] else "#ff7f0e") for r in results
-    ]
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    bars = ax.barh(names[::-1], rates[::-1], color=colors[::-1])
-    for bar, r in zip(bars, results[::-1], strict=True):
-        label = f" {r['eventsPerSecond']:,.0f}/s"
-        if "target" in r:
-            label += f"  {r['ratio']:.2f}x of {r['baseline']} (target {r['target']}x)"
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=8)
-    ax.set_xlabel("events/s (higher is better); grey: Spark's own aggregation, blue: builtin, orange: Python")
-    ax.set_title(title, fontsize=8, wrap=True)
-    ax.set_xlim(0, max(rates) * 1.7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def summarize(data: dict[str, Any]) -> list[str]:
+    rows = data["raw"]["results"]
+    ratios = ", ".join(f"{r['name']} {r['ratio']:.2f}x" for r in rows if r["name"] not in BASELINES)
+    return [f"Wall-time ratio against its baseline, best round: {ratios}."]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = options(__doc__, seed=7)
     ap.add_argument("--events", type=int, default=2_000_000, help="input events (default 2,000,000)")
     ap.add_argument("--batches", type=int, default=10, help="micro-batches the input is cut into (default 10)")
     ap.add_argument("--keys", type=int, default=100_000, help="distinct keys (default 100,000)")
@@ -288,147 +265,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shuffle-partitions", default="4", help="spark.sql.shuffle.partitions (default 4)")
     ap.add_argument("--repeat", type=int, default=2, help="measured rounds (best reported; default 2)")
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated subset of: " + ", ".join(KINDS))
-    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "taskshard-bench"), help="output dir")
-    ap.add_argument("--seed", type=int, default=7)
-    args = ap.parse_args(argv)
+    args = parse(ap, argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from spark_runtime.session import spark_session
 
-    out = Path(args.out).resolve()  # paths go into shard configs, which want absolute ones
-    work = out / "work"
+    work = args.out / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    journal, warm_journal = work / "journal", work / "warm-journal"
-    t0 = time.perf_counter()
-    nbytes = write_journal(journal, args.events, args.keys, args.partitions, args.seed, args.batches)
-    write_journal(warm_journal, 20_000, 1_000, args.partitions, args.seed + 1, 2)
-    print(
-        f"input: {args.events:,} events, {args.keys:,} keys, {args.partitions} partitions, "
-        f"{nbytes / 1e6:.1f} MB (written in {time.perf_counter() - t0:.1f}s)",
-        flush=True,
-    )
-
     conf = {"spark.sql.shuffle.partitions": str(args.shuffle_partitions), "spark.ui.enabled": "false"}
     spark = spark_session("local[2]", conf, app_name="taskshard-bench")
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    runs: dict[str, list[dict[str, Any]]] = {}
-    # Round 0 warms every kind up on a small journal; rounds 1..repeat are measured, each running every kind
-    # once, so a burst of load on the machine hits all kinds alike rather than one kind's repeats.
-    for attempt in range(args.repeat + 1):
-        measured = attempt > 0
-        src = journal if measured else warm_journal
-        # The journal source's byte budget is split evenly over partitions: size it so the largest partition
-        # takes exactly --batches micro-batches, like the baseline's chunk files.
-        largest = max(f.stat().st_size for f in src.glob("p*.jsonl"))
-        batch_bytes = (-(-largest // (args.batches if measured else 2)) + 256) * args.partitions
-        for name in [BASELINE, BASELINE_SUM, *kinds]:
-            if name in BASELINES:
-                r = retry_transient(name, run_baseline, spark, src, work, args.partitions, BASELINES[name])
-            else:
-                kind_conf = {
-                    **conf,
-                    **({"spark.taskshard.keyGroupMetrics": "true"} if name == WITH_KEY_GROUP_COUNTS else {}),
-                }
-                r = retry_transient(
-                    name,
-                    run_shard,
-                    spark,
-                    work,
-                    src,
-                    args.partitions,
-                    KINDS[name],
-                    kind_conf,
-                    batch_bytes,
-                    LAYOUTS.get(name),
-                )
-            if measured:
-                runs.setdefault(name, []).append(r)
-                print(
-                    f"  {name:32s} {r['seconds']:7.2f}s  (batches {r['triggerSeconds']:6.2f}s, cpu "
-                    f"{r['cpuSeconds']:6.2f}s)  rows={r['rows']:,}  batches={r['batches']}",
-                    flush=True,
-                )
-
-    # Best of the measured rounds: on a shared machine, interference only ever slows a run down, so the
-    # fastest round is the least disturbed one (the median is in the JSON too).
-    results = []
-    best = {name: min(r["seconds"] for r in rs) for name, rs in runs.items()}
-    best_trigger = {name: min(r["triggerSeconds"] for r in rs) for name, rs in runs.items()}
-    best_cpu = {
-        name: min((r["cpuSeconds"] for r in rs if r["cpuSeconds"] == r["cpuSeconds"]), default=float("nan"))
-        for name, rs in runs.items()
-    }
-    for name, rs in runs.items():
-        base = BASELINE_SUM if name.endswith(" sum") or name == BASELINE_SUM else BASELINE
-        rows = rs[0]["rows"]
-        if rows != args.events:
-            print(f"WARNING: {name} consumed {rows:,} rows, expected {args.events:,}", flush=True)
-        entry = {
-            "name": name,
-            "baseline": base,
-            "seconds": round(best[name], 3),
-            "medianSeconds": round(statistics.median(r["seconds"] for r in rs), 3),
-            "eventsPerSecond": round(args.events / best[name], 1),
-            "ratio": round(best[base] / best[name], 3),
-            "batchSeconds": round(best_trigger[name], 3),
-            "batchRatio": round(best_trigger[base] / best_trigger[name], 3),
-            "cpuSeconds": round(best_cpu[name], 3),
-            "cpuRatio": round(best_cpu[base] / best_cpu[name], 3),
-            "batches": rs[0]["batches"],
-            "runs": rs,
-        }
-        if name == WITH_KEY_GROUP_COUNTS and "shard builtin count" in best:
-            # What the key-group counts cost: the throughput lost with them, from the best rounds of both.
-            entry["keyGroupCountsCost"] = round(1 - best["shard builtin count"] / best[name], 4)
-            entry["keyGroupCountsCpuCost"] = round(1 - best_cpu["shard builtin count"] / best_cpu[name], 4)
-            entry["keyGroupCountsTarget"] = KEY_GROUP_COUNTS_TARGET
-        elif name not in BASELINES and name not in LAYOUTS:
-            kind = "builtin" if "builtin" in name else "python"
-            entry["target"] = TARGETS[kind]
-            entry["meetsTarget"] = entry["ratio"] >= TARGETS[kind]
-        results.append(entry)
-
-    header = (
-        "| run | wall s (best) | median s | events/s | ratio vs its baseline | batch-time s | batch-time ratio "
-        "| CPU s | CPU ratio | target (on wall ratio) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
-    )
-    rows_md = "".join(
-        f"| {r['name']} | {r['seconds']:.2f} | {r['medianSeconds']:.2f} | {r['eventsPerSecond']:,.0f} | "
-        f"{r['ratio']:.2f} | {r['batchSeconds']:.2f} | {r['batchRatio']:.2f} | {r['cpuSeconds']:.1f} | "
-        f"{r['cpuRatio']:.2f} | "
-        + (
-            f"{r['target']}x {'met' if r['meetsTarget'] else 'MISSED'}"
-            if "target" in r
-            else (f"key-group counts cost {r['keyGroupCountsCost']:.1%}" if "keyGroupCountsCost" in r else "(baseline)")
-        )
-        + " |\n"
-        for r in results
-    )
-    env = (
-        f"{args.events:,} events, {args.keys:,} keys, {args.partitions} journal partitions, {args.batches} "
-        f"micro-batches, local[2], shuffle partitions {args.shuffle_partitions}, RocksDB + changelog checkpointing, "
-        f"availableNow, best of {args.repeat} rounds; {platform.machine()}, {os.cpu_count()} cores"
-    )
-    md = f"# Shard throughput\n\n{env}\n\n{header}{rows_md}"
-    print()
-    print(header + rows_md)
-    (out / "shard_throughput.md").write_text(md)
-
-    def no_nan(obj: Any) -> Any:  # strict JSON: a dropped CPU sample is null, not NaN
-        if isinstance(obj, float) and obj != obj:
-            return None
-        if isinstance(obj, dict):
-            return {k: no_nan(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [no_nan(v) for v in obj]
-        return obj
-
-    (out / "shard_throughput.json").write_text(
-        json.dumps(no_nan({"environment": env, "results": results}), indent=2, allow_nan=False)
-    )
-    plot(results, out / "shard_throughput.png", env)
-    print(f"wrote {out}/shard_throughput.md, .json, .png")
+    with LoadSampler() as load:
+        rows = results(measure(args, spark, work, conf), args.events)
     spark.stop()
+    bars = {f"{r['name']} ({r['ratio']:.2f}x)": r["eventsPerSecond"] for r in rows}
+    xlabel = "events/s (best round; in brackets the wall ratio against its baseline)"
+    bar_plot(args.out / "shard_throughput.png", bars, xlabel=xlabel, title="Shard throughput and Spark's own")
+    publish("shard_throughput", args, argv, load=load.summary(), plots=["shard_throughput.png"], **report(args, rows))
     return 0
 
 

@@ -4,7 +4,7 @@ Steps, each printed as it happens:
 1. A cluster: the local control plane (etcd, kube-apiserver, controller-manager, scheduler and the local node
    agent, all on 127.0.0.1) unless ``KUBECONFIG`` is set, in which case that cluster is used as it is.
 2. The CRDs from ``crds/`` and the operator (``python -m taskshard_operator``, a local process watching the demo
-   namespace).
+   namespace). Steps 1 and 2 are ``hack/operator_bed.py``'s ``OperatorBed``, the benchmarks' bootstrap too.
 3. A Task counting events per key over 128 key groups, one initial shard, reading a 2-partition journal in
    ``<run dir>/data`` (mounted into the shard pods as ``/data`` through a hostPath volume).
 4. A producer appends events all along. Once the shard holds state (a few committed batches) it is split at its
@@ -29,23 +29,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import yaml
 from demo_live import LiveView
+from operator_bed import OperatorBed
 
-from localkube.binaries import ensure_binaries
-from localkube.cluster import LocalCluster
 from spark_runtime.produce import append_events
 from spark_runtime.results import final_results
 
 ROOT = Path(__file__).resolve().parents[1]
-VENV_BIN = str(Path(sys.executable).parent)
 NAMESPACE = "taskshard-demo"
 TASK = "clicks"
 KEYS = 200
@@ -62,128 +61,71 @@ class Demo:
         self.run_dir = run_dir
         self.data = run_dir / "data"
         self.journal = self.data / "journal" / TASK
-        self.binaries = ensure_binaries()
-        self.cluster: LocalCluster | None = None
-        self.env = dict(os.environ)
-        self.operator: subprocess.Popen | None = None
+        # status.live every 2 s (the operator's default is 10)
+        self.bed = OperatorBed(
+            run_dir, NAMESPACE, kubeconfig=os.environ.get("KUBECONFIG"), operator_args=("--live-status-seconds", "2")
+        )
         self.produced = 0
         self._stop_producer = threading.Event()
         self.live = LiveView(lambda: list(self.shards().values()))
 
     # ----------------------------------------------------------------- plumbing
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        out = subprocess.run(
-            [self.binaries.kubectl, "-n", NAMESPACE, *args], env=self.env, input=input, capture_output=True, text=True
-        )
-        if check and out.returncode != 0:
-            raise SystemExit(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
-        return out.stdout
-
     def shards(self) -> dict[str, dict]:
-        items = json.loads(self.kubectl("get", "taskshards", "-o", "json"))["items"]
-        return {i["metadata"]["name"]: i for i in items}
+        return {i["metadata"]["name"]: i for i in self.bed.get_json("taskshards")["items"]}
 
     def wait_phases(self, expected: dict[str, str]) -> None:
-        deadline = time.monotonic() + PHASE_TIMEOUT
-        last = None
-        while time.monotonic() < deadline:
+        last: list[dict | None] = [None]
+
+        def reached() -> bool:
             phases = {n: (s.get("status") or {}).get("phase") for n, s in self.shards().items()}
-            if phases != last:
+            if phases != last[0]:
                 print("    phases: " + ", ".join(f"{n}={p}" for n, p in sorted(phases.items())), flush=True)
                 print(f"    live: {self.live.line()}", flush=True)
-                last = phases
-            if all(phases.get(n) == p for n, p in expected.items()):
-                return
-            self._check_operator()
-            time.sleep(2)
-        raise SystemExit(f"shards did not reach {expected} in {PHASE_TIMEOUT}s (operator log: {self.operator_log})")
+                last[0] = phases
+            return all(phases.get(n) == p for n, p in expected.items())
+
+        self.bed.wait(f"the shards reaching {expected}", reached, PHASE_TIMEOUT, interval=2)
 
     def table(self, title: str) -> None:
         say(title)
-        print(self.kubectl("get", "taskshards", "-o", "wide"), flush=True)
-
-    @property
-    def operator_log(self) -> Path:
-        return self.run_dir / "operator.log"
-
-    def _check_operator(self) -> None:
-        if self.operator and self.operator.poll() is not None:
-            tail = self.operator_log.read_text(errors="replace")[-3000:]
-            raise SystemExit(f"the operator exited with code {self.operator.returncode}:\n{tail}")
+        print(self.bed.kubectl("get", "taskshards", "-o", "wide"), flush=True)
 
     # ----------------------------------------------------------------- steps
-    def start_cluster(self) -> None:
-        existing = os.environ.get("KUBECONFIG")
-        if existing:
-            say(f"using the existing cluster from KUBECONFIG={existing}")
-            return
-        say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, node agent)")
-        self.cluster = LocalCluster(self.run_dir / "cluster", binaries=self.binaries, agent_env_path=[VENV_BIN])
-        self.cluster.start()
-        self.env = self.cluster.env()
-        print(f"    KUBECONFIG={self.cluster.kubeconfig}\n    component logs: {self.cluster.log_dir}", flush=True)
+    def start(self) -> None:
+        """Steps 1 and 2: the cluster, the CRDs and the operator (``hack/operator_bed.py``)."""
+        if self.bed.cluster is None:
+            say(f"using the existing cluster from KUBECONFIG={self.bed.kubeconfig}")
+        else:
+            say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, node agent)")
+        self.bed.start()
+        if self.bed.cluster is not None:
+            print(f"    KUBECONFIG={self.bed.kubeconfig}\n    component logs: {self.bed.cluster.log_dir}", flush=True)
+        say("the CRDs installed and the operator started")
+        assert self.bed.operator is not None
+        print(f"    operator pid {self.bed.operator.pid}, log {self.bed.operator_log}", flush=True)
 
-    def start_operator(self) -> None:
-        say("installing the CRDs and starting the operator")
-        subprocess.run(
-            [self.binaries.kubectl, "apply", "--server-side", "-f", str(ROOT / "crds")],
-            env=self.env,
-            check=True,
-            capture_output=True,
-        )
-        subprocess.run(
-            [
-                self.binaries.kubectl,
-                "wait",
-                "--for=condition=Established",
-                "crd/tasks.taskshard.io",
-                "crd/taskshards.taskshard.io",
-                "--timeout=60s",
-            ],
-            env=self.env,
-            check=True,
-            capture_output=True,
-        )
-        self.kubectl("create", "namespace", NAMESPACE, check=False)
-        log = open(self.operator_log, "wb")  # noqa: SIM115 - owned by the child
-        self.operator = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "taskshard_operator", "--namespace", NAMESPACE, "--standalone"),
-                *("--liveness", "", "--live-status-seconds", "2"),  # status.live every 2 s (default 10)
-            ],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        print(f"    operator pid {self.operator.pid}, log {self.operator_log}", flush=True)
+    def stop(self) -> None:
+        if self.bed.cluster is not None:
+            say("stopping the operator and the local control plane")
+        self.bed.stop()
 
-    def apply_task(self) -> None:
-        say(f"applying Task {TASK}: count per key, 128 key groups, 1 initial shard")
-        self.journal.mkdir(parents=True, exist_ok=True)
+    def manifest(self) -> dict[str, Any]:
+        """The Task of step 3."""
         image = os.environ.get("TASKSHARD_DEMO_IMAGE", "taskshard/shard:0.1.0")
-        manifest = textwrap.dedent(f"""
-            apiVersion: taskshard.io/v1alpha1
-            kind: Task
-            metadata: {{name: {TASK}}}
-            spec:
-              maxKeyGroups: 128
-              initialShards: 1
-              keyField: key
-              processor: {{builtin: count}}
-              source: {{journal: {{path: /data/journal/{TASK}, partitions: {PARTITIONS}}}}}
-              sink: {{directory: {{path: /data/output/{TASK}, format: jsonl}}}}
-              storage:
-                path: /data/state
-                volume: {{hostPath: {self.data}, mountPath: /data}}
-              spark:
-                image: {image}
-                conf: {{spark.sql.shuffle.partitions: "2", spark.ui.enabled: "false"}}
-                triggerInterval: 1 second
-        """)
+        spec = {"maxKeyGroups": 128, "initialShards": 1, "keyField": "key", "processor": {"builtin": "count"}}
+        spec["source"] = {"journal": {"path": f"/data/journal/{TASK}", "partitions": PARTITIONS}}
+        spec["sink"] = {"directory": {"path": f"/data/output/{TASK}", "format": "jsonl"}}
+        spec["storage"] = {"path": "/data/state", "volume": {"hostPath": str(self.data), "mountPath": "/data"}}
+        conf = {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
+        spec["spark"] = {"image": image, "conf": conf, "triggerInterval": "1 second"}
+        return {"apiVersion": "taskshard.io/v1alpha1", "kind": "Task", "metadata": {"name": TASK}, "spec": spec}
+
+    def apply_task(self, what: str = "count per key, 128 key groups, 1 initial shard") -> None:
+        say(f"applying Task {TASK}: {what}")
+        self.journal.mkdir(parents=True, exist_ok=True)
+        manifest = yaml.safe_dump(self.manifest(), sort_keys=False, default_flow_style=None, width=120)
         print(textwrap.indent(manifest.strip(), "    "), flush=True)
-        self.kubectl("apply", "-f", "-", input=manifest)
+        self.bed.kubectl("apply", "-f", "-", input=manifest)
 
     def produce(self) -> None:
         """Append 40 events every half second until stopped (keys k0..k199)."""
@@ -205,12 +147,9 @@ class Demo:
 
     def wait_for_state(self, shard: str, batches: int = 3) -> None:
         """Wait until ``shard`` has committed ``batches`` batches: a split then hands over real state."""
-        deadline = time.monotonic() + PHASE_TIMEOUT
-        while len(self.committed(shard)) < batches:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{shard} did not commit {batches} batches in {PHASE_TIMEOUT}s")
-            self._check_operator()
-            time.sleep(0.5)
+        self.bed.wait(
+            f"{shard} committing {batches} batches", lambda: len(self.committed(shard)) >= batches, PHASE_TIMEOUT
+        )
 
     def ready(self, shard: str) -> bool:
         conditions = ((self.shards().get(shard) or {}).get("status") or {}).get("conditions") or []
@@ -235,15 +174,13 @@ class Demo:
         requested = time.time()
         self.live.mark(f"split {shard}")
         print(f"    live: {self.live.line()}", flush=True)
-        self.kubectl("patch", "taskshard", shard, "--type", "merge", "-p", '{"spec":{"split":{"requested":true}}}')
+        self.bed.kubectl("patch", "taskshard", shard, "--type", "merge", "-p", '{"spec":{"split":{"requested":true}}}')
         left, right = f"{TASK}-{spec['start']}-{mid}", f"{TASK}-{mid}-{spec['end']}"
         started = time.monotonic()
         self.wait_phases({shard: "Split", left: "Running", right: "Running"})
-        deadline = time.monotonic() + PHASE_TIMEOUT
-        while not (self.ready(left) and self.ready(right)):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{left} and {right} did not become Ready (emitting) in {PHASE_TIMEOUT}s")
-            time.sleep(0.5)
+        self.bed.wait(
+            f"{left} and {right} Ready (emitting)", lambda: self.ready(left) and self.ready(right), PHASE_TIMEOUT
+        )
         self.live.mark(f"{left}, {right} ready")
         print(
             f"    split done in {time.monotonic() - started:.0f}s: {left} and {right} are Ready (emitting)", flush=True
@@ -315,10 +252,9 @@ class Demo:
         return ok
 
     def run(self) -> int:
-        self.start_cluster()
         producer = threading.Thread(target=self.produce, daemon=True)
         try:
-            self.start_operator()
+            self.start()
             self.apply_task()
             self.live.start()
             producer.start()
@@ -335,25 +271,18 @@ class Demo:
             plot = self.live.save(self.run_dir)
             say(f"rate and lag per shard over the demo, split moments marked: {plot or self.run_dir / 'live.json'}")
             say(f"deleting Task {TASK} (shards and pods go; checkpoints stay under {self.data / 'state'})")
-            deleted = subprocess.run(
-                [self.binaries.kubectl, "-n", NAMESPACE, "delete", "task", TASK, "--wait=true", "--timeout=180s"],
-                env=self.env,
-                capture_output=True,
-                text=True,
-            )
+            deleted = self.bed.run_kubectl("delete", "task", TASK, "--wait=true", "--timeout=180s")
             if deleted.returncode != 0:
                 say(f"FAILED: deleting Task {TASK} did not finish in 180 s: {deleted.stderr.strip()}")
                 return 1
             return 0 if ok else 1
+        except RuntimeError as exc:  # a wait timed out, kubectl failed or the operator exited
+            say(f"FAILED: {exc}")
+            return 1
         finally:
             self._stop_producer.set()
             self.live.stop()
-            if self.operator and self.operator.poll() is None:
-                self.operator.terminate()
-                self.operator.wait(timeout=30)
-            if self.cluster:
-                say("stopping the local control plane")
-                self.cluster.stop()
+            self.stop()
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """The pure part of ``bench/autoscale.py`` (the autoscale benchmark): the summary of recorded samples, the
-hand-over durations, and the verdict of its target (met only when the Task grew, kept the lag under the target
-by the step's end, came back to one shard, and the results were exact)."""
+hand-over durations, the page's lines (``summarize``), and the verdict of its target (met only when the Task grew,
+kept the lag under the target by the step's end, came back to one shard, and the results were exact)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ GOOD = [
 
 def test_a_task_that_grows_keeps_up_and_shrinks_back_meets_the_target(bench):
     assert bench._handovers(GOOD) == [(1, 2, 50), (2, 3, 50), (3, 2, 50), (2, 1, 50)]
-    summary = bench.summarize(run(GOOD), ARGS)
+    summary = bench.evaluate(run(GOOD), ARGS)
     (target,) = summary["targets"]
     assert target["met"] and target["value"] == "peak 3 shards, last-minute lag 10 s, back to 1 after 450 s, exact"
     rows = {r[0]: r[1] for r in summary["rows"]}
@@ -69,5 +69,13 @@ def test_a_task_that_grows_keeps_up_and_shrinks_back_meets_the_target(bench):
     ],
 )
 def test_each_way_to_miss_is_named(bench, samples, exact, why):
-    (target,) = bench.summarize(run(samples, exact), ARGS)["targets"]
+    (target,) = bench.evaluate(run(samples, exact), ARGS)["targets"]
     assert not target["met"] and why in target["why"], target
+
+
+def test_summarize_reads_the_result_file(bench):
+    data = {"parameters": vars(ARGS), "raw": run(GOOD)}
+    first, second = bench.summarize(data)
+    assert first.startswith("On a 4x rate step: peak 3 shards, last-minute lag 10 s, back to 1 after 450 s, exact")
+    assert "(target lag <= 30 s, back to 1, exact: met)" in first and "scale-ups 100 s, 200 s" in first
+    assert second.endswith("1->2: 50 s, 2->3: 50 s, 3->2: 50 s, 2->1: 50 s.")

@@ -1,5 +1,5 @@
-"""The pure helpers of ``bench/executors.py`` (executors against local mode): the summary and its ratios, the
-tables' rows, the Targets rows and the page's findings from a recorded result."""
+"""The pure helpers of ``bench/executors.py`` (executors against local mode): the medians and their ratios, the
+tables' rows, the Targets rows and the page's lines (``summarize``) from a recorded result."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ RESULTS = [
 
 
 def test_summary_takes_medians_per_mode_and_ratios_of_the_medians(ex):
-    s = ex.summarize(RESULTS, ["local", "executors"])
+    s = ex.medians(RESULTS, ["local", "executors"])
     local, execs = s["modes"]["local"], s["modes"]["executors"]
     assert local["runs"] == execs["runs"] == 3
     assert local["eventsPerSecond"] == 22_222  # 100,000 / 4.5 s
@@ -100,7 +100,7 @@ def test_summary_takes_medians_per_mode_and_ratios_of_the_medians(ex):
 
 
 def test_summary_with_one_mode_has_no_ratios(ex):
-    s = ex.summarize([r for r in RESULTS if r["mode"] == "local"], ["local"])
+    s = ex.medians([r for r in RESULTS if r["mode"] == "local"], ["local"])
     assert s["ratios"]["eventsPerSecond"] is None and s["ratios"]["cpuPerEvent"] is None
     assert s["ratios"]["paired"] == []
     assert len(ex.summary_rows(s)) == 1  # no ratio row
@@ -115,7 +115,7 @@ def test_table_rows(ex):
     assert execs[col("executors' share of the CPU %")] == 75.0
     assert execs[col("tasks finished on executors")] == 39
     assert local[col("results exact")] is True
-    s = ex.summarize(RESULTS, ["local", "executors"])
+    s = ex.medians(RESULTS, ["local", "executors"])
     summary = ex.summary_rows(s)
     assert all(len(r) == len(ex.SUMMARY_COLUMNS) for r in summary)
     assert summary[-1][0].startswith("executors / local")
@@ -127,7 +127,7 @@ def test_table_rows(ex):
 
 
 def test_targets_exact_and_reported_ratios(ex):
-    s = ex.summarize(RESULTS, ["local", "executors"])
+    s = ex.medians(RESULTS, ["local", "executors"])
     exact, eps, cpu = ex.targets(RESULTS, s, 2)
     assert exact["name"] == "2 executors: results exact" and exact["target"] == "exact" and exact["met"]
     assert exact["value"].startswith("exact in 3 of 3 runs")
@@ -139,12 +139,12 @@ def test_targets_exact_and_reported_ratios(ex):
 
 def test_targets_missed_when_not_exact_or_not_measured(ex):
     results = [*RESULTS[:3], run(2, "executors", 10.0, 5.0, 13.0, exact=False)]
-    s = ex.summarize(results, ["local", "executors"])
+    s = ex.medians(results, ["local", "executors"])
     exact = ex.targets(results, s, 2)[0]
     assert not exact["met"] and exact["value"].startswith("exact in 1 of 2 runs")
     assert "repeat 2: 3 keys wrong" in exact["why"]
     only_local = [r for r in RESULTS if r["mode"] == "local"]
-    rows = ex.targets(only_local, ex.summarize(only_local, ["local"]), 2)
+    rows = ex.targets(only_local, ex.medians(only_local, ["local"]), 2)
     assert [r["met"] for r in rows] == [False, False, False]
     assert all(r["value"] == "not measured" for r in rows)
 
@@ -175,24 +175,23 @@ def test_container_pid_and_manifest(ex):
     assert execs["spec"]["storage"]["volume"] == {"hostPath": "/d", "mountPath": "/data"}
 
 
-def test_findings_and_target_rows_from_a_recorded_result(ex, run_all):
-    s = ex.summarize(RESULTS, ["local", "executors"])
+def test_summarize_and_target_rows_from_a_recorded_result(ex, run_all):
+    s = ex.medians(RESULTS, ["local", "executors"])
     data = {
         "parameters": {"executors": 2, "events": 100_000},
         "machine": {"cores": 2},
         "targets": ex.targets(RESULTS, s, 2),
         "raw": {"summary": s, "results": RESULTS},
     }
-    lines = run_all.findings("executors", data)
-    text = "\n".join(lines)
+    text = "\n".join(ex.summarize(data))
     assert "11,111 events/s against 22,222 in local mode (0.50x)" in text
     assert "170.0 CPU µs per event against 85.0 (2.00x" in text
     assert "compete with the driver for the same 2 cores" in text and "not a speed-up" in text
     assert "Results exact in all 6 runs" in text
     spec = run_all.BENCHMARKS["executors"]
-    assert spec["script"] == "bench/executors.py" and spec["result"] == "executors"
-    assert spec["number"] == 11 and sorted(b["number"] for b in run_all.BENCHMARKS.values()) == list(range(1, 18))
-    assert run_all.findings("executors", {"raw": {}}) == []  # another shape: no findings, no error
+    assert spec.script == "bench/executors.py" and spec.result == "executors"
+    assert spec.number == 11 and sorted(b.number for b in run_all.BENCHMARKS.values()) == list(range(1, 18))
+    assert spec.summarize({"raw": {}}) == []  # another shape: no lines, no error
 
 
 def test_pod_tree_cpu_counts_a_root_added_in_the_window_also_after_it_exits(ex):

@@ -3,8 +3,6 @@ trials (no Spark, no broker)."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from .test_bench_executors import load
@@ -27,13 +25,13 @@ def trials(split_gaps: list[float], merge_gaps: list[float]) -> list[dict]:
 
 
 @pytest.mark.parametrize("source", ["journal", "kafka"])
-def test_targets_name_the_source_and_say_why_a_miss_is_a_miss(source, capsys):
+def test_targets_name_the_source_and_say_why_a_miss_is_a_miss(source):
     mg = load("bench_merge_gap", "merge_gap.py")
-    args = argparse.Namespace(source=source, keys=50_000, trials=2)
-    payload, med, _ = mg.summarize(trials([20.0, 30.0], [10.0, 12.0]), {}, 0.0, args, ["merge_gap.py"])
-    rows = {t["name"]: t for t in payload["targets"]}
-    assert med == {"split": 25.0, "merge": 11.0}
-    if source == "kafka":
+    kafka = source == "kafka"
+    body = mg.report(trials([20.0, 30.0], [10.0, 12.0]), 0.0, kafka)
+    rows = {t["name"]: t for t in body["targets"]}
+    assert body["raw"]["medianGapSeconds"] == {"split": 25.0, "merge": 11.0}
+    if kafka:
         split = rows["processing gap, split, Kafka + MinIO (median)"]
         assert split["value"] == "25.0 s" and not split["met"] and "restore" in split["why"]
         merge = rows["merge processing gap vs split (median, same state, Kafka + MinIO)"]
@@ -41,5 +39,7 @@ def test_targets_name_the_source_and_say_why_a_miss_is_a_miss(source, capsys):
         assert list(rows) == ["merge processing gap vs split (median, same state)"]
         merge = rows["merge processing gap vs split (median, same state)"]
     assert merge["met"] and merge["value"] == "merge 11.0 s vs split 25.0 s (0.44x)"
-    slow = mg.summarize(trials([5.0], [9.0]), {}, 0.0, args, ["merge_gap.py"])[0]["targets"][-1]
+    slow = mg.report(trials([5.0], [9.0]), 0.0, kafka)["targets"][-1]
     assert not slow["met"] and "restore" in slow["why"], "a missed merge row says where the time goes"
+    summary = mg.summarize({"raw": body["raw"]})
+    assert summary and "merge 11.0 s, split 25.0 s" in summary[0] and "0.44x" in summary[0]
