@@ -190,12 +190,23 @@ def build_shard_config(
             "conf": conf,
             "triggerInterval": spark.get("triggerInterval", "1 second"),
         },
-        **({"snapshotsKept": spec.history.snapshots} if spec.history and spec.history.snapshots is not None else {}),
         "terminationMessagePath": naming.TERMINATION_MESSAGE_PATH,
         "readyFile": naming.EMITTING_FILE,
-        **({"expectedBatch": expected_batch} if expected_batch is not None else {}),
-        **({"allowFreshStart": True} if allow_fresh_start else {}),
+        **_recovery_and_retention(spec, expected_batch, allow_fresh_start),
     }
+
+
+def _recovery_and_retention(spec: TaskSpec, expected_batch: int | None, allow_fresh_start: bool) -> dict[str, Any]:
+    """The optional keys of ``shard.json`` about recovery and retention, each only when set (a Task without them
+    keeps the config its shards run with)."""
+    out: dict[str, Any] = {}
+    if spec.history is not None and spec.history.snapshots is not None:
+        out["snapshotsKept"] = spec.history.snapshots
+    if expected_batch is not None:
+        out["expectedBatch"] = expected_batch
+    if allow_fresh_start:
+        out["allowFreshStart"] = True
+    return out
 
 
 def build_configmap(
