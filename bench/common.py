@@ -1,7 +1,10 @@
-"""Shared helpers of the benchmark scripts: machine facts, load sampling, tables, JSON results, plots, /proc.
+"""The benchmark harness: options, machine facts, load sampling, tables, Targets rows, result files, plots, /proc.
 
-Every script under ``bench/`` (except ``shard_throughput.py``, which has its own format) writes one result file
-``<out>/<name>.json`` with this shape, which ``bench/run_all.py`` turns into ``docs/benchmarks.md``::
+A benchmark is a script under ``bench/`` with ``main(argv)`` and ``summarize(data)``: ``main`` takes
+:func:`options` (``--out``, ``--seed``) and its own flags, measures, and writes one result file
+``<out>/<name>.json`` through :func:`publish`; ``summarize`` turns that file back into the "What the numbers say"
+lines of its section. ``bench/run_all.py`` only orders the scripts and renders ``docs/benchmarks.md``; a
+benchmark on a cluster starts it with ``hack/operator_bed.py`` (the bootstrap ``make demo`` uses). The shape::
 
     {
       "benchmark": "split_latency", "title": "...", "command": "python bench/split_latency.py ...",
