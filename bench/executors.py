@@ -527,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.executors < 1:
         ap.error("--executors must be at least 1")
     bench = Bench(args)
-    bench.run_dir.mkdir(parents=True)
+    bench.run_dir.mkdir(parents=True, exist_ok=True)  # the bed made it
     nbytes, inputs, warmup, warm_keys, reference = write_inputs(args, bench.run_dir)
     conf = {"spark.sql.shuffle.partitions": str(args.shuffle_partitions), "spark.ui.enabled": "false"}
     conf["spark.taskshard.maxBytesPerTrigger"] = str(math.ceil(nbytes / args.batches) + 1024)
