@@ -2,6 +2,7 @@
 #   make demo          the main job: local control plane + (once the operator lands) a Task that splits
 #   make test          every tier that runs on this machine (unit, spark, cluster, integration)
 #   make test-unit | test-spark | test-cluster | test-integration | test-kind
+#   make test-node     docs/install.md on a real kubelet with the built images (root; ~18 min cold, ~5 min warm)
 #   make test-image    build both images from a debootstrap'ed bookworm base and check them (root; ~10 min cold)
 #   make images        docker build both targets with the Kafka and S3 jars (IMAGE_REPO/operator|shard:IMAGE_TAG)
 #   make push-images   make images, then docker push both (IMAGE_REPO=registry.example.com/taskshard)
@@ -17,7 +18,7 @@ PYTEST := bash hack/run-pytest.sh
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_REPO ?= taskshard
 
-.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind test-image image-jars images push-images bench lint clean
+.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind test-node test-image image-jars images push-images bench lint clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -53,6 +54,11 @@ test-integration: venv
 
 test-kind: venv
 	$(PYTEST) -m kind
+
+# A real node: containerd, runc and CNI plugins from Debian (installed when missing), kubelet and kube-proxy built
+# like the control plane (`hack/build-binaries.sh node`), both images built and imported into containerd.
+test-node: venv binaries
+	$(PYTEST) --require-tests -m node
 
 test-image: venv
 	$(PYTEST) -m image

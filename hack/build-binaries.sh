@@ -4,6 +4,7 @@
 # Contract:
 #   - Output: $TASKSHARD_BIN_CACHE/<component>-<version>/bin/<binary> (default cache: ~/.cache/taskshard/bin).
 #     kubernetes-<v>/bin: kube-apiserver kube-controller-manager kube-scheduler kubectl
+#     kubernetes-node-<v>/bin: kubelet kube-proxy (only `node`, for the real-node tier; not part of `all`)
 #     etcd-<v>/bin: etcd        helm-<v>/bin: helm
 #   - A component whose directory holds a `.complete` marker is reused, never rebuilt.
 #   - Each component builds in a temporary directory and is moved into place only when complete,
@@ -16,7 +17,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
 source "$here/versions.env"
 cache=${TASKSHARD_BIN_CACHE:-$HOME/.cache/taskshard/bin}
-only=${1:-all}   # all | kubernetes | etcd | helm
+only=${1:-all}   # all | kubernetes | node | etcd | helm
 
 log() { printf '[build-binaries %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -48,13 +49,15 @@ finish() {
   touch "$2/.complete"; log "$1: ready in $2"
 }
 
+# build_kubernetes NAME CMD...: build k8s.io/kubernetes/cmd/CMD for each CMD into $cache/NAME-<v>/bin.
 build_kubernetes() {
-  local v=$KUBERNETES_VERSION dest="$cache/kubernetes-$KUBERNETES_VERSION"
-  [[ -f $dest/.complete ]] && { log "kubernetes $v: cached at $dest"; return; }
+  local name=$1; shift
+  local v=$KUBERNETES_VERSION dest="$cache/$name-$KUBERNETES_VERSION" cmds=("$@")
+  [[ -f $dest/.complete ]] && { log "$name $v: cached at $dest"; return; }
   check_proxy
   local minor=${v#v1.}; minor=${minor%%.*}
-  local staging="v0.${v#v1.}" work; work=$(mktemp -d "$cache/.build-kubernetes.XXXXXX")
-  log "kubernetes $v: preparing a wrapper module (staging modules pinned to $staging)"
+  local staging="v0.${v#v1.}" work; work=$(mktemp -d "$cache/.build-$name.XXXXXX")
+  log "$name $v: preparing a wrapper module (staging modules pinned to $staging)"
   (
     cd "$work"
     go mod init taskshard.local/kubebuild >/dev/null 2>&1
@@ -65,19 +68,10 @@ build_kubernetes() {
     grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" | awk '{print $1}' | while read -r m; do
       go mod edit -replace="$m=$m@$staging"
     done
-    cat > tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
-    log "kubernetes $v: resolving dependencies (go mod tidy; downloads several hundred MB on a cold cache)"
+    { printf '//go:build tools\n\npackage tools\n\nimport (\n'
+      printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "${cmds[@]}"
+      printf ')\n'; } > tools.go
+    log "$name $v: resolving dependencies (go mod tidy; downloads several hundred MB on a cold cache)"
     go mod tidy >&2 || die "go mod tidy failed for the kubernetes wrapper module"
     local pkg="k8s.io/component-base/version" cpkg="k8s.io/client-go/pkg/version"
     local ld="-s -w"
@@ -85,12 +79,12 @@ GO
       ld+=" -X $p.gitVersion=$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
     done
     local i=0
-    for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-      i=$((i + 1)); log "kubernetes $v: building $cmd ($i/4)"
+    for cmd in "${cmds[@]}"; do
+      i=$((i + 1)); log "$name $v: building $cmd ($i/${#cmds[@]})"
       go_build "bin/$cmd" -ldflags "$ld" "k8s.io/kubernetes/cmd/$cmd"
     done
   ) || { rm -rf "$work"; exit 1; }
-  finish "kubernetes $v" "$dest" "$work"
+  finish "$name $v" "$dest" "$work"
 }
 
 # Build one binary from a module without replace directives of its own that bind us:
@@ -119,14 +113,19 @@ build_helm() {
     "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
 
+build_control_plane() { build_kubernetes kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl; }
+build_node() { build_kubernetes kubernetes-node kubelet kube-proxy; }
+
 mkdir -p "$cache"
 case $only in
-  all) build_etcd; build_helm; build_kubernetes ;;
-  kubernetes) build_kubernetes ;;
+  all) build_etcd; build_helm; build_control_plane ;;
+  kubernetes) build_control_plane ;;
+  node) build_node ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
-  *) die "unknown component '$only' (expected all, kubernetes, etcd or helm)" ;;
+  *) die "unknown component '$only' (expected all, kubernetes, node, etcd or helm)" ;;
 esac
 echo "KUBERNETES_BIN=$cache/kubernetes-$KUBERNETES_VERSION/bin"
 echo "ETCD_BIN=$cache/etcd-$ETCD_VERSION/bin"
 echo "HELM_BIN=$cache/helm-$HELM_VERSION/bin"
+if [[ $only == node ]]; then echo "KUBERNETES_NODE_BIN=$cache/kubernetes-node-$KUBERNETES_VERSION/bin"; fi

@@ -103,9 +103,6 @@ img_ensure_docker() {
     fi
     if ! kill -0 "$IMG_STARTED_DOCKERD_PID" 2>/dev/null; then
       IMG_STARTED_DOCKERD_PID=""
-# One revision for every image of a run (others may commit while it builds): the commit and its time.
-IMG_REVISION=$(git -C "$IMG_REPO" rev-parse HEAD 2>/dev/null || echo unknown)
-IMG_CREATED=$(git -C "$IMG_REPO" log -1 --format=%cI "$IMG_REVISION" 2>/dev/null || echo unknown)
       img_unavailable "dockerd exited at start: $(img_log_reason "$log")"
     fi
     sleep 0.5

@@ -60,7 +60,9 @@ class LocalCluster:
         keep_run_dir: bool = True,
         agent_env_path: Sequence[str] = (),
         node_agent: bool = True,
+        apiserver_flags: Sequence[str] = (),
     ) -> None:
+        """``apiserver_flags`` come last on kube-apiserver's command line, so they override the defaults here."""
         self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="localkube-")).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = self.run_dir / "logs"
@@ -70,6 +72,7 @@ class LocalCluster:
         self.keep_run_dir = keep_run_dir
         self.agent_env_path = list(agent_env_path)
         self.node_agent = node_agent
+        self.apiserver_flags = list(apiserver_flags)
         self.kubeconfig = self.run_dir / "admin.kubeconfig"
         self.api_port = 0
         self.server = ""
@@ -164,6 +167,7 @@ class LocalCluster:
                 "--enable-priority-and-fairness=false",
                 "--v",
                 "1",
+                *self.apiserver_flags,
             ],
         )
         write_kubeconfig(

@@ -8,6 +8,8 @@ One call, :func:`make_pki`, writes a fresh certificate authority and everything 
 - ``admin.crt`` / ``admin.key``: a client certificate in group ``system:masters`` (cluster admin).
 - ``sa.key`` / ``sa.pub``: the service-account token signing key pair.
 
+:func:`issue_client_cert` signs one more client certificate with that CA (a kubelet's ``system:node:<name>``).
+
 Every file is new on each call: a cluster run never trusts the keys of another run.
 """
 
@@ -134,3 +136,17 @@ def make_pki(directory: Path) -> Pki:
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return Pki(directory)
+
+
+def issue_client_cert(pki: Pki, stem: str, common_name: str, organization: str | None = None) -> tuple[str, str]:
+    """Sign a client certificate for ``common_name`` (in group ``organization``) with the cluster CA.
+
+    Writes ``<stem>.crt`` and ``<stem>.key`` next to the CA and returns their paths.
+    """
+    ca_key = serialization.load_pem_private_key(Path(pki.path("ca.key")).read_bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate(Path(pki.ca_crt).read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _issue(_name(common_name, organization), key.public_key(), ca_cert.subject, ca_key, client=True)
+    _write_key(pki.dir / f"{stem}.key", key)
+    _write_cert(pki.dir / f"{stem}.crt", cert)
+    return pki.path(f"{stem}.crt"), pki.path(f"{stem}.key")

@@ -106,8 +106,12 @@ class KafkaBroker:
         jars_dir: str | os.PathLike | None = None,
         heap: str = "768m",
         extra_config: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
+        """``host``: the address the client listeners bind and advertise (the controller stays on loopback); the
+        real-node tier passes the node's IP so that pods reach the broker."""
         self.run_dir = Path(run_dir)
+        self.host = host
         self.jars_dir = Path(jars_dir) if jars_dir else None
         self.heap = heap
         self.extra_config = dict(extra_config or {})
@@ -122,14 +126,14 @@ class KafkaBroker:
     def bootstrap_servers(self) -> str:
         if self.port is None:
             raise RuntimeError("the broker has not been started")
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def secure(self) -> SecureListener:
         """The SASL_SSL listener: its address, the CA its certificate is signed by, and the users it knows."""
         if self.secure_port is None:
             raise RuntimeError("the broker has not been started")
-        return SecureListener(f"127.0.0.1:{self.secure_port}", make_tls(self.run_dir / "tls").ca.read_text())
+        return SecureListener(f"{self.host}:{self.secure_port}", make_tls(self.run_dir / "tls").ca.read_text())
 
     @property
     def data_dir(self) -> Path:
@@ -151,10 +155,10 @@ class KafkaBroker:
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
             "listeners": (
-                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
-                f"SASL_SSL://127.0.0.1:{self.secure_port}"
+                f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
+                f"SASL_SSL://{self.host}:{self.secure_port}"
             ),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},SASL_SSL://127.0.0.1:{self.secure_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port},SASL_SSL://{self.host}:{self.secure_port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL",
@@ -237,7 +241,7 @@ class KafkaBroker:
         self.process.start(self._jvm("kafka.Kafka", str(self.run_dir / "server.properties")))
         started = time.monotonic()
         wait_until(
-            lambda: port_open(self.port or 0),
+            lambda: port_open(self.port or 0, self.host),
             timeout=timeout,
             what=f"Kafka on {self.bootstrap_servers}",
             process=self.process,
@@ -249,7 +253,7 @@ class KafkaBroker:
             add_scram_user(self.bootstrap_servers, SecureListener.SCRAM_USER, SecureListener.SCRAM_PASSWORD)
         log(
             COMPONENT,
-            f"broker {'up' if first else 'restarted'} at {self.bootstrap_servers} (SASL_SSL at 127.0.0.1:"
+            f"broker {'up' if first else 'restarted'} at {self.bootstrap_servers} (SASL_SSL at {self.host}:"
             f"{self.secure_port}) in {time.monotonic() - started:.1f}s (pid {self.process.pid}, log "
             f"{self.process.log_path})",
         )

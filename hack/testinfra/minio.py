@@ -182,8 +182,11 @@ class MinioServer:
         access_key: str = "taskshard-test",
         secret_key: str = "taskshard-test-secret-key",
         region: str = "us-east-1",
+        host: str = "127.0.0.1",
     ) -> None:
+        """``host``: the address MinIO listens on (the real-node tier passes the node's IP so that pods reach it)."""
         self.run_dir = Path(run_dir)
+        self.host = host
         self.binary = Path(binary) if binary else None
         self.access_key = access_key
         self.secret_key = secret_key
@@ -196,7 +199,7 @@ class MinioServer:
     def endpoint(self) -> str:
         if self.port is None:
             raise RuntimeError("MinIO has not been started")
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def client(self, *, access_key: str | None = None, secret_key: str | None = None) -> S3Client:
         return S3Client(self.endpoint, access_key or self.access_key, secret_key or self.secret_key, region=self.region)
@@ -223,7 +226,7 @@ class MinioServer:
                 "server",
                 str(data),
                 "--address",
-                f"127.0.0.1:{self.port}",
+                f"{self.host}:{self.port}",
                 "--console-address",
                 f"127.0.0.1:{self.console_port}",
                 "--quiet",
