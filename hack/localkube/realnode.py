@@ -40,6 +40,7 @@ from localkube.binaries import NodeBinaries, ensure_node_binaries
 from localkube.cluster import LocalCluster, free_port
 from localkube.kubeconfig import write_kubeconfig
 from localkube.ociimage import ensure_pause_image
+from localkube.pki import issue_client_cert
 
 NODE_NAME = "taskshard-node"
 POD_CIDR = "10.244.0.0/24"
@@ -67,6 +68,7 @@ class RealNode:
         self._procs: list[tuple[str, subprocess.Popen]] = []
         self._saved_sysctls: dict[str, str] = {}
         self.binaries: NodeBinaries | None = None
+        self.kubelet_port = free_port()
 
     @staticmethod
     def apiserver_flags() -> list[str]:
@@ -114,10 +116,9 @@ class RealNode:
             self._terminate(proxy)
             assert self.binaries is not None
             subprocess.run([self.binaries.kube_proxy, "--cleanup"], capture_output=True, check=False)
-        for name in ("kubelet",):
-            proc = self._take(name)
-            if proc is not None:
-                self._terminate(proc)
+        kubelet = self._take("kubelet")
+        if kubelet is not None:
+            self._terminate(kubelet)
         if self.socket.exists():
             self._kill_containers()
         containerd = self._take("containerd")
@@ -195,8 +196,6 @@ state = "{STATE_DIR}/state"
 
     def _start_kubelet(self) -> None:
         assert self.cluster.pki is not None and self.binaries is not None
-        from localkube.pki import issue_client_cert
-
         cert, key = issue_client_cert(self.cluster.pki, "kubelet", f"system:node:{self.node_name}", "system:nodes")
         kubeconfig = self.run_dir / "kubelet" / "kubeconfig"
         write_kubeconfig(kubeconfig, self.cluster.server, self.cluster.pki.ca_crt, user="kubelet", cert=cert, key=key)
@@ -220,7 +219,6 @@ state = "{STATE_DIR}/state"
         )
 
     def _kubelet_config(self) -> dict:
-        self.kubelet_port = free_port()
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
