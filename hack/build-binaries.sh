@@ -4,7 +4,8 @@
 # Contract:
 #   - Output: $TASKSHARD_BIN_CACHE/<component>-<version>/bin/<binary> (default cache: ~/.cache/taskshard/bin).
 #     kubernetes-<v>/bin: kube-apiserver kube-controller-manager kube-scheduler kubectl
-#     kubernetes-node-<v>/bin: kubelet kube-proxy (only `node`, for the real-node tier; not part of `all`)
+#     kubernetes-node-<v>/bin: kubelet kube-proxy, coredns-<v>/bin: coredns (only `node`, for the real-node tier;
+#     not part of `all`)
 #     etcd-<v>/bin: etcd        helm-<v>/bin: helm
 #   - A component whose directory holds a `.complete` marker is reused, never rebuilt.
 #   - Each component builds in a temporary directory and is moved into place only when complete,
@@ -114,7 +115,10 @@ build_helm() {
 }
 
 build_control_plane() { build_kubernetes kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl; }
-build_node() { build_kubernetes kubernetes-node kubelet kube-proxy; }
+build_node() {
+  build_kubernetes kubernetes-node kubelet kube-proxy
+  build_module coredns "$COREDNS_VERSION" github.com/coredns/coredns github.com/coredns/coredns
+}
 
 mkdir -p "$cache"
 case $only in
@@ -128,4 +132,7 @@ esac
 echo "KUBERNETES_BIN=$cache/kubernetes-$KUBERNETES_VERSION/bin"
 echo "ETCD_BIN=$cache/etcd-$ETCD_VERSION/bin"
 echo "HELM_BIN=$cache/helm-$HELM_VERSION/bin"
-if [[ $only == node ]]; then echo "KUBERNETES_NODE_BIN=$cache/kubernetes-node-$KUBERNETES_VERSION/bin"; fi
+if [[ $only == node ]]; then
+  echo "KUBERNETES_NODE_BIN=$cache/kubernetes-node-$KUBERNETES_VERSION/bin"
+  echo "COREDNS_BIN=$cache/coredns-$COREDNS_VERSION/bin"
+fi

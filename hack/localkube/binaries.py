@@ -100,23 +100,26 @@ def ensure_binaries(*, build: bool = True) -> Binaries:
 
 @dataclass(frozen=True)
 class NodeBinaries:
-    """The kubelet and kube-proxy of the real-node tier (``hack/build-binaries.sh node``)."""
+    """The kubelet, kube-proxy and CoreDNS of the real-node tier (``hack/build-binaries.sh node``)."""
 
     kubelet: str
     kube_proxy: str
+    coredns: str
 
 
 def ensure_node_binaries() -> NodeBinaries:
-    """Return the cached kubelet and kube-proxy, building them first when missing (~10 min cold, ~2 min warm).
+    """Return the cached kubelet, kube-proxy and CoreDNS, building them first when missing (~15 min cold).
 
     Raises :class:`BinariesUnavailable` with the build script's exit status when they cannot be had.
     """
-    bin_dir = cache_dir() / f"kubernetes-node-{versions()['KUBERNETES_VERSION']}" / "bin"
-    node = NodeBinaries(kubelet=str(bin_dir / "kubelet"), kube_proxy=str(bin_dir / "kube-proxy"))
+    v = versions()
+    bin_dir = cache_dir() / f"kubernetes-node-{v['KUBERNETES_VERSION']}" / "bin"
+    coredns = cache_dir() / f"coredns-{v['COREDNS_VERSION']}" / "bin" / "coredns"
+    node = NodeBinaries(str(bin_dir / "kubelet"), str(bin_dir / "kube-proxy"), str(coredns))
     if not missing(node):
         return node
-    print(f"[localkube] building kubelet and kube-proxy into {bin_dir}", file=sys.stderr, flush=True)
+    print(f"[localkube] building kubelet, kube-proxy and CoreDNS into {cache_dir()}", file=sys.stderr, flush=True)
     result = subprocess.run(["bash", str(BUILD_SCRIPT), "node"], stdout=subprocess.DEVNULL, check=False)
     if result.returncode != 0 or missing(node):
-        raise BinariesUnavailable(f"building kubelet and kube-proxy failed (exit {result.returncode}); see above")
+        raise BinariesUnavailable(f"building the node's binaries failed (exit {result.returncode}); see above")
     return node

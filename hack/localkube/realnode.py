@@ -1,5 +1,5 @@
 """A real Kubernetes node on this host for the local control plane: containerd and runc, a CNI bridge, the
-kubelet and kube-proxy (the real-node tier, ``make test-node``).
+kubelet, kube-proxy and CoreDNS (the real-node tier, ``make test-node``).
 
 The node agent (:mod:`localkube.nodeagent`) runs pods as local processes with the host's Python; this node runs
 images as containers, so the user id, the read-only root filesystem, memory limits and the pod network are the
@@ -11,9 +11,10 @@ Contract:
   the apiserver then listens on every address and advertises the node's IP, so pods reach it through the
   ``kubernetes`` Service (kube-proxy's rules), and it reaches the kubelet by InternalIP.
 - ``RealNode(cluster, run_dir).start()`` returns once the node is Ready. It needs root, Debian's containerd, runc,
-  CNI plugins and iptables (installed with apt-get when missing), a C compiler (the pause image) and the kubelet and
-  kube-proxy of ``hack/build-binaries.sh node`` (built when missing). Failing any of that raises
-  :class:`~localkube.hostnode.NodeUnavailable` with the reason.
+  CNI plugins and iptables (installed with apt-get when missing), a C compiler (the pause image) and the kubelet,
+  kube-proxy and CoreDNS of ``hack/build-binaries.sh node`` (built when missing). CoreDNS serves the cluster's
+  names (``<service>.<namespace>.svc``, which Spark executors use to reach their driver) on the node's IP, port
+  53. Failing any of that raises :class:`~localkube.hostnode.NodeUnavailable` with the reason.
 - ``import_image(archive)`` loads a ``docker save`` archive into the node's image store (pods then use the image
   with ``imagePullPolicy: IfNotPresent`` or ``Never``; nothing is pulled from a registry).
 - ``stop()`` deletes every pod, stops kube-proxy, the kubelet and containerd, and undoes what the node changed on
@@ -91,6 +92,7 @@ class RealNode:
         try:
             self._start_containerd()
             self._ctr("images", "import", str(ensure_pause_image(PAUSE_IMAGE, cache_dir())))
+            self._start_coredns()
             self._start_kubelet()
             self._start_kube_proxy()
             self._wait("node Ready", self._node_ready, timeout)
@@ -116,9 +118,10 @@ class RealNode:
             self._terminate(proxy)
             assert self.binaries is not None
             subprocess.run([self.binaries.kube_proxy, "--cleanup"], capture_output=True, check=False)
-        kubelet = self._take("kubelet")
-        if kubelet is not None:
-            self._terminate(kubelet)
+        for name in ("kubelet", "coredns"):
+            proc = self._take(name)
+            if proc is not None:
+                self._terminate(proc)
         if self.socket.exists():
             self._kill_containers()
         containerd = self._take("containerd")
@@ -194,6 +197,25 @@ state = "{STATE_DIR}/state"
             ],
         }
 
+    def _start_coredns(self) -> None:
+        assert self.binaries is not None
+        corefile = self.run_dir / "Corefile"
+        corefile.write_text(
+            f""".:53 {{
+    bind {self.ip}
+    errors
+    kubernetes cluster.local in-addr.arpa ip6.arpa {{
+        kubeconfig {self.cluster.kubeconfig}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }}
+    forward . /etc/resolv.conf
+    cache 5
+}}
+"""
+        )
+        self._spawn("coredns", [self.binaries.coredns, "-conf", str(corefile)])
+
     def _start_kubelet(self) -> None:
         assert self.cluster.pki is not None and self.binaries is not None
         cert, key = issue_client_cert(self.cluster.pki, "kubelet", f"system:node:{self.node_name}", "system:nodes")
@@ -236,6 +258,8 @@ state = "{STATE_DIR}/state"
             "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
             "authorization": {"mode": "AlwaysAllow"},
             "resolvConf": "/etc/resolv.conf",
+            "clusterDomain": "cluster.local",
+            "clusterDNS": [self.ip],
             # A shared test machine: evict only when it is really short, never garbage-collect the images.
             "evictionHard": {
                 "memory.available": "100Mi",

@@ -8,11 +8,13 @@ Steps 2-6 of the install page run here as written there, with this bed's values 
 What a real node adds to the cluster tier's process pods, each asserted below: the kubelet pulls nothing (the
 images are in containerd), the runtime enforces uid 10001 and the read-only root filesystem, the namespaces enforce
 Pod Security "restricted" at admission, the operator reaches the shard pods' IPs on the pod network (live status),
-and pods reach the apiserver through the ``kubernetes`` Service (kube-proxy).
+and pods reach the apiserver through the ``kubernetes`` Service (kube-proxy). Before the uninstall, docs/executors.md's
+set-up runs a second Task with two executor pods, which find their driver by its Service's name (CoreDNS).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import subprocess
@@ -93,12 +95,8 @@ def test_install_page_on_a_real_node(real_node, node_kafka, node_minio):
         for e in events:
             reference[e["key"]] += e["amount"]
 
-    settings = S3Settings(node_minio.endpoint, node_minio.region, node_minio.access_key, node_minio.secret_key)
-
     def results() -> dict[str, float]:
-        values = [r.value for r in node_kafka.consume_all("order-totals")]
-        lineage = read_lineage(location(f"s3a://{BUCKET}/{spec['storage']['s3']['prefix']}", settings), TASK)
-        return {k: float(v) for k, v in final_results_from_records(values, lineage).items()}
+        return sink_results(node_kafka, node_minio, task)
 
     def phases() -> dict[str, str]:
         return {i["metadata"]["name"]: (i.get("status") or {}).get("phase") for i in get("taskshards")["items"]}
@@ -144,7 +142,65 @@ def test_install_page_on_a_real_node(real_node, node_kafka, node_minio):
     operator_pods = get("pods", ns=OP_NS)["items"]
     assert [p["spec"]["containers"][0]["image"] for p in operator_pods] == [OPERATOR_IMAGE]
 
+    # Executors on the node: their pods find the driver through its headless Service (CoreDNS on the node).
+    run("kubectl", "-n", NS, "delete", "task", TASK, "--wait")
+    run_with_executors(run, get, node_kafka, node_minio, task)
+
     # Uninstall as upgrade.md says: Tasks first (the operator removes their finalizer), then the release.
     run("kubectl", "delete", "tasks", "--all", "--all-namespaces", "--wait")
     run("helm", "uninstall", "taskshard", "--namespace", OP_NS)
-    assert get("pods")["items"] == [] or all(p["metadata"].get("deletionTimestamp") for p in get("pods")["items"])
+    wait_for(
+        lambda: all(p["metadata"].get("deletionTimestamp") for p in get("pods")["items"]),
+        120,
+        "every shard and executor pod deleted with its Task",
+    )
+
+
+def sink_results(kafka, minio, task: dict) -> dict[str, float]:
+    """Per-key results of ``task`` from its sink topic, as its lineage on S3 says to read them."""
+    spec = task["spec"]
+    values = [r.value for r in kafka.consume_all(spec["sink"]["kafka"]["topic"])]
+    settings = S3Settings(minio.endpoint, minio.region, minio.access_key, minio.secret_key)
+    root = location(f"s3a://{BUCKET}/{spec['storage']['s3']['prefix']}", settings)
+    lineage = read_lineage(root, task["metadata"]["name"])
+    return {k: float(v) for k, v in final_results_from_records(values, lineage).items()}
+
+
+def run_with_executors(run, get, kafka, minio, base: dict) -> None:
+    """docs/executors.md's set-up on the node: the drivers' account from its example, a Task with two executors
+    (S3 storage, which every executor reaches); the executor pods run, the shard's status counts them, sums exact."""
+    run("kubectl", "apply", "-n", NS, "-f", "docs/examples/spark-driver-rbac.yaml")
+    task = copy.deepcopy(base)
+    name = task["metadata"]["name"] = "orders-exec"
+    spec = task["spec"]
+    spec["initialShards"] = 1
+    spec["source"]["kafka"]["topic"], spec["sink"]["kafka"]["topic"] = "orders-exec", "order-totals-exec"
+    spec["storage"]["s3"]["prefix"] = name
+    spec["spark"]["serviceAccountName"] = "taskshard-spark"
+    # Spark asks one core per executor by default: two would not fit next to the driver on this 2-core node.
+    spec["spark"]["executors"] = {
+        "instances": 2,
+        "resources": {"requests": {"cpu": "300m"}, "limits": {"memory": "1Gi"}},
+    }
+    kafka.create_topic("orders-exec", 2)
+    kafka.create_topic("order-totals-exec", 2)
+    run("kubectl", "-n", NS, "apply", "-f", "-", input=yaml.safe_dump(task))
+
+    rng = random.Random(11)
+    reference: dict[str, float] = defaultdict(float)
+    events = [{"key": f"e{rng.randrange(100)}", "amount": rng.randrange(1, 50)} for _ in range(2000)]
+    kafka.produce("orders-exec", events)
+    for e in events:
+        reference[e["key"]] += e["amount"]
+    shard = f"{name}-0-128"
+
+    def executors() -> list[str]:
+        pods = get("pods", f"--selector=taskshard.io/component=executor,taskshard.io/shard={shard}")["items"]
+        return [p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+
+    wait_for(lambda: len(executors()) == 2, START, f"two executor pods of {shard} running", 2)
+    wait_for(lambda: sink_results(kafka, minio, task) == reference, START, "sums computed on executors", 3)
+    status = get("taskshard", shard)["status"]
+    assert status["executors"] == {"requested": 2, "running": 2, "pending": 0}, status
+    for pod in executors():
+        assert get("pod", pod)["spec"]["containers"][0]["image"] == SHARD_IMAGE

@@ -48,7 +48,7 @@ def test_a_printed_rule_becomes_its_deletion():
 def test_build_script_knows_the_node_component():
     """``all`` must not build the node's binaries (the main tiers do not need them); ``node`` names them."""
     script = (ROOT / "hack" / "build-binaries.sh").read_text()
-    assert "build_node() { build_kubernetes kubernetes-node kubelet kube-proxy; }" in script
+    assert "build_kubernetes kubernetes-node kubelet kube-proxy\n  build_module coredns" in script
     assert "all) build_etcd; build_helm; build_control_plane ;;" in script
     bad = subprocess.run(["bash", str(ROOT / "hack" / "build-binaries.sh"), "nodes"], capture_output=True, text=True)
     assert bad.returncode != 0 and "expected all, kubernetes, node, etcd or helm" in bad.stderr
