@@ -37,7 +37,7 @@ demo: venv binaries
 # Two pytest processes: the integration tier's SparkSession must be the first JVM of its process (the Kafka and
 # s3a jars join the classpath only at JVM start).
 test: venv binaries
-	$(PYTEST) --require-tests --durations=25 -m "not kind and not integration and not image"
+	$(PYTEST) --require-tests --durations=25 -m "not kind and not integration and not image and not node"
 	$(PYTEST) --require-tests --durations=10 -m integration
 
 test-unit: venv
