@@ -17,6 +17,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from localkube.hostnode import NodeUnavailable
+
 PAUSE_C = r"""
 #include <signal.h>
 #include <stdlib.h>
@@ -42,8 +44,6 @@ def ensure_pause_image(ref: str, cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        from localkube.hostnode import NodeUnavailable
-
         raise NodeUnavailable("no C compiler (cc, gcc) to build the node's pause image")
     with tempfile.TemporaryDirectory() as work:
         source, binary = Path(work) / "pause.c", Path(work) / "pause"

@@ -91,7 +91,7 @@ class RealNode:
         hostnode.write_sysctls({"net/ipv4/ip_forward": "1"})
         try:
             self._start_containerd()
-            self._ctr("images", "import", str(ensure_pause_image(PAUSE_IMAGE, cache_dir())))
+            self.import_image(ensure_pause_image(PAUSE_IMAGE, cache_dir()))
             self._start_coredns()
             self._start_kubelet()
             self._start_kube_proxy()
@@ -105,9 +105,6 @@ class RealNode:
     def import_image(self, archive: Path) -> None:
         """Load a ``docker save`` archive (one or more tagged images) into the node's image store."""
         self._ctr("images", "import", str(archive))
-
-    def images(self) -> list[str]:
-        return self._ctr("images", "list", "--quiet").split()
 
     def stop(self) -> None:
         if not self._procs and not self._saved_sysctls:
