@@ -4,7 +4,8 @@
   first use: a cold build takes many minutes). ``TASKSHARD_TEST_KUBECONFIG=/path`` runs the tier against an
   existing cluster instead (its nodes must run the pods' commands, as the local node agent does).
 - ``namespace`` (function): a fresh namespace, deleted after the test.
-- ``kubectl`` (function): ``kubectl(*args, input=None, check=True)`` bound to that namespace.
+- ``kubectl`` (function): ``kubectl(*args, input=None, check=True)`` bound to that namespace; its ``get_json``
+  answers the reads tests poll through the API (:mod:`tests.kubeget`), not a kubectl process per poll.
 
 If the control plane cannot be built or started the tests fail with the reason and the components' log tails.
 """
@@ -12,6 +13,7 @@ If the control plane cannot be built or started the tests fail with the reason a
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +24,7 @@ import pytest
 
 from localkube.binaries import BinariesUnavailable, ensure_binaries
 from localkube.cluster import ClusterStartError, LocalCluster
+from tests.kubeget import KubeGet
 
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -72,9 +75,32 @@ def namespace(kube_cluster, request):
     kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
 
+class NamespacedKubectl:
+    """The real kubectl bound to a namespace; ``get_json(*args)`` is ``kubectl get *args -o json`` parsed, read
+    through the API for the kinds :mod:`tests.kubeget` knows (one pooled client per cluster) and by kubectl
+    otherwise."""
+
+    def __init__(self, cluster, namespace: str, reader: KubeGet) -> None:
+        self.cluster, self.namespace, self.reader = cluster, namespace, reader
+
+    def __call__(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        return self.cluster.kubectl(*args, namespace=self.namespace, **kwargs)
+
+    def get_json(self, *args: str) -> dict:
+        answer = self.reader.get(args, self.namespace)
+        if answer is None:
+            answer = json.loads(self("get", *args, "-o", "json").stdout)
+        return answer
+
+
+@functools.cache
+def kube_get(kubeconfig: str) -> KubeGet:
+    return KubeGet(kubeconfig)
+
+
 @pytest.fixture
 def kubectl(kube_cluster, namespace):
-    return functools.partial(kube_cluster.kubectl, namespace=namespace)
+    return NamespacedKubectl(kube_cluster, namespace, kube_get(str(kube_cluster.kubeconfig)))
 
 
 def pod_log(kube_cluster, namespace: str, pod: str, container: str) -> str:
