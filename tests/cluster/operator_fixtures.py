@@ -24,6 +24,7 @@ import yaml
 
 from spark_runtime.produce import append_events
 from spark_runtime.results import final_results
+from tests.jvm import DRIVER_JVM_CONF
 from tests.waiting import get_json, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +156,7 @@ def task_manifest(
             "storage": {"path": "/data/state", "volume": {"hostPath": str(data_dir), "mountPath": "/data"}},
             "spark": {
                 "image": image,
-                "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+                "conf": {**DRIVER_JVM_CONF, "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
                 "triggerInterval": "1 second",
             },
             "checkpointRetention": retention,

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from spark_runtime.storage import StorageProblem, check_storage, location, s3_settings_from
+from tests.jvm import DRIVER_JVM_CONF
 
 from .test_kafka_s3_shards import Reference, Running, Setup, _nested_source, _own, check_results, make_events
 
@@ -242,7 +243,10 @@ def test_a_zombie_paused_mid_batch_across_its_successors_claim_writes_nothing_th
         0,
         16,
         sink={"directory": {"path": str(sink)}},
-        spark={"triggerInterval": "500 milliseconds", "conf": {"spark.taskshard.maxRecordsPerTrigger": "300"}},
+        spark={
+            "triggerInterval": "500 milliseconds",
+            "conf": {**DRIVER_JVM_CONF, "spark.taskshard.maxRecordsPerTrigger": "300"},
+        },
     )
     first = make_events(900, rng, invalid_every=0)
     kafka_broker.produce(setup.topic_in, first)

@@ -19,11 +19,14 @@ from typing import Any
 
 import pytest
 
+from tests.jvm import DRIVER_JVM_CONF
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 REPO = Path(__file__).resolve().parents[2]
 
 SPARK_CONF = {
+    **DRIVER_JVM_CONF,
     "spark.sql.shuffle.partitions": "2",
     "spark.ui.enabled": "false",
     "spark.default.parallelism": "2",
