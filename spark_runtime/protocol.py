@@ -635,11 +635,16 @@ class SkipRule:
 
 
 def clamp(ends: Mapping[str, int], start: Mapping[str, int], limit: Mapping[str, Any]) -> dict[str, int]:
-    """Flat (journal) end positions capped at ``limit``, never below ``start``."""
+    """Flat (journal) end positions capped at ``limit``, never below ``start``.
+
+    A file the limit does not name stays at its start: a catching-up child never reads where its parent has no
+    committed position (records it processed there on standby would be past the parent's final positions, and
+    its silent batches would never emit them)."""
     out = {}
     for name, end in ends.items():
+        begin = int(start.get(name, 0))
         cap = limit.get(name)
-        out[name] = end if cap is None else max(int(start.get(name, 0)), min(int(end), int(cap)))
+        out[name] = begin if cap is None else max(begin, min(int(end), int(cap)))
     return out
 
 

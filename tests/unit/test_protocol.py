@@ -56,7 +56,8 @@ def test_clamp_caps_at_the_limit_and_never_goes_below_the_start():
         "p0.jsonl": 60,
         "p1.jsonl": 40,
     }
-    assert clamp({"p0.jsonl": 100}, {"p0.jsonl": 0}, {}) == {"p0.jsonl": 100}, "no limit named: unchanged"
+    unnamed = clamp({"p0.jsonl": 100, "p1.jsonl": 70}, {"p0.jsonl": 0, "p1.jsonl": 20}, {"p0.jsonl": 60})
+    assert unnamed == {"p0.jsonl": 60, "p1.jsonl": 20}, "a file the limit does not name is not read past its start"
 
 
 def test_a_batch_emits_only_past_the_final_positions_and_a_straddling_one_only_from_them():
