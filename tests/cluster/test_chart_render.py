@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -355,3 +356,12 @@ def test_the_release_hands_its_task_defaults_to_the_operator():
     assert not {k for k in bare if k.startswith("TASKSHARD_DEFAULT_")}
     refused = helm("template", "ts", str(CHART), "--set", "storage.s3.bucket=b", check=False)
     assert refused.returncode != 0 and "bucket" in refused.stderr, "a value that would do nothing is refused"
+
+
+def test_the_values_checksum_annotation_is_always_a_string():
+    """The pod template's checksum of the values is quoted. Unquoted, 16 hex digits that happen to be decimal digits
+    only (about one release in 2,000: the values hold the release's name) read as a YAML number, and the API
+    server refuses the Deployment: a ``helm upgrade`` in the install test once failed on exactly that."""
+    args = ["template", "ts", str(CHART), "--kube-version", KUBE_VERSION, "--show-only", "templates/deployment.yaml"]
+    (line,) = [x.strip() for x in helm(*args).stdout.splitlines() if "checksum/values" in x]
+    assert re.fullmatch(r'checksum/values: "[0-9a-f]{16}"', line), line
