@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from pathlib import Path
 
 # kubectl's names for a kind -> (API prefix, plural). Only kinds the tests read; others fall back to kubectl.
@@ -75,17 +74,9 @@ class KubeGet:
     """``kubectl get -o json`` for the kinds in :data:`KINDS`, through one pooled API client (thread-safe)."""
 
     def __init__(self, kubeconfig: str | Path) -> None:
-        self.kubeconfig = str(kubeconfig)
-        self._api = None
-        self._lock = threading.Lock()
+        from kubernetes import config
 
-    def _client(self):
-        with self._lock:
-            if self._api is None:
-                from kubernetes import config
-
-                self._api = config.new_client_from_config(config_file=self.kubeconfig)
-            return self._api
+        self._api = config.new_client_from_config(config_file=str(kubeconfig))
 
     def get(self, args: tuple[str, ...], namespace: str) -> dict | None:
         """The parsed output of ``kubectl get *args -o json``; ``None`` when the arguments are not supported."""
@@ -96,7 +87,7 @@ class KubeGet:
             return None
         path, query, name = plan
         try:
-            response = self._client().call_api(
+            response = self._api.call_api(
                 path,
                 "GET",
                 query_params=query,
