@@ -7,7 +7,8 @@ fresh directory: a journal of ``--keys`` distinct keys (one event each) and a pr
 events/s over the same keys. ``split``: one shard ``[0, 128)``; once it consumed the pre-fill, its children
 ``[0, 64)`` and ``[64, 128)`` start with ``restoreFrom`` = its ``drained.json`` (the journal's catch-up hand-over).
 ``merge``: shards ``[0, 64)`` and ``[64, 128)``; then the merged shard starts with ``mergeFrom`` = both
-``drained.json`` (a merge hands over by restore). Both hand over the same state at the same input rate.
+``drained.json`` (on the journal a catch-up merge too: it restores both parents' pre-copies and follows both while
+they run). Both hand over the same state at the same input rate.
 
 The **processing gap** of a range: its child's first emitting commit (the first batch with a results file, its
 ``checkpoint/commits/<n>`` mtime) minus its parent's last commit (``commits/<batchId of drained.json>``); a
@@ -239,9 +240,9 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
         "successor catches up while its parent runs): the parents export their final state, the successors "
         f"restore it: {parts}"
         if kafka
-        else "a merge hands over by restore (a shard cannot follow two parents' commits): its parents export their "
-        "final state in the final drain (a split's parent exported a pre-copy while it ran) and the merged shard "
-        f"restores it before its first batch (a split's children caught up while the parent ran): {parts}"
+        else "both catch up on the journal (the merged shard restores both parents' pre-copies and follows both "
+        "while they run; neither parent exports in its final drain), so what remains is the two parents' drains "
+        f"one after the other and the merged shard's one batch across both final positions: {parts}"
     )
     where = ", Kafka + MinIO" if kafka else ""
     value = f"merge {med['merge']:.1f} s vs split {med['split']:.1f} s ({ratio:.2f}x)" if ratio is not None else None

@@ -146,7 +146,8 @@ class BatchOutput:
         assert context is not None and isinstance(source, ReadsRanges)
         start, end = self.positions_at(batch_id - 1), self.positions_at(batch_id)
         records = source.read_range(self.session(), context, start, end)
-        return results_past_fence(self.io.config, df, records)
+        boundary = self.run.restore.boundary if self.run.restore is not None else None
+        return results_past_fence(self.io.config, df, records, boundary)
 
     def _write_window_late(self, batch_id: int) -> None:
         """A builtin window batch's late records (before the commit, so a replay rewrites the same file)."""

@@ -38,7 +38,7 @@ from spark_runtime.engine.api import (
 )
 from spark_runtime.engine.schema import StateSchema
 from spark_runtime.engine.step import EVENT_TIME, LATE
-from spark_runtime.protocol import HELD_COLUMN, SkipRule
+from spark_runtime.protocol import HELD_COLUMN, HELD_RIGHT_COLUMN, SkipRule
 from spark_runtime.records import RECORD_TIME, RecordSpec
 from spark_runtime.windows import WINDOW_RESULT_COLUMNS, window_frame
 
@@ -226,9 +226,13 @@ def key_group_column(config: ShardConfig, column: str = "key") -> Any:
     return F.expr(config.key_grouping.sql(column, "partition")).cast("int")
 
 
-def owned_records(config: ShardConfig, events: Any, skip: SkipRule | None = None) -> Any:
+def owned_records(
+    config: ShardConfig, events: Any, skip: SkipRule | None = None, held_boundary: int | None = None
+) -> Any:
     """Step 1 of the plan: ``events`` with their ``key_group``, only the shard's (a merged child's ``skip`` rule
-    applied): the native key-group filter, right after the source (no Python on this path)."""
+    applied): the native key-group filter, right after the source (no Python on this path). A merged catch-up
+    child's events carry a held column per parent: each record keeps its own parent's as
+    :data:`~spark_runtime.protocol.HELD_COLUMN` (the right one's from ``held_boundary`` on)."""
     from pyspark.sql import functions as F
 
     r = config.range
@@ -236,17 +240,22 @@ def owned_records(config: ShardConfig, events: Any, skip: SkipRule | None = None
     mine = mine.where(F.col("key_group").between(r.start, r.end - 1))
     if skip is not None:
         mine = mine.where(F.expr(skip.sql("key_group", "partition", "offset")))
+    if HELD_RIGHT_COLUMN in mine.columns:
+        if held_boundary is None:
+            raise ValueError(f"a merged catch-up child's {HELD_RIGHT_COLUMN} column needs its parents' boundary")
+        own = F.when(F.col("key_group") < held_boundary, F.col(HELD_COLUMN)).otherwise(F.col(HELD_RIGHT_COLUMN))
+        mine = mine.withColumn(HELD_COLUMN, own).drop(HELD_RIGHT_COLUMN)
     return mine
 
 
-def results_past_fence(config: ShardConfig, results: Any, records: Any) -> Any:
+def results_past_fence(config: ShardConfig, results: Any, records: Any, held_boundary: int | None = None) -> Any:
     """``results`` (a builtin aggregation's batch output) for the keys with an owned record that is not held among
     ``records`` (the batch's records read again, with :data:`spark_runtime.protocol.HELD_COLUMN`): the batch that
     reaches a catch-up child's fence emits only what its records at or after the fence changed; a key they did not
     touch keeps the total its parent emitted."""
     from pyspark.sql import functions as F
 
-    keys = owned_records(config, records).where(~F.col(HELD_COLUMN)).select("key").distinct()
+    keys = owned_records(config, records, held_boundary=held_boundary).where(~F.col(HELD_COLUMN)).select("key")
     return results.join(keys, "key", "left_semi")
 
 
@@ -257,17 +266,19 @@ def build_output_frame(
     events: Any,
     seed: dict[str, Any] | None,
     skip: SkipRule | None = None,
+    held_boundary: int | None = None,
 ) -> Any:
     """The streaming DataFrame ``(key, key_group, result)`` (update mode) for ``events`` (the source's
     DataFrame). ``seed``, when restoring, holds the keyword arguments of
     :func:`spark_runtime.sources.seed.seed_stream` except ``mode`` and ``schema_ddl``; ``skip``, for a merged
-    child, drops the rows one of its parents already counted (before the load map and the state)."""
+    child, drops the rows one of its parents already counted (before the load map and the state); ``held_boundary``,
+    for a merged catch-up child, is its right parent's first key group (:func:`owned_records`)."""
     from pyspark.sql import functions as F
 
     from spark_runtime.sources.seed import seed_stream
 
     kg = key_group_column(config)
-    mine = _observe_load_map(config, owned_records(config, events, skip))
+    mine = _observe_load_map(config, owned_records(config, events, skip, held_boundary))
     if plan.window is not None:
         return window_frame(spark, config, plan, mine, kg, seed)
     if plan.kind == "builtin":

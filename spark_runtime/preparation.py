@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from spark_runtime.checkpoint import last_committed_batch
 from spark_runtime.problems import EnvironmentProblem, TemplateRefused
-from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE, TIME_MODE_CHANGED
+from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE, TIME_MODE_CHANGED, MergeCatchUpState
 from spark_runtime.sink import DirectorySinkWriter
 from spark_runtime.snapshot import utc_now
 from spark_runtime.snapshot.restore import plan_restore
@@ -223,6 +223,7 @@ def stream_context(io: ShardIO, run: RunState, child: ChildHandover | MergeHando
     ``catch-up.json``, a merged child's skip rule, and the next writer epoch's file (once it exists the source
     admits nothing: the runtime was fenced)."""
     cfg, conf, epoch = io.config, io.config.spark.conf, io.fence.epoch
+    merged = child.state if child is not None and isinstance(child.state, MergeCatchUpState) else None
     return SourceContext(
         shard=cfg.shard,
         max_key_groups=cfg.max_key_groups,
@@ -238,6 +239,7 @@ def stream_context(io: ShardIO, run: RunState, child: ChildHandover | MergeHando
         grouping=cfg.key_grouping,
         read_partitions=cfg.partitions_to_read,
         catch_up_state=io.paths.catch_up if child is not None and child.state else None,
+        held_boundary=merged.boundary if merged is not None else None,
         skip=run.restore.skip if run.restore is not None else None,
         fenced_by=io.paths.epoch(epoch + 1) if epoch is not None else None,
     )

@@ -15,11 +15,13 @@ Files of a split (under ``<root>/<task>/shards/``; see ``docs/split-protocol.md`
     <child>/catch-up.json                    the child's catch-up state (CatchUpState): what it may read and
                                              from which positions on it emits
 
-A merge: a merged child (``mergeFrom``: two adjacent parents) writes its request and ready note (restore mode)
-into **each** parent's ``handover/``; each parent drains when the notes cover its range, as for a split, and the
-child restores both snapshots once both ``drained.json`` exist. Two parents that read the same partitions stop at
-different positions: the child starts each partition at the lower of the two and skips, per key group, the rows
-below its own parent's final position (:class:`SkipRule`).
+A merge: a merged child (``mergeFrom``: two adjacent parents) writes its request and ready note into **each**
+parent's ``handover/``; each parent drains when the notes cover its range, as for a split. In catch-up mode (the
+journal) each parent answers with a pre-copy, the child restores both and follows both
+(:class:`MergeCatchUpState`) before it says ready; in restore mode it restores both final snapshots once both
+``drained.json`` exist. Two parents that read the same partitions stop at different positions: the child starts
+each partition at the lower of the two and skips, per key group, the rows below its own parent's position
+(:class:`SkipRule`).
 
 An abort (``run --abort-split``, a split withdrawn before ``drained.json`` exists) claims the next writer epoch of
 each child (fencing it), removes everything else in the children's directories and the parent's ``handover/``,
@@ -48,6 +50,9 @@ __all__ = [
     "PRECOPY_POINTER",
     "CatchUpPhase",
     "CatchUpState",
+    "HELD_RIGHT_COLUMN",
+    "MergeCatchUpState",
+    "read_catch_up",
     "DrainSummary",
     "EPOCHS_DIR",
     "FailureSummary",
@@ -406,6 +411,12 @@ child's state and produces no output and no dead letter; a source marks whole pi
 inside one (the journal cuts its pieces at the final positions)."""
 
 
+HELD_RIGHT_COLUMN = "_held_right"
+"""A merged catch-up child's second held column: whether the record is held for the **right** parent's key groups
+(before its final positions); :data:`HELD_COLUMN` is then the left parent's. The pipeline picks one per record
+by key group (:func:`spark_runtime.pipeline.owned_records`), so downstream sees one :data:`HELD_COLUMN`."""
+
+
 class Emission(StrEnum):
     """What a catch-up child's batch writes to the sink (:meth:`CatchUpState.emission`)."""
 
@@ -546,6 +557,98 @@ class CatchUpState:
     def holds(self, name: str, offset: int) -> bool:
         """Whether a record at ``offset`` of the partition ``name`` is held (see :data:`HELD_COLUMN`)."""
         return self.final is None or offset < int(self.final.get(name, 0))
+
+
+@dataclass(frozen=True)
+class MergeCatchUpState:
+    """A merged catch-up child's state (its ``catch-up.json``): two parents, by ascending key groups (the left one
+    owns ``[start, boundary)``, the right one ``[boundary, end)``). Read by its runner and its source.
+
+    The cap is the lowest, per position, of both parents' limits (each parent's latest committed positions, its
+    pre-copy's at first, its final ones once drained): a batch planned under it ends at or before both parents'
+    final positions, so it is held entirely. A record of key group ``g`` is held iff it lies before its own
+    parent's final position (:meth:`held_by`; unknown: held); once both parents drained the phase is FINAL and
+    the cap is gone."""
+
+    parents: tuple[str, str]
+    manifests: tuple[str, str]
+    """Each parent's pre-copy snapshot manifest this child restored from."""
+    boundary: int
+    """The first key group of the right parent."""
+    phase: CatchUpPhase
+    limits: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
+    """SHADOW: each parent's positions this child may not read past (None: that parent's pre-copy positions)."""
+    finals: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
+    """Each parent's final positions once it drained (None: not yet)."""
+    ready: bool = False
+    """Whether the ready notes were written to both parents."""
+    writer_epoch: int | None = None
+
+    @property
+    def parent(self) -> str:
+        return " and ".join(self.parents)
+
+    @property
+    def limit(self) -> dict[str, Any] | None:
+        """The cap (SHADOW only): per position, the lowest of the parents' limits or final positions."""
+        if self.phase != CatchUpPhase.SHADOW:
+            return None
+        known = [f if f is not None else lim for lim, f in zip(self.limits, self.finals, strict=True)]
+        return lowest_positions([k for k in known if k is not None]) if all(k is not None for k in known) else {}
+
+    @property
+    def final(self) -> dict[str, Any] | None:
+        """The lowest of both parents' final positions once both drained (None before)."""
+        if any(f is None for f in self.finals):
+            return None
+        return lowest_positions([f for f in self.finals if f is not None])
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "phase": str(self.phase), "kind": "merge"}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MergeCatchUpState:
+        epoch = data.get("writer_epoch")
+        left, right = data["parents"]
+        m_left, m_right = data["manifests"]
+        l_limit, r_limit = data.get("limits") or (None, None)
+        l_final, r_final = data.get("finals") or (None, None)
+        return cls(
+            parents=(str(left), str(right)),
+            manifests=(str(m_left), str(m_right)),
+            boundary=int(data["boundary"]),
+            phase=CatchUpPhase(data["phase"]),
+            limits=(l_limit, r_limit),
+            finals=(l_final, r_final),
+            ready=bool(data.get("ready")),
+            writer_epoch=int(epoch) if isinstance(epoch, int) else None,
+        )
+
+    def emission(self, start: Mapping[str, Any], end: Mapping[str, Any]) -> Emission:
+        """What a batch from ``start`` to ``end`` emits: nothing while a parent's final positions are unknown or
+        when it ends at or before both parents' (every record held); everything when it starts at or after both;
+        else only its records' results at or after their own parent's final positions (``FROM_FENCE``)."""
+        if any(f is None for f in self.finals) or all(at_or_after(f, end) for f in self.finals if f is not None):
+            return Emission.NONE
+        if all(at_or_after(start, f) for f in self.finals if f is not None):
+            return Emission.ALL
+        return Emission.FROM_FENCE
+
+    def cuts(self, name: str) -> list[int]:
+        """Where the source cuts its pieces of partition ``name``: the known final positions."""
+        return sorted({int(f[name]) for f in self.finals if f is not None and name in f})
+
+    def held_by(self, name: str, offset: int) -> tuple[bool, bool]:
+        """Whether a record at ``offset`` of partition ``name`` is held for the left and for the right parent's key
+        groups (:data:`HELD_COLUMN`, :data:`HELD_RIGHT_COLUMN`): before that parent's final position, or any
+        record while it is unknown; a partition a parent's final positions do not name holds nothing for it."""
+        left, right = (f is None or offset < int(f.get(name, 0)) for f in self.finals)
+        return left, right
+
+
+def read_catch_up(data: Mapping[str, Any]) -> CatchUpState | MergeCatchUpState:
+    """A ``catch-up.json``: a split child's :class:`CatchUpState` or a merged child's :class:`MergeCatchUpState`."""
+    return MergeCatchUpState.from_json(data) if data.get("kind") == "merge" else CatchUpState.from_json(data)
 
 
 def _leaves(positions: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], int]]:

@@ -201,7 +201,7 @@ class ShardRunner:
         if io.config.restore_from is not None:
             self.as_child = ChildHandover(io, state, self.handover_mode, self.progress.positions_at, calls)
         elif io.config.merge_from is not None:
-            self.as_child = MergeHandover(io, state, calls)  # a merge always restores (spark_runtime.merge)
+            self.as_child = MergeHandover(io, state, self.handover_mode, self.progress.positions_at, calls)
         self.as_parent = ParentHandover(io, self.as_child, self.snapshots.write)
         self.drainer = Drain(
             io, state, self.as_parent, self.progress, self.snapshots, self.poll_after_stop, drain_timeout
@@ -320,7 +320,15 @@ class ShardRunner:
         restore = self.restore
         seed = restore.seed_options if restore is not None else None
         preparation.settle_record_layout(self.io, self.state)
-        out = build_output_frame(self.spark, cfg, self.plan, events, seed, restore.skip if restore else None)
+        out = build_output_frame(
+            self.spark,
+            cfg,
+            self.plan,
+            events,
+            seed,
+            restore.skip if restore else None,
+            restore.boundary if restore else None,
+        )
         writer = (
             out.writeStream.outputMode(output_mode(self.plan.window))
             .queryName(self._query_name)

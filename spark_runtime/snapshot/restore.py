@@ -62,6 +62,11 @@ class RestorePlan:
     """A Python processor's state schema evolved from its parents' (with their retired names; None: builtins)."""
 
     @property
+    def boundary(self) -> int | None:
+        """A merge's first key group of its right parent (None: one parent)."""
+        return self.slices[1].start if len(self.slices) > 1 else None
+
+    @property
     def manifest_uri(self) -> str:
         return self.slices[0].manifest_uri if len(self.slices) == 1 else ", ".join(s.manifest_uri for s in self.slices)
 

@@ -82,7 +82,10 @@ class SourceContext:
     read_partitions: list[int] | None = None
     """The partitions this shard reads (None: every partition)."""
     catch_up_state: Loc | None = None
-    """A catching-up split child's ``catch-up.json`` (None: not catching up)."""
+    """A catching-up child's ``catch-up.json`` (None: not catching up)."""
+    held_boundary: int | None = None
+    """A merged catch-up child's first key group of its right parent: the source adds
+    :data:`spark_runtime.protocol.HELD_RIGHT_COLUMN` and holds each dead letter by its key group's parent."""
     skip: SkipRule | None = None
     """A merged child's skip rule: rows (and dead letters) a parent already counted (None: skip nothing)."""
     fenced_by: Loc | None = None

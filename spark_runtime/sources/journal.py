@@ -46,7 +46,16 @@ from pyspark.sql.streaming.datasource import (
 
 from spark_runtime.keygroups import KeyGrouping
 from spark_runtime.problems import EnvironmentProblem
-from spark_runtime.protocol import HELD_COLUMN, CatchUpPhase, CatchUpState, SkipRule, clamp
+from spark_runtime.protocol import (
+    HELD_COLUMN,
+    HELD_RIGHT_COLUMN,
+    CatchUpPhase,
+    CatchUpState,
+    MergeCatchUpState,
+    SkipRule,
+    clamp,
+    read_catch_up,
+)
 from spark_runtime.records import (
     MAX_LINE_IN_DEAD_LETTER,
     MAX_RECORD_BYTES,
@@ -139,6 +148,29 @@ def capped_end(fh: Any, start: int, end: int, budget: int) -> int:
     return cut if cut > start else _first_line_end(fh, start, end)
 
 
+def held_columns(catch_up: bool, merged: bool) -> list[tuple[str, str]]:
+    """The held columns a catch-up child's stream adds (a merged child's: one per parent)."""
+    if not catch_up:
+        return []
+    return [(HELD_COLUMN, "boolean")] + ([(HELD_RIGHT_COLUMN, "boolean")] if merged else [])
+
+
+def _cuts(state: CatchUpState | MergeCatchUpState | None, name: str) -> list[int]:
+    """Where a catch-up child's pieces of partition ``name`` are cut: its parents' known final positions."""
+    if isinstance(state, MergeCatchUpState):
+        return state.cuts(name)
+    if state is not None and state.final is not None:
+        return [int(state.final.get(name, 0))]
+    return []
+
+
+def _held(state: CatchUpState | MergeCatchUpState | None, name: str, offset: int) -> tuple[bool, bool]:
+    """A piece's held flags from ``offset`` on: (left or only parent, right parent)."""
+    if isinstance(state, MergeCatchUpState):
+        return state.held_by(name, offset)
+    return state is not None and state.holds(name, offset), False
+
+
 def plan_pieces(fh: Any, start: int, end: int, piece_bytes: int) -> list[tuple[int, int]]:
     """Split the line-aligned range ``[start, end)`` at line boundaries into pieces of at most ``piece_bytes``
     (a single longer line becomes a piece of its own). Deterministic for given arguments."""
@@ -153,14 +185,17 @@ def plan_pieces(fh: Any, start: int, end: int, piece_bytes: int) -> list[tuple[i
 
 class JournalPiece(InputPartition):
     """Bytes ``[start, end)`` of partition ``index`` (line-aligned); ``held``: a catch-up child's piece before its
-    parent's final positions (:data:`spark_runtime.protocol.HELD_COLUMN`), decided when the batch is planned."""
+    parent's final positions (:data:`spark_runtime.protocol.HELD_COLUMN`), decided when the batch is planned;
+    ``held_right``: a merged child's, before its right parent's (:data:`spark_runtime.protocol.HELD_RIGHT_COLUMN`;
+    ``held`` is then the left parent's)."""
 
-    def __init__(self, index: int, start: int, end: int, held: bool = False) -> None:
-        super().__init__((index, start, end, held))
+    def __init__(self, index: int, start: int, end: int, held: bool = False, held_right: bool = False) -> None:
+        super().__init__((index, start, end, held, held_right))
         self.index = index
         self.start = start
         self.end = end
         self.held = held
+        self.held_right = held_right
 
 
 class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -181,6 +216,8 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.dead_letter_dir = Path(options["deadletterdir"])
         self.drain_marker = location(options["drainmarker"], S3Settings.from_options(options))
         catch_up = options.get("catchupstate") or ""
+        boundary = options.get("heldboundary") or ""
+        self.held_boundary = int(boundary) if boundary else None
         self.catch_up = location(catch_up, S3Settings.from_options(options)) if catch_up else None
         fenced_by = options.get("fencedby") or ""
         self.fenced_by = location(fenced_by, S3Settings.from_options(options)) if fenced_by else None
@@ -220,14 +257,15 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ends = clamp(ends, start, state.limit)  # catching up: never past the parent's positions
         return ends
 
-    def _catch_up_state(self) -> CatchUpState | None:
+    def _catch_up_state(self) -> CatchUpState | MergeCatchUpState | None:
         if self.catch_up is None or not self.catch_up.exists():
             return None
-        return CatchUpState.from_json(self.catch_up.read_json())
+        return read_catch_up(self.catch_up.read_json())
 
     def columns(self) -> list[tuple[str, str]]:
-        """The stream's columns: the record spec's, and a catch-up child's :data:`HELD_COLUMN`."""
-        return self.spec.columns() + ([(HELD_COLUMN, "boolean")] if self.catch_up is not None else [])
+        """The stream's columns: the record spec's, and a catch-up child's :data:`HELD_COLUMN` (a merged one's
+        :data:`HELD_RIGHT_COLUMN` too)."""
+        return self.spec.columns() + held_columns(self.catch_up is not None, self.held_boundary is not None)
 
     def _complete_ends(self, start: dict, limit: ReadLimit) -> dict:
         budget = None
@@ -259,21 +297,21 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        """The range's pieces; a catch-up child's are cut at its parent's final positions (a line start), so each
-        piece is held or not as a whole. The same range and the same final positions give the same pieces."""
+        """The range's pieces; a catch-up child's are cut at its parent's final positions (a line start; a merged
+        child's at both parents'), so each piece is held or not as a whole. The same range and the same final
+        positions give the same pieces."""
         state = self._catch_up_state()
         pieces: list[InputPartition] = []
         for name in self._names():
             s, e = int(start.get(name, 0)), int(end.get(name, 0))
             if e <= s:
                 continue
-            cut = int(state.final.get(name, 0)) if state is not None and state.final is not None else None
+            cuts = _cuts(state, name)
             with open(self.path / name, "rb") as fh:
                 for ps, pe in plan_pieces(fh, s, e, self.piece_bytes):
-                    bounds = [ps, cut, pe] if cut is not None and ps < cut < pe else [ps, pe]
+                    bounds = [ps, *(c for c in cuts if ps < c < pe), pe]
                     for lo, hi in zip(bounds, bounds[1:], strict=False):
-                        held = state is not None and state.holds(name, lo)
-                        pieces.append(JournalPiece(partition_index(name), lo, hi, held))
+                        pieces.append(JournalPiece(partition_index(name), lo, hi, *_held(state, name, lo)))
         return pieces
 
     def commit(self, end: dict) -> None:  # positions live in Spark's offset log; nothing to do
@@ -301,6 +339,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "partition": pa.array(np.full(n, partition.index, dtype=np.int32)),
                 "offset": offsets,
                 HELD_COLUMN: pa.array(np.full(n, partition.held, dtype=bool)),
+                HELD_RIGHT_COLUMN: pa.array(np.full(n, partition.held_right, dtype=bool)),
                 **{f.name: table.column(f.name) for f in self.spec.fields},
             }
             out = pa.table([arrays[name] for name, _ in columns], schema=schema)
@@ -314,6 +353,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "partition": [partition.index] * n,
             "offset": parsed.offsets,
             HELD_COLUMN: [partition.held] * n,
+            HELD_RIGHT_COLUMN: [partition.held_right] * n,
             **parsed.columns,
         }
         if parsed.values is not None:
@@ -335,8 +375,10 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self.range_start <= kg < self.range_end and (
                 self.skip is None or self.skip.keeps(kg, piece.index, d.offset)
             ):
-                owned.append(d.to_record(shard=self.shard, partition=piece.index, key_group=kg))
-        if not owned or piece.held:  # a catching-up child: its parent wrote these (see the source contract)
+                right = self.held_boundary is not None and kg >= self.held_boundary
+                if not (piece.held_right if right else piece.held):  # else its parent wrote it (source contract)
+                    owned.append(d.to_record(shard=self.shard, partition=piece.index, key_group=kg))
+        if not owned:
             return
         body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in owned).encode("utf-8")
         write_atomic(self.dead_letter_dir / f"p{piece.index}-{piece.start}-{piece.end}.jsonl", body, fsync=False)
@@ -351,7 +393,8 @@ class JournalDataSource(DataSource):
 
     def schema(self) -> str:
         ddl = RecordSpec.from_json(self.options["recordSpec"]).ddl()
-        return ddl + (f", `{HELD_COLUMN}` boolean" if self.options.get("catchUpState") else "")
+        held = held_columns(bool(self.options.get("catchUpState")), bool(self.options.get("heldBoundary")))
+        return ddl + "".join(f", `{name}` {kind}" for name, kind in held)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return JournalStreamReader({k.lower(): v for k, v in self.options.items()})
@@ -479,6 +522,7 @@ class JournalSource:
             "deadLetterDir": str(ctx.dead_letter_dir),
             "drainMarker": ctx.drain_marker.uri(),
             "catchUpState": ctx.catch_up_state.uri() if ctx.catch_up_state is not None else "",
+            "heldBoundary": str(ctx.held_boundary) if ctx.held_boundary is not None else "",
             "fencedBy": ctx.fenced_by.uri() if ctx.fenced_by is not None else "",
             **(ctx.drain_marker.s3.options() if ctx.drain_marker.s3 is not None else {}),
             "startPositions": json.dumps(ctx.start_positions) if ctx.start_positions is not None else "",

@@ -14,6 +14,7 @@ A merged child drained before its first batch hands its skip rule on: its own ch
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -170,7 +171,7 @@ def test_the_merged_child_announces_itself_to_both_parents_and_they_drain(make_t
             paths = ShardPaths.of(env.storage, env.task, p.config.shard)
             (ready,) = [f for f in paths.handover_dir.iterdir() if f.name.startswith("ready-orders-0-16-m1.")]
             note = HandoverNote.from_json(ready.read_json())
-            assert (note.child, note.start, note.end, str(note.mode)) == ("orders-0-16-m1", 0, 16, "restore")
+            assert (note.child, note.start, note.end, str(note.mode)) == ("orders-0-16-m1", 0, 16, "catch-up")
             assert (
                 ready.name
                 == f"ready-orders-0-16-m1.{merged.fence.epoch}.json"
@@ -187,8 +188,91 @@ def test_the_merged_child_announces_itself_to_both_parents_and_they_drain(make_t
         assert deadline_ok, f"the merged child did not catch up: {env.progress('orders-0-16-m1')}"
         assert env.results() == ref.results
         standby = json.loads((shard_dir(env, "orders-0-16-m1") / "standby.json").read_text())
-        assert standby["parent"] == ["orders-0-8", "orders-8-16"] and standby["mode"] == "restore"
+        assert standby["parent"] == ["orders-0-8", "orders-8-16"] and standby["mode"] == "catch-up"
         merged.request_drain("test: done")
         assert child.finish(240)["event"] == "drained"
     finally:
         release([*parents, merged], [*threads, child])
+
+
+@pytest.mark.parametrize("kind", sorted(PROCESSORS))
+def test_a_merged_catch_up_emits_each_record_past_its_own_parents_fence_once(kind, make_task, shard_spark):
+    """Catch-up merge (the journal): the merged child restores both parents' pre-copies and follows both while
+    they run. The right parent drains first at ``F_R``, the left one a wave later at ``F_L``; the child, held back
+    meanwhile, then reads one batch across both fences: records before ``F_R`` are held for everyone, those
+    between the fences are held for the left parent's key groups only (it emitted them), and the rest emit. That
+    batch emits exactly the keys whose records lie past their own parent's fence; state stays exact, no parent
+    emits after its drain, and every dead letter is counted once."""
+    from spark_runtime.keygroups import KeyGrouping
+    from spark_runtime.produce import append_lines
+    from spark_runtime.shard import ShardRunner
+
+    from .test_handover import BAD, _le, batch_keys, caught_up, checkpoint_positions, emitted
+
+    env, ref, produce = task_with_reference(make_task, kind)
+    events = list(generate_events(900, 24, seed=41))
+    mid = [{"key": f"mid-{i}", "seq": 10_000 + i, "amount": i} for i in range(16)]
+    after = [{"key": f"after-{i}", "seq": 20_000 + i, "amount": i} for i in range(16)]
+    produce(events[:300])
+    drain = {side: threading.Event() for side in ("left", "right")}
+    follow_again = threading.Event()
+    parents = [ShardRunner(env.config(a, b), shard_spark) for a, b in (LEFT, RIGHT)]
+    for p, side in zip(parents, ("left", "right"), strict=True):
+        answer = p.as_parent.tick
+        p.as_parent.tick = lambda a=answer, s=side: a() if drain[s].is_set() else (a(), None)[1]
+    merged = ShardRunner(merged_config(env, "orders-0-16-m1", merge_from(env, LEFT, RIGHT)), shard_spark)
+    hand, follow = merged.as_child, merged.as_child.tick
+    hand.tick = lambda: None if hand.state is not None and hand.state.ready and not follow_again.is_set() else follow()
+    threads = [InThread(p.run, f"run {p.config.shard}") for p in parents] + [InThread(merged.run, "run merged")]
+    try:
+        for t in threads[:2]:
+            t.start()
+        for p in parents:
+            caught_up(env, p.config.shard)
+        threads[2].start()
+        assert wait_until(lambda: bool(hand.state and hand.state.ready), 240), "the merged child never got ready"
+        produce(events[300:600])
+        append_lines(env.journal, 0, BAD)  # before both fences: the parents count these
+        for p in parents:
+            caught_up(env, p.config.shard)
+        drain["right"].set()
+        f_right = threads[1].finish(240)["positions"]
+        produce(events[600:750] + mid)  # between the fences: the left parent emits its part, the child the rest
+        caught_up(env, parents[0].config.shard)
+        drain["left"].set()
+        f_left = threads[0].finish(240)["positions"]
+        assert all(f_left[k] >= f_right[k] for k in f_right) and f_left != f_right
+        produce(events[750:] + after)
+        append_lines(env.journal, 1, BAD)
+        follow_again.set()
+        caught_up(env, "orders-0-16-m1")
+        assert env.results() == ref.results, "no event lost, none counted twice"
+
+        state = json.loads((shard_dir(env, "orders-0-16-m1") / "catch-up.json").read_text())
+        assert state["kind"] == "merge" and state["phase"] == "live" and state["finals"] == [f_left, f_right]
+        for p, summary_final in zip(parents, (f_left, f_right), strict=True):
+            summary = json.loads((shard_dir(env, p.config.shard) / "drained.json").read_text())
+            assert summary["handover"] == "catch-up" and summary["positions"] == summary_final
+            assert max(emitted(env, p.config.shard)) <= summary["batchId"], "no parent emits after its drain"
+        out = emitted(env, "orders-0-16-m1")
+        assert out and 0 not in out
+        assert not [b for b in out if _le(env, "orders-0-16-m1", b, f_right)], "nothing emitted before both fences"
+        first = out[0]
+        start = checkpoint_positions(env, "orders-0-16-m1", first - 1)
+        assert all(start[k] <= f_right[k] for k in f_right), "its first emitting batch crosses both fences"
+        grouping = KeyGrouping(16)
+
+        def keys(chunk: list[dict], lo: int, hi: int) -> set[str]:
+            return {e["key"] for e in chunk if lo <= grouping.of(e["key"], 0) < hi}
+
+        between, past = events[600:750] + mid, events[750:] + after
+        want = keys(between + past, *RIGHT) | keys(past, *LEFT)
+        assert keys(mid, *LEFT) and keys(mid, *RIGHT), "keys of both parents between the fences"
+        assert batch_keys(env, "orders-0-16-m1", first) == want, "exactly the keys past their own parent's fence"
+    finally:
+        release([*parents, merged], threads)
+    total = sum(
+        json.loads((shard_dir(env, p.config.shard) / "drained.json").read_text())["deadLetters"] for p in parents
+    )
+    assert total + merged.drain()["deadLetters"] == 2 * len(BAD), "each dead letter counted by one shard"
+    assert env.results() == ref.results

@@ -1,17 +1,16 @@
-"""A merge is safe to crash in at every step. Both parents and the merged shard run as subprocesses (each its own
-process group, like a pod) and are SIGKILLed in turn:
+"""A catch-up merge is safe to crash in at every step. Both parents and the merged shard run as subprocesses (each
+its own process group, like a pod) and are SIGKILLed in turn:
 
-- the merged shard on standby (its ready notes written into both parents' hand-overs; a plain restart does not
-  void them, only an abort's barrier would);
-- each parent at three of the six steps of its final drain (the left one at ``marker``, ``mid-export`` and
-  ``manifest``, the right one at ``stopped``, ``exported`` and ``summary``: together every step once), each
-  restart resuming the final drain from its marker, which names the merged shard as the successor;
-- the merged shard during its first batch (both slices seeded, the skip rule planned, nothing committed) and
-  right after its first emitting batch committed.
+- the merged shard while it follows both parents (pre-copies restored, batches committed, its ready notes written
+  into both parents' hand-overs; a plain restart does not void them, only an abort's barrier would);
+- each parent at two of the four steps of its catch-up final drain (the left one at ``marker`` and ``manifest``,
+  the right one at ``stopped`` and ``summary``: together every step once), each restart resuming the final drain
+  from its marker, which names the merged shard as the successor;
+- the merged shard right after its first emitting batch committed.
 
-The results equal the reference, both drain summaries name the merged shard as the successor, and no key group
-is emitted by two shards (the parents' last emitted batch is their final one, the merged shard emits only after
-both drained): nothing lost, nothing counted twice.
+The results equal the reference, both drain summaries name the merged shard as the successor (no final export),
+and no key group is emitted by two shards (the parents' last emitted batch is their final one, the merged shard
+emits only past both parents' final positions): nothing lost, nothing counted twice.
 """
 
 from __future__ import annotations
@@ -74,25 +73,30 @@ def test_a_merge_stays_exact_when_its_parents_and_its_merged_shard_are_killed_at
         handover = shard_dir(env, parent) / "handover"
         return sorted(f.name for f in handover.glob(f"ready-{MERGED}.*.json")) if handover.exists() else []
 
-    chunks = iter([events[300:530], events[530:760], events[760:1000]])
+    chunks = iter([events[300:530], events[530:760]])
     try:
         produce(events[:300])
         left, right = run(LEFT, "1", "marker"), run(RIGHT, "1", "stopped")
         caught_up(env, LEFT)
         caught_up(env, RIGHT)
 
-        # 1. The merged shard on standby: its notes are in both hand-overs; killed before either parent drained.
-        merged = run(MERGED, "standby")
+        # 1. The merged shard follows both parents and says ready; killed before either parent drained (each dies
+        # at its first step, before drained.json).
+        merged = run(MERGED, "following")
+        m_dir = shard_dir(env, MERGED)
         wait_until(lambda: ready_notes(LEFT) and ready_notes(RIGHT), 300, "the merged shard's ready notes")
         merged.kill_group()
         assert merged.wait(timeout=60) != 0
-        assert not (shard_dir(env, MERGED) / "checkpoint").exists(), "it processed nothing on standby"
+        state = json.loads((m_dir / "catch-up.json").read_text())
+        assert state["kind"] == "merge" and state["phase"] == "shadow" and state["ready"], state
+        assert (m_dir / "checkpoint" / "commits" / "0").exists(), "it restored both pre-copies while they ran"
+        assert not emitted(env, MERGED), "it emitted nothing while following"
 
         # 2. Each parent drains for it (its notes stay valid: a plain restart is no abort) and dies at a step;
         # every restart resumes the final drain from its marker and dies one step later.
         for (lstep, rstep), nxt in zip(
-            (("marker", "stopped"), ("mid-export", "exported"), ("manifest", "summary")),
-            (("mid-export", "exported"), ("manifest", "summary"), (None, None)),
+            (("marker", "stopped"), ("manifest", "summary")),
+            (("manifest", "summary"), (None, None)),
             strict=True,
         ):
             killed_at(left, lstep)
@@ -107,19 +111,13 @@ def test_a_merge_stays_exact_when_its_parents_and_its_merged_shard_are_killed_at
         summaries = {p: json.loads((shard_dir(env, p) / "drained.json").read_text()) for p in (LEFT, RIGHT)}
         for parent in (LEFT, RIGHT):
             assert summaries[parent]["successors"] == [{"shard": MERGED, "keyGroups": {"start": 0, "end": 16}}]
+            assert summaries[parent]["handover"] == "catch-up", "no final export: the merged shard has the state"
             assert json.loads((env.root / f"{parent}.log").read_text())["event"] == "drained"
 
-        # 3. The merged shard, killed during its first batch: both slices seeded, nothing committed.
-        m_dir = shard_dir(env, MERGED)
-        merged = run(MERGED, "first-batch")
-        wait_until((m_dir / "checkpoint" / "offsets" / "0").exists, 300, "its first batch planned")
-        merged.kill_group()
-        assert merged.wait(timeout=60) != 0
-        assert not (m_dir / "checkpoint" / "commits" / "0").exists(), "killed before its first commit"
-
-        # 4. Killed right after its first emitting batch committed.
+        # 3. Restarted, it resumes its catch-up, takes both final positions and is killed right after its first
+        # emitting batch committed.
         merged = run(MERGED, "emitted")
-        produce(events[1000:1100])
+        produce(events[760:1000])
         wait_until(lambda: bool(emitted(env, MERGED)), 300, "its first emitting batch")
         first = emitted(env, MERGED)[0]
         wait_until((m_dir / "checkpoint" / "commits" / str(first)).exists, 120, "its commit")
@@ -128,11 +126,13 @@ def test_a_merge_stays_exact_when_its_parents_and_its_merged_shard_are_killed_at
 
         # The last restart resumes from its recovery log and counts the rest once.
         run(MERGED, "last")
-        produce(events[1100:])
+        produce(events[1000:])
         caught_up(env, MERGED)
         assert env.results() == ref.results, "nothing lost, nothing counted twice"
         for parent in (LEFT, RIGHT):
             assert max(emitted(env, parent)) <= summaries[parent]["batchId"], f"{parent} emitted after its drain"
+        finals = [summaries[LEFT]["positions"], summaries[RIGHT]["positions"]]
+        assert json.loads((m_dir / "catch-up.json").read_text())["finals"] == finals
         assert wait_progress(env, MERGED, lambda p: p["batchId"] >= first)
     finally:
         for proc in runs:

@@ -11,12 +11,14 @@ from spark_runtime.protocol import (
     Emission,
     HandoverMode,
     HandoverNote,
+    MergeCatchUpState,
     SummaryEvent,
     WriterEpoch,
     at_or_after,
     clamp,
     covers,
     drain_summary_uri,
+    read_catch_up,
 )
 
 pytestmark = pytest.mark.unit
@@ -74,6 +76,49 @@ def test_a_batch_emits_only_past_the_final_positions_and_a_straddling_one_only_f
     assert final.holds("p0.jsonl", 79) and not final.holds("p0.jsonl", 80) and not final.holds("p1.jsonl", 31)
     live = CatchUpState.from_json(CatchUpState("p", "/m", CatchUpPhase.LIVE, final={"p0.jsonl": 80}).to_json())
     assert live.phase == CatchUpPhase.LIVE and live.emission({"p0.jsonl": 95}, {"p0.jsonl": 99}) == Emission.ALL
+
+
+def test_a_merged_child_is_capped_by_both_parents_and_holds_each_key_group_by_its_own_parent():
+    k_left, k_right = {"p0.jsonl": 40, "p1.jsonl": 10}, {"p0.jsonl": 30, "p1.jsonl": 25}
+    shadow = MergeCatchUpState(("l", "r"), ("/ml", "/mr"), 8, CatchUpPhase.SHADOW, limits=(k_left, k_right))
+    assert shadow.limit == {"p0.jsonl": 30, "p1.jsonl": 10}, "the lower parent's position, per file"
+    assert shadow.final is None and shadow.held_by("p0.jsonl", 10_000) == (True, True)
+    assert shadow.emission({"p0.jsonl": 0}, {"p0.jsonl": 30}) == Emission.NONE
+    left_drained = MergeCatchUpState(
+        ("l", "r"),
+        ("/ml", "/mr"),
+        8,
+        CatchUpPhase.SHADOW,
+        limits=(k_left, {"p0.jsonl": 90, "p1.jsonl": 90}),
+        finals=({"p0.jsonl": 60, "p1.jsonl": 20}, None),
+    )
+    assert left_drained.limit == {"p0.jsonl": 60, "p1.jsonl": 20}, "a drained parent caps at its final positions"
+    assert left_drained.emission({"p0.jsonl": 0}, {"p0.jsonl": 60}) == Emission.NONE, "the right one still emits"
+    final = MergeCatchUpState(
+        ("l", "r"),
+        ("/ml", "/mr"),
+        8,
+        CatchUpPhase.FINAL,
+        finals=({"p0.jsonl": 60, "p1.jsonl": 20}, {"p0.jsonl": 80, "p1.jsonl": 20}),
+    )
+    assert final.limit is None and final.final == {"p0.jsonl": 60, "p1.jsonl": 20}
+    assert final.cuts("p0.jsonl") == [60, 80] and final.cuts("p1.jsonl") == [20]
+    assert final.held_by("p0.jsonl", 59) == (True, True)
+    assert final.held_by("p0.jsonl", 60) == (False, True), "past the left parent's fence, not the right one's"
+    assert final.held_by("p0.jsonl", 80) == (False, False)
+    assert final.emission({"p0.jsonl": 30, "p1.jsonl": 20}, {"p0.jsonl": 60, "p1.jsonl": 20}) == Emission.NONE
+    straddle = final.emission({"p0.jsonl": 60, "p1.jsonl": 20}, {"p0.jsonl": 70, "p1.jsonl": 20})
+    assert straddle == Emission.FROM_FENCE, "past the left fence only: the right parent emitted its records"
+    assert final.emission({"p0.jsonl": 80, "p1.jsonl": 20}, {"p0.jsonl": 90, "p1.jsonl": 25}) == Emission.ALL
+    again = read_catch_up(final.to_json())
+    assert again == final and isinstance(
+        read_catch_up(CatchUpState("p", "/m", CatchUpPhase.LIVE).to_json()), CatchUpState
+    )
+    nested = MergeCatchUpState(
+        ("l", "r"), ("/ml", "/mr"), 8, CatchUpPhase.FINAL, finals=({"p0.jsonl": 60}, {"p1.jsonl": 20})
+    )
+    assert nested.held_by("p1.jsonl", 5) == (False, True), "a file a parent does not read holds nothing for it"
+    assert nested.emission({"p0.jsonl": 60, "p1.jsonl": 20}, {"p0.jsonl": 70, "p1.jsonl": 30}) == Emission.ALL
 
 
 def test_notes_and_summaries_round_trip_through_json():
