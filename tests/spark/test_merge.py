@@ -153,6 +153,8 @@ def test_the_merged_child_announces_itself_to_both_parents_and_they_drain(make_t
     from spark_runtime.protocol import HandoverNote
     from spark_runtime.shard import ShardRunner
 
+    from .test_handover import caught_up
+
     env, ref, produce = task_with_reference(make_task, "builtin-count")
     events = list(generate_events(600, 48, seed=29))
     parents = [ShardRunner(env.config(a, b), shard_spark) for a, b in (LEFT, RIGHT)]
@@ -163,7 +165,8 @@ def test_the_merged_child_announces_itself_to_both_parents_and_they_drain(make_t
     try:
         for t in threads:
             t.start()
-        wait_caught_up(env, parents)
+        for p in parents:  # by their progress: the runners poll themselves in their threads
+            caught_up(env, p.config.shard)
         child.start()
         summaries = [t.finish(240) for t in threads]  # each parent drains by itself once the notes cover it
         assert [s["event"] for s in summaries] == ["drained", "drained"]

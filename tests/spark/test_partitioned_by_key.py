@@ -9,13 +9,14 @@ before the batch that would process it is written.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from spark_runtime.drain import wait_until
 from spark_runtime.produce import append_lines, generate_events, partition_for
 
-from .conftest import Reference, wait_caught_up
+from .conftest import Reference, wait_caught_up, wait_progress
 from .test_split import PROCESSORS
 
 pytestmark = pytest.mark.spark
@@ -137,3 +138,69 @@ def test_a_partition_beyond_the_declared_count_stops_the_shard(make_task, shard_
     again = ShardRunner(env.config(0, 8), shard_spark)
     with pytest.raises(EnvironmentProblem, match="PartitionCountChanged|partition files up to p4"):
         again.start()
+
+
+def test_a_catch_up_merge_of_two_nested_shards_reads_both_blocks_exactly(make_task, shard_spark):
+    """``partitionedByKey``: the left parent reads partitions 0-1, the right one 2-3; the merged shard reads all
+    four. It restores both pre-copies and follows both (its cap names each file at its own parent's position),
+    both parents drain for it without exporting, and it takes over from each parent's final positions: results
+    equal the reference with events arriving throughout, and every dead letter is counted once."""
+    from spark_runtime.shard import ShardRunner
+
+    from .test_merge import merge_from
+    from .test_standby import InThread, release, shard_dir
+
+    env = make_task(
+        processor={"builtin": "count"}, max_key_groups=MAX_KEY_GROUPS, partitions=PARTITIONS, partitioned_by_key=True
+    )
+    ref = Reference("count")
+
+    def produce(chunk: list) -> None:
+        env.produce(chunk)
+        ref.add_all(chunk)
+
+    events = list(generate_events(2400, 200, seed=19))
+    produce(events[:800])
+    invalid = _invalid_lines(env)
+    parents = [ShardRunner(env.config(a, a + 8), shard_spark) for a in (0, 8)]
+    merged = ShardRunner(env.config(0, 16, shard="nested-m1", mergeFrom=merge_from(env, (0, 8), (8, 16))), shard_spark)
+    threads = [InThread(p.run, f"run {p.config.shard}") for p in parents] + [InThread(merged.run, "run merged")]
+
+    def caught_up(shard: str, done: Any = lambda: False) -> None:
+        """``shard`` committed the journal's ends of the files it reads (or ``done()``)."""
+        ends = env.journal_ends()
+        wait_progress(env, shard, lambda p: done() or all(p["positions"][k] == ends[k] for k in p["positions"]), 240)
+
+    try:
+        for t in threads[:2]:
+            t.start()
+        for p in parents:
+            caught_up(p.config.shard)
+        threads[2].start()
+        sent = 800
+        while any(t.is_alive() for t in threads[:2]) and sent < 2000:  # input arrives during the hand-over
+            produce(events[sent : sent + 50])
+            sent += 50
+            ends = env.journal_ends()
+            for p in parents:
+                wait_progress(
+                    env,
+                    p.config.shard,
+                    lambda pr, p=p, e=ends: (
+                        p.already_drained or all(pr["positions"][k] == e[k] for k in pr["positions"])
+                    ),
+                    timeout=120,
+                )
+        summaries = [t.finish(240) for t in threads[:2]]
+        invalid += _invalid_lines(env)
+        produce(events[sent:])
+        caught_up("nested-m1")
+        assert env.results() == ref.results, "no event lost, none counted twice"
+        assert [s["handover"] for s in summaries] == ["catch-up", "catch-up"]
+        assert [sorted(s["positions"]) for s in summaries] == [["p0.jsonl", "p1.jsonl"], ["p2.jsonl", "p3.jsonl"]]
+        state = json.loads((shard_dir(env, "nested-m1") / "catch-up.json").read_text())
+        assert state["phase"] == "live" and state["finals"] == [s["positions"] for s in summaries]
+    finally:
+        release([*parents, merged], threads)
+    assert sum(s["deadLetters"] for s in summaries) + merged.drain()["deadLetters"] == invalid
+    assert env.results() == ref.results
