@@ -75,7 +75,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from spark_runtime.checkpoint import last_committed_batch
 from spark_runtime.fencing import barrier_after, is_current
@@ -89,6 +89,7 @@ from spark_runtime.protocol import (
     HandoverConflict,
     HandoverMode,
     HandoverNote,
+    MergeCatchUpState,
     SplitAbortSummary,
     SummaryEvent,
     at_or_after,
@@ -112,6 +113,7 @@ __all__ = [
     "announce_and_wait",
     "read_drain_summary",
     "record_standby",
+    "save_catch_up",
 ]
 
 log = logging.getLogger("taskshard.handover")
@@ -414,10 +416,7 @@ class ChildHandover:
 
     def _save(self) -> None:
         assert self.state is not None
-        self.paths.shard_dir.mkdir()
-        self.io.fence.check("catch-up.json")
-        self.state = replace(self.state, writer_epoch=self.io.fence.epoch)
-        self.paths.catch_up.write_json(self.state.to_json())
+        self.state = save_catch_up(self.io, self.state)
 
     def _own(self, positions: dict[str, Any]) -> dict[str, Any]:
         return self.io.source.validate_positions(positions)
@@ -491,6 +490,19 @@ class ChildHandover:
         if batch_id == 0 or state.final is None:
             return Emission.NONE
         return state.emission(self.positions_at(batch_id - 1), self.positions_at(batch_id))
+
+
+_State = TypeVar("_State", CatchUpState, MergeCatchUpState)
+
+
+def save_catch_up(io: ShardIO, state: _State) -> _State:
+    """Write ``state`` as the shard's ``catch-up.json``, stamped with its writer epoch (the fence checked first);
+    returns the stamped state."""
+    io.paths.shard_dir.mkdir()
+    io.fence.check("catch-up.json")
+    stamped = replace(state, writer_epoch=io.fence.epoch)
+    io.paths.catch_up.write_json(stamped.to_json())
+    return stamped
 
 
 def announce_and_wait(

@@ -58,6 +58,7 @@ from spark_runtime.handover import (
     clear_shard_dir,
     parent_drained,
     record_standby,
+    save_catch_up,
 )
 from spark_runtime.protocol import (
     DRAIN_SUMMARY,
@@ -231,10 +232,7 @@ class MergeHandover:
 
     def _save(self) -> None:
         assert self.state is not None
-        self.io.paths.shard_dir.mkdir()
-        self.io.fence.check("catch-up.json")
-        self.state = replace(self.state, writer_epoch=self.io.fence.epoch)
-        self.io.paths.catch_up.write_json(self.state.to_json())
+        self.state = save_catch_up(self.io, self.state)
 
     def tick(self) -> None:
         """Follow both parents (the runner's poll loop): raise each one's limit to its committed positions, say
