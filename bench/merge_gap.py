@@ -13,7 +13,8 @@ they run). Both hand over the same state at the same input rate.
 The **processing gap** of a range: its child's first emitting commit (the first batch with a results file, its
 ``checkpoint/commits/<n>`` mtime) minus its parent's last commit (``commits/<batchId of drained.json>``); a
 trial's gap is its worst range. ``--source kafka``: the same on a real Kafka broker and MinIO on loopback
-(``bench/kafka_world.py``), where a split hands over by restore too.
+(``bench/kafka_world.py``), where splits and merges catch up too (our Kafka data source ends batches at exact
+offsets).
 
 Targets: merge gap (median) <= the split's, on each source; with Kafka, the split's gap (median) <= 5 s. Writes
 ``<out>/merge_gap.{json,png}`` (journal) or ``<out>/merge_gap_kafka.{json,png}``.
@@ -236,13 +237,9 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
         f"split, {drain['merge']:.1f} s merge (medians)"
     )
     why = (
-        "both hand over by restore on Kafka (Spark's Kafka source cannot stop a query at given offsets, so no "
-        "successor catches up while its parent runs): the parents export their final state, the successors "
-        f"restore it: {parts}"
-        if kafka
-        else "both catch up on the journal (the merged shard restores both parents' pre-copies and follows both "
-        "while they run; neither parent exports in its final drain), so what remains is the two parents' drains "
-        f"one after the other and the merged shard's one batch across both final positions: {parts}"
+        f"both catch up on {'Kafka' if kafka else 'the journal'} (the successors restore their parents' "
+        "pre-copies and follow them while they run; no parent exports in its final drain), so what remains is the "
+        f"parents' drains and the successors' one batch across the final positions: {parts}"
     )
     where = ", Kafka + MinIO" if kafka else ""
     value = f"merge {med['merge']:.1f} s vs split {med['split']:.1f} s ({ratio:.2f}x)" if ratio is not None else None

@@ -579,10 +579,10 @@ class SparkSettings(_Model):
     ``spark.taskshard.keyGroupMetrics`` (``true``: count input rows per key group, the load map; see
     :mod:`spark_runtime.live`) and ``spark.taskshard.stateMapSeconds`` (with the load map: how often to count state
     rows per key group, the state map; default 60, 0: never; :mod:`spark_runtime.state_map`) and
-    ``spark.taskshard.rehearse`` (``false``: a child that hands over by restore, a merged shard or a Kafka split
-    child, skips its standby rehearsal and tells its parents it is ready as soon as its SparkSession runs: the
-    hand-over starts minutes sooner on a busy machine, and its first batch runs on a colder JVM, a longer
-    processing gap; default ``true``; :mod:`spark_runtime.rehearsal`).
+    ``spark.taskshard.rehearse`` (``false``: a child that hands over by restore, a split child or a merged shard of
+    a Task with event time or timers, skips its standby rehearsal and tells its parents it is ready as soon as its
+    SparkSession runs: the hand-over starts minutes sooner on a busy machine, and its first batch runs on a colder
+    JVM, a longer processing gap; default ``true``; :mod:`spark_runtime.rehearsal`).
     """
 
     master: str = Field(default="local[2]", min_length=1, max_length=1024)

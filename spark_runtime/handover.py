@@ -6,7 +6,7 @@ signal waits for a kubelet to refresh a volume. The invariant: **for every key g
 output at any moment**. A child may build state while its parent runs; it writes nothing to the sink (results
 or dead letters) for input at or before the parent's final positions.
 
-Catch-up (``HandoverMode.CATCH_UP``, a source that can cap what it admits: the journal)::
+Catch-up (``HandoverMode.CATCH_UP``, a source that can cap what it admits: the journal, Kafka; no event time)::
 
       child                                   parent (keeps processing and emitting throughout)
       ─────                                   ──────
@@ -29,9 +29,10 @@ Catch-up (``HandoverMode.CATCH_UP``, a source that can cap what it admits: the j
       and every later batch emits (the child
       owns its range)
 
-Restore (``HandoverMode.RESTORE``, a source that cannot cap its reads: Kafka): the child warms up (with a
-rehearsal of its restore plan), writes its request and its ready note at once, and waits; once every key group
-has a ready child the parent drains, exporting the state of its final batch, and the children restore it.
+Restore (``HandoverMode.RESTORE``: a processor with event time or timers, on every source, or a parent that had
+already drained): the child warms up (with a rehearsal of its restore plan), writes its request and its ready note
+at once, and waits; once every key group has a ready child the parent drains, exporting the state of its final
+batch, and the children restore it.
 
 Crash safety, by construction: every step is a file written once (atomically) and re-read on restart.
 
@@ -40,16 +41,16 @@ Crash safety, by construction: every step is a file written once (atomically) an
 - A child restarted in SHADOW or FINAL resumes from its own recovery log with its ``catch-up.json``: the same
   cap, the same emission rule. A batch replayed after a crash starts where it started before, so it emits
   (or not) as before.
-- Why nothing is emitted twice: while the parent has not drained, a child's batches end at or before the
-  parent's committed positions (the cap), so at or before ``F``, and emit nothing. Once the parent drained at
-  ``F`` the source marks each record before ``F`` as held (:data:`spark_runtime.protocol.HELD_COLUMN`; the
-  journal cuts its pieces at ``F``): a held record updates state and produces no result and no dead letter. A
-  batch that ends at or before ``F`` emits nothing, one that starts at or after it emits everything, and the one
-  that straddles it emits only what its records at or after ``F`` produced
-  (:meth:`spark_runtime.protocol.CatchUpState.emission`: a Python processor is called for the held records
-  first, its outputs dropped; a builtin aggregation's rows are kept for the keys with a record at or after
-  ``F``). A batch replayed after a crash has the same range and the same ``F``, so it decides the same. A
-  restored child's batch 0 (the seed) never emits.
+- Why nothing is emitted twice: while the parent has not drained, a child's batches end at or before the parent's
+  committed positions (the cap), so at or before ``F``, and emit nothing. Once the parent drained at ``F`` the
+  source marks each record before ``F`` as held (:data:`spark_runtime.protocol.HELD_COLUMN`; the journal cuts its
+  pieces at ``F``, Kafka its per-partition ranges): a held record updates state and produces no result and no dead
+  letter (a held invalid record is the parent's to count). A batch that ends at or before ``F`` emits nothing, one
+  that starts at or after it emits everything, and the one that straddles it emits only what its records at or after
+  ``F`` produced (:meth:`spark_runtime.protocol.CatchUpState.emission`: a Python processor is called for the held
+  records first, its outputs dropped; a builtin aggregation's rows are kept for the keys with a record at or after
+  ``F``). A batch replayed after a crash has the same range and the same ``F``, so it decides the same. A restored
+  child's batch 0 (the seed) never emits.
 - Why nothing is lost: the child's state is the parent's at ``K`` plus every record after ``K`` of its key
   groups, each processed once in its own recovery log; the parent emitted everything up to ``F``.
 

@@ -1,6 +1,6 @@
 """Kafka client settings of a shard's source and sink: the user's client options, credentials from a Secret, and
-the keys the runtime owns (pure: no Spark, no Kafka client; the operator imports it to validate and to build the
-pod's environment).
+the keys the runtime owns (pure: no Spark, and no Kafka client but :func:`known_to_librdkafka`'s probe; the operator
+imports it to validate and to build the pod's environment).
 
 A Task names, per side (``source.kafka`` / ``sink.kafka``):
 
@@ -28,6 +28,7 @@ __all__ = [
     "KafkaCredentialsMissing",
     "client_properties",
     "env_name",
+    "librdkafka_properties",
     "reserved_option_problems",
 ]
 
@@ -36,8 +37,8 @@ SECRET_KEYS = ("username", "password", "ca.crt", "tls.crt", "tls.key")
 
 RESERVED: dict[str, str] = {
     "bootstrap.servers": "bootstrapServers",
-    "group.id": "the runtime (Spark's Kafka source assigns a group of its own to each query)",
-    "group.instance.id": "the runtime (Spark's Kafka source)",
+    "group.id": "the runtime (the reader joins no consumer group: it assigns partitions and commits nothing)",
+    "group.instance.id": "the runtime (the reader joins no consumer group)",
     "key.deserializer": "the runtime (records are read as bytes)",
     "value.deserializer": "the runtime (records are read as bytes)",
     "key.serializer": "the runtime (results are written as bytes)",
@@ -133,6 +134,59 @@ def client_properties(
     if "security.protocol" not in props and (sasl or tls):
         props["security.protocol"] = ("SASL_" if sasl else "") + ("SSL" if tls else "PLAINTEXT")
     return props
+
+
+LIBRDKAFKA_NAMES = {
+    "ssl.truststore.certificates": "ssl.ca.pem",
+    "ssl.keystore.certificate.chain": "ssl.certificate.pem",
+    "ssl.keystore.key": "ssl.key.pem",
+}
+"""Client properties whose librdkafka name differs (PEM material inline)."""
+LIBRDKAFKA_CREDENTIALS = ("ssl.ca.pem", "ssl.certificate.pem", "ssl.key.pem", "sasl.username", "sasl.password")
+"""What :func:`librdkafka_properties` takes from the Secret (known names; their values are checked on connect)."""
+JVM_ONLY = ("ssl.truststore.type", "ssl.keystore.type", "sasl.jaas.config")
+"""Properties :func:`client_properties` sets that librdkafka does not know (it takes the PEM and the username and
+password directly)."""
+
+
+def librdkafka_properties(
+    options: Mapping[str, str] | None, role: str, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The same client properties as :func:`client_properties`, for a librdkafka (confluent-kafka) client: PEM
+    material as ``ssl.ca.pem``, ``ssl.certificate.pem`` and ``ssl.key.pem``; SASL credentials as ``sasl.username``
+    and ``sasl.password``; an empty ``ssl.endpoint.identification.algorithm`` (the JVM's "off") as ``none``.
+    Properties librdkafka does not know are the caller's to drop (:func:`known_to_librdkafka`)."""
+    env = os.environ if env is None else env
+    props = client_properties(options, role, env)
+    out = {LIBRDKAFKA_NAMES.get(k, k): v for k, v in props.items() if k not in JVM_ONLY}
+    if "sasl.jaas.config" in props:
+        out["sasl.username"] = env.get(env_name(role, "username")) or ""
+        out["sasl.password"] = env.get(env_name(role, "password")) or ""
+    if out.get("ssl.endpoint.identification.algorithm", None) == "":
+        out["ssl.endpoint.identification.algorithm"] = "none"
+    return out
+
+
+def known_to_librdkafka(props: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """``(kept, dropped)``: ``props`` without the properties librdkafka refuses as unknown (JVM-only client
+    properties such as ``default.api.timeout.ms``, which the JVM clients of the same Task still use), and their
+    names. A value librdkafka refuses raises ``confluent_kafka.KafkaException``; the credentials are not probed."""
+    from confluent_kafka import Consumer, KafkaException
+
+    kept, dropped = dict(props), []
+    for key, value in props.items():
+        if key in LIBRDKAFKA_CREDENTIALS:
+            continue
+        try:  # one property at a time: only its name and value are judged
+            Consumer({"group.id": "taskshard-probe", key: value}).close()
+        except KafkaException as exc:
+            message = str(exc.args[0]) if exc.args else str(exc)
+            if "No such configuration property" in message:
+                dropped.append(key)
+                del kept[key]
+            elif "Invalid value" in message:
+                raise
+    return kept, dropped
 
 
 def _escape(value: str) -> str:

@@ -4,7 +4,7 @@ A merged child's config names both parents (``mergeFrom``, left first), each wit
 (``.../shards/<parent>/drained.json``). Parents and child talk only through storage, as in a split
 (:mod:`spark_runtime.handover`; names in :mod:`spark_runtime.protocol`).
 
-Catch-up (``HandoverMode.CATCH_UP``: the journal, no event time), as a split's but over two parents::
+Catch-up (``HandoverMode.CATCH_UP``: the journal or Kafka, no event time), as a split's but over two parents::
 
       merged child [a, c)                       left parent [a, b)          right parent [b, c)
       ───────────────────                       ──────────────────          ───────────────────
@@ -13,20 +13,21 @@ Catch-up (``HandoverMode.CATCH_UP``: the journal, no event time), as a split's b
       <──────────────────────────────────────── precopy.json                precopy.json
       catch-up.json (kind merge, SHADOW); restore both pre-copies (batch 0): start each partition at the lower
       of K_L, K_R and skip, per key group, the rows below its own parent's K (SkipRule); follow both: every
-      batch ends at or before, per file, the lower of both parents' committed positions (nothing emitted)
+      batch ends at or before, per file or partition, the lower of both parents' committed positions (nothing
+      emitted)
       a batch ended exactly at such a cap:
       ready note into both ───────────────────> final drain, no export      final drain, no export
       <──────────────────────────────────────── drained.json (F_L)          drained.json (F_R)
-      both drained: FINAL, no cap; a record of key group g is held iff it lies before F_owner(g) (the journal
+      both drained: FINAL, no cap; a record of key group g is held iff it lies before F_owner(g) (the source
       cuts pieces at F_L and F_R and marks each for either parent: HELD_COLUMN, HELD_RIGHT_COLUMN); the batch
       that crosses both emits only what its unheld records produced; LIVE once its positions reach both
 
-Restore (Kafka, or a processor with event time): the child warms up (with a rehearsal of its restore plan),
-writes its request and ready notes into both parents at once and waits; each parent drains at a batch boundary
-exporting its final state (manifest at F_L, F_R); once both answered the child checks both manifests (adjacent
-ranges that make up [a, c), same task, format, schema), verifies both slices, starts each partition p at
-min(F_L[p], F_R[p]) and skips, per key group, the rows below its own parent's final position (SkipRule); batch 0
-seeds the state of both slices, and every later batch emits.
+Restore (a processor with event time or timers, on every source, or a parent that had already drained): the child
+warms up (with a rehearsal of its restore plan), writes its request and ready notes into both parents at once and
+waits; each parent drains at a batch boundary exporting its final state (manifest at F_L, F_R); once both answered
+the child checks both manifests (adjacent ranges that make up [a, c), same task, format, schema), verifies both
+slices, starts each partition p at min(F_L[p], F_R[p]) and skips, per key group, the rows below its own parent's
+final position (SkipRule); batch 0 seeds the state of both slices, and every later batch emits.
 
 Exactly once, by construction: a row of key group ``g`` in partition ``p`` at offset ``o`` was counted by g's
 parent ``P`` iff ``o`` is below P's snapshot position (``K_P[p]`` or ``F_P[p]``): the child starts p at or below
@@ -88,8 +89,8 @@ log = logging.getLogger("taskshard.handover")
 class MergeHandover:
     """A merged child's side (see the module docstring); the same interface as
     :class:`spark_runtime.handover.ChildHandover` for the runner. ``mode``: catch-up (a source that caps its reads:
-    the journal) or restore; ``positions_at(batch)``: its committed positions; ``calls``: what its standby asks
-    of the runner. It writes ``run.standby_seconds``."""
+    the journal, Kafka) or restore; ``positions_at(batch)``: its committed positions; ``calls``: what its standby
+    asks of the runner. It writes ``run.standby_seconds``."""
 
     def __init__(
         self,

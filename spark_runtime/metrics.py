@@ -444,13 +444,12 @@ class ShardMetrics:
 
 def kafka_lag(sources: Iterable[Mapping[str, Any]]) -> dict[str, int] | None:
     """Kafka's lag in records per ``<topic>/<partition>`` from a batch progress' ``sources``: the latest offset
-    Spark saw when it planned the batch minus the batch's end offset, summed over the Kafka sources. None when no
-    Kafka source reports ``latestOffset`` (older Spark, or not a Kafka source)."""
+    Spark saw when it planned the batch minus the batch's end offset, summed over the Kafka sources (those whose
+    offsets are ``{topic: {partition: offset}}``: our Kafka data source, whose description is Spark's generic
+    Python stream's, or Spark's). None when no Kafka source reports ``latestOffset``."""
     out: dict[str, int] = {}
     found = False
     for source in sources:
-        if not str(source.get("description") or "").startswith("Kafka"):
-            continue
         latest, end = _topic_offsets(source.get("latestOffset")), _topic_offsets(source.get("endOffset"))
         if latest is None or end is None:
             continue

@@ -17,7 +17,7 @@ Files of a split (under ``<root>/<task>/shards/``; see ``docs/split-protocol.md`
 
 A merge: a merged child (``mergeFrom``: two adjacent parents) writes its request and ready note into **each**
 parent's ``handover/``; each parent drains when the notes cover its range, as for a split. In catch-up mode (the
-journal) each parent answers with a pre-copy, the child restores both and follows both
+journal, Kafka) each parent answers with a pre-copy, the child restores both and follows both
 (:class:`MergeCatchUpState`) before it says ready; in restore mode it restores both final snapshots once both
 ``drained.json`` exist. Two parents that read the same partitions stop at different positions: the child starts
 each partition at the lower of the two and skips, per key group, the rows below its own parent's position
@@ -387,10 +387,10 @@ class HandoverMode(StrEnum):
     """The child restores a snapshot the parent exported while running, then processes its slice of the
     input up to the parent's committed positions without emitting; the parent stops once every child has
     caught up, and the children emit the results of their input from exactly its final positions on (a source
-    that can cap what it admits and mark what it holds: the journal)."""
+    that can cap what it admits and mark what it holds: the journal, Kafka; no event time or timers)."""
     RESTORE = "restore"
     """The child warms up and waits; the parent stops, exports its final state, and the child restores it
-    (a source that cannot cap its reads at given positions: Kafka)."""
+    (a processor with event time or timers, on every source; or a parent that had already drained)."""
 
 
 class CatchUpPhase(StrEnum):

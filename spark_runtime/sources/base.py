@@ -1,4 +1,4 @@
-"""The source contract: what the shard runtime needs from any event source (journal now, Kafka next).
+"""The source contract: what the shard runtime needs from any event source (the journal, Kafka).
 
 A source turns its input into a streaming DataFrame of **valid** records with the columns of
 :meth:`spark_runtime.records.RecordSpec.columns`::
@@ -27,9 +27,10 @@ and takes care of the rest of the record contract itself:
   ``SourceContext.catch_up_state`` (a split child's :class:`spark_runtime.protocol.CatchUpState`) before each
   micro-batch: until its phase is ``live`` no batch ends past its ``limit`` (when it has one), and it adds the
   column :data:`spark_runtime.protocol.HELD_COLUMN`, true for input before the parent's ``final`` positions (or
-  all input while they are unknown), decided per piece of input (the journal cuts its pieces at ``final``); it
-  writes no dead letters for held input. A split child of such a source catches up while its parent runs
-  (:mod:`spark_runtime.handover`); one of any other source restores the parent's final snapshot instead.
+  all input while they are unknown), decided per piece of input (the journal cuts its pieces at ``final``, Kafka
+  its per-partition ranges); it writes or counts no dead letters for held input. A split child of such a source
+  (the journal and Kafka both are) catches up while its parent runs (:mod:`spark_runtime.handover`) unless its
+  processor uses event time or timers; one of any other source restores the parent's final snapshot instead.
 
 Key-group filtering is not the source's job: the runtime applies it natively in Spark right after the source.
 """

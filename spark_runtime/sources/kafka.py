@@ -23,8 +23,8 @@ key, ``pmod(hash(NULL), n)``, as for the journal) counts them in the observed me
 in the topic at their partition/offset, which Kafka's retention keeps.
 
 Positions: Spark's Kafka offsets ``{"<topic>": {"<partition>": <next offset>}}``, always **concrete** (never
-Kafka's symbolic ``-2``/``-1``). A restored child starts with ``startingOffsets`` = the parent's committed
-positions (per partition), so it reads exactly the records the parent did not commit. A fresh shard resolves
+Kafka's symbolic ``-2``/``-1``). A successor starts exactly at its parent's committed positions (per
+partition), so it reads exactly the records the parent did not commit. A fresh shard resolves
 its start once, before its first query (:meth:`KafkaReader.resolve_start_positions`, Kafka's ``ListOffsets``):
 ``earliest`` is each partition's first offset; ``latest`` is the first offset at or after the operator-set
 ``startingTimestamp`` (the Task's creation time; a partition with no later record: its end), so all shards of a
@@ -34,8 +34,11 @@ children concrete offsets too: a child never starts at *its own* "latest" and sk
 between. (Record timestamps are the producers' CreateTime unless the topic uses LogAppendTime; with skewed
 producer clocks use ``earliest``.)
 
-Drain: the drain marker cannot hold the connector back (``supports_drain_marker`` is false): the runtime stops
-between triggers, and the snapshot is still the last *committed* batch.
+Reading: our own data source (:mod:`spark_runtime.sources.kafka_stream`, confluent-kafka), which ends every
+micro-batch at exact offsets. So the drain marker holds new batches back (the drain stops at a batch boundary),
+and a catching-up successor's batches stop at its parents' committed positions (``supports_catch_up``): Kafka
+splits and merges hand over as the journal's do. Spark's Kafka connector is still on the classpath for the
+preflight's admin client and the sink.
 
 Observed metrics per micro-batch (in the query's progress): ``taskshard_source`` = ``rowsRead``,
 ``bytesRead`` (key + value bytes fetched), ``deadLetters``; the runtime adds them up in ``progress.json``.
@@ -45,18 +48,29 @@ A committed batch whose progress a stop cut off is recounted by :meth:`KafkaRead
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
-from spark_runtime.kafka_client import KafkaCredentialsMissing, client_properties
+from spark_runtime.kafka_client import (
+    KafkaCredentialsMissing,
+    client_properties,
+    known_to_librdkafka,
+    librdkafka_properties,
+)
 from spark_runtime.keygroups import KeyGrouping
 from spark_runtime.problems import EnvironmentProblem
+from spark_runtime.protocol import HELD_COLUMN, HELD_RIGHT_COLUMN
 from spark_runtime.records import MAX_KEY_BYTES, MAX_RECORD_BYTES, RECORD_TIME, RecordSpec
 from spark_runtime.sources.base import SourceContext
 
 __all__ = ["KafkaReader", "kafka_start_offsets", "kafka_topic_partitions", "parse_kafka_records"]
 
+log = logging.getLogger(__name__)
+
 SOURCE_METRICS = "taskshard_source"
+FORMAT = "taskshard_kafka"
+"""Our Kafka data source's name (:mod:`spark_runtime.sources.kafka_stream`)."""
 _INTEGER_TYPES = r"^(BIGINT|INT|SMALLINT|TINYINT|DECIMAL\(\d+,0\))$"
 _NUMBER_TYPES = r"^(BIGINT|INT|SMALLINT|TINYINT|DECIMAL\(\d+,\d+\)|DOUBLE|FLOAT)$"
 
@@ -71,16 +85,27 @@ def _path(name: str) -> str:
 
 
 def parse_kafka_records(
-    raw: Any, spec: RecordSpec, grouping: KeyGrouping | int, start: int, end: int
+    raw: Any,
+    spec: RecordSpec,
+    grouping: KeyGrouping | int,
+    start: int,
+    end: int,
+    *,
+    held: bool = False,
+    held_boundary: int | None = None,
 ) -> tuple[Any, Any]:
     """``(flagged, dead_owned)`` for a Kafka DataFrame ``raw``: ``flagged`` has the source contract's columns
     plus ``_ok`` (the record is valid) and ``_bytes`` (key + value bytes fetched); ``dead_owned`` is a boolean
     column, true for the invalid records this shard owns (it counts them). ``grouping``: the Task's
-    :class:`KeyGrouping` (an int: ``maxKeyGroups``, not nested)."""
+    :class:`KeyGrouping` (an int: ``maxKeyGroups``, not nested). ``held``: ``raw`` has a catching-up shard's
+    :data:`~spark_runtime.protocol.HELD_COLUMN` (and from ``held_boundary`` on its right parent's
+    :data:`~spark_runtime.protocol.HELD_RIGHT_COLUMN`): they are kept, and a held invalid record is its parent's
+    to count, not this shard's."""
     if not isinstance(grouping, KeyGrouping):
         grouping = KeyGrouping(grouping)
     from pyspark.sql import functions as F
 
+    held_names = [HELD_COLUMN] + ([HELD_RIGHT_COLUMN] if held_boundary is not None else []) if held else []
     fits = F.coalesce(F.octet_length("value"), F.lit(0)) <= MAX_RECORD_BYTES  # else too_large, never parsed
     parsed = raw.select(
         F.col("partition").cast("int").alias("partition"),
@@ -88,6 +113,7 @@ def parse_kafka_records(
         *([F.unix_millis(F.col("timestamp")).alias("_ts")] if spec.record_time else []),
         F.when(fits, F.col("value").cast("string")).alias("_raw"),
         (F.coalesce(F.octet_length("key"), F.lit(0)) + F.coalesce(F.octet_length("value"), F.lit(0))).alias("_bytes"),
+        *held_names,
     ).withColumn("_v", F.try_parse_json("_raw"))
     v = F.col("_v")
 
@@ -123,9 +149,14 @@ def parse_kafka_records(
         columns.append(F.col("_raw").alias("value"))
     if spec.record_time:
         columns.append(F.col("_ts").alias(RECORD_TIME))
-    flagged = parsed.select(*columns, F.coalesce(ok, F.lit(False)).alias("_ok"), F.col("_bytes"))
+    flagged = parsed.select(*columns, *held_names, F.coalesce(ok, F.lit(False)).alias("_ok"), F.col("_bytes"))
     kg = F.expr(grouping.sql("key", "partition"))
     dead_owned = (~F.col("_ok")) & kg.between(start, end - 1)
+    if held:
+        parent_held = F.col(HELD_COLUMN)
+        if held_boundary is not None:
+            parent_held = F.when(kg < held_boundary, parent_held).otherwise(F.col(HELD_RIGHT_COLUMN))
+        dead_owned = dead_owned & ~parent_held
     return flagged, dead_owned
 
 
@@ -257,9 +288,9 @@ class KafkaReader:
     """A Kafka topic as a :class:`spark_runtime.sources.base.Source` (see the module docstring)."""
 
     kind = "kafka"
-    supports_drain_marker = False
-    supports_catch_up = False
-    """Spark's Kafka source cannot stop at given offsets in a streaming query: a split child restores instead."""
+    supports_drain_marker = True
+    supports_catch_up = True
+    """Our data source ends batches at exact offsets: a successor follows its parents (catch-up hand-over)."""
 
     def __init__(
         self,
@@ -275,6 +306,7 @@ class KafkaReader:
         self.options = dict(options or {})
         """The Task's ``source.kafka.options`` (credentials are added from the environment: :attr:`client`)."""
         self._client: dict[str, str] | None = None
+        self._consumer: dict[str, Any] | None = None
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.starting_offsets = starting_offsets
@@ -415,44 +447,71 @@ class KafkaReader:
         return {self.topic: {str(p): per_partition[str(p)] for p in self.read_partitions}}
 
     def stream(self, spark: Any, ctx: SourceContext) -> Any:
-        options = {
-            **self._client_options(),
-            "kafka.bootstrap.servers": self.bootstrap_servers,
-            **self._topic_option(),
-            # A gap in the topic (retention deleted records the shard never read) must stop the shard, not be
-            # skipped silently.
-            "failOnDataLoss": "true",
-        }
-        # Only a query's first start uses these; afterwards its checkpoint holds the positions.
-        if ctx.start_positions is not None:  # the parent's committed offsets, or this shard's resolved start
-            # Spark wants every partition of a subscribed topic named: one that appeared after the parent stopped
-            # was counted by nobody yet (GainsPartitions).
-            (start,) = self.counted_nothing_filled([ctx.start_positions], self.partitions)
-            options["startingOffsets"] = json.dumps(start)
-        elif self.starting_offsets == "latest" and self.starting_timestamp is not None:
-            # Every shard of the task from the same instant (the Task's creation), not from its own start.
-            options["startingTimestamp"] = str(self.starting_timestamp)
-            options["startingOffsetsByTimestampStrategy"] = "latest"
-        else:
-            options["startingOffsets"] = self.starting_offsets
-        if ctx.max_records_per_trigger:
-            options["maxOffsetsPerTrigger"] = str(ctx.max_records_per_trigger)
-        raw = spark.readStream.format("kafka").options(**options).load()
+        """The shard's records through our own Kafka data source (:mod:`spark_runtime.sources.kafka_stream`),
+        which ends each micro-batch at exact offsets: a catching-up successor's batches stop at its parents'
+        committed positions, and the drain marker holds new batches back."""
+        from spark_runtime.sources.kafka_stream import KafkaDataSource
+
+        spark.dataSource.register(KafkaDataSource)
+        raw = spark.readStream.format(FORMAT).options(**self._stream_options(ctx)).load()
         flagged, dead_owned = parse_kafka_records(
-            raw, ctx.record_spec, ctx.key_grouping, ctx.range_start, ctx.range_end
+            raw,
+            ctx.record_spec,
+            ctx.key_grouping,
+            ctx.range_start,
+            ctx.range_end,
+            held=ctx.catch_up_state is not None,
+            held_boundary=ctx.held_boundary,
         )
         observed = flagged.observe(SOURCE_METRICS, *_metric_columns(dead_owned))
         return observed.where("_ok").drop("_ok", "_bytes")
 
-    def _client_options(self) -> dict[str, str]:
-        """The client properties as Spark's Kafka source options (``kafka.<property>``)."""
-        return {f"kafka.{k}": v for k, v in self.client.items()}
+    def _stream_options(self, ctx: SourceContext, **extra: str) -> dict[str, str]:
+        """The data source's options for the shard of ``ctx``."""
+        start = ctx.start_positions
+        if start is not None:
+            # Every partition of a subscribed topic named: one that appeared after the parent stopped was counted
+            # by nobody yet (GainsPartitions).
+            (start,) = self.counted_nothing_filled([start], self.partitions)
+        s3 = ctx.drain_marker.s3
+        return {
+            "topic": self.topic,
+            "kafkaClientSecret": json.dumps(self.consumer_properties),
+            "readPartitions": ",".join(str(p) for p in self.read_partitions or []),
+            "startPositions": json.dumps(start) if start is not None else "",
+            "maxOffsetsPerTrigger": str(ctx.max_records_per_trigger or 0),
+            "drainMarker": ctx.drain_marker.uri(),
+            "fencedBy": ctx.fenced_by.uri() if ctx.fenced_by is not None else "",
+            "catchUpState": ctx.catch_up_state.uri() if ctx.catch_up_state is not None else "",
+            "heldBoundary": str(ctx.held_boundary) if ctx.held_boundary is not None else "",
+            **(s3.options() if s3 is not None else {}),
+            **extra,
+        }
 
-    def _topic_option(self) -> dict[str, str]:
-        """``assign`` exactly the partitions this shard reads (nested), else ``subscribe`` to the topic."""
-        if self.read_partitions is None:
-            return {"subscribe": self.topic}
-        return {"assign": json.dumps({self.topic: list(self.read_partitions)})}
+    @property
+    def consumer_properties(self) -> dict[str, Any]:
+        """The reader's librdkafka properties: :attr:`client` for librdkafka
+        (:func:`spark_runtime.kafka_client.librdkafka_properties`), without the JVM-only ones (logged once)."""
+        if self._consumer is None:
+            try:
+                props = librdkafka_properties(self.options, "source")
+            except KafkaCredentialsMissing as exc:
+                raise EnvironmentProblem(
+                    "KafkaCredentialsMissing", "source.kafka.credentialsSecret", str(exc)
+                ) from None
+            props = {"isolation.level": "read_uncommitted", **props, "bootstrap.servers": self.bootstrap_servers}
+            from confluent_kafka import KafkaException
+
+            try:
+                kept, dropped = known_to_librdkafka(props)
+            except KafkaException as exc:
+                raise EnvironmentProblem(
+                    "KafkaOptionInvalid", "source.kafka.options", f"source.kafka.options: {exc.args[0]}"
+                ) from None
+            if dropped:
+                log.info("source.kafka.options: %s apply to the JVM clients only (the reader is librdkafka)", dropped)
+            self._consumer = {**kept, "log_level": 3}
+        return self._consumer
 
     def recount(self, spark: Any, ctx: SourceContext, start: dict[str, Any], end: dict[str, Any]) -> dict | None:
         """The source metrics (``rowsRead``, ``bytesRead``, ``deadLetters``) of the records from positions
@@ -485,20 +544,22 @@ class KafkaReader:
         stop = {str(p): int(o) for p, o in (end.get(self.topic) or {}).items()}
         if not stop or any(o == -1 for o in begin.values()):
             return None
-        begin = {p: begin.get(p, -2) for p in stop}  # a partition the start does not name: from its beginning
-        if begin == stop:
+        if {p: begin.get(p, -2) for p in stop} == stop:
             return False
-        raw = (
-            spark.read.format("kafka")
-            .options(**self._client_options())
-            .option("kafka.bootstrap.servers", self.bootstrap_servers)
-            .options(**self._topic_option())
-            .option("startingOffsets", json.dumps({self.topic: begin}))
-            .option("endingOffsets", json.dumps({self.topic: stop}))
-            .option("failOnDataLoss", "true")
-            .load()
+        from spark_runtime.sources.kafka_stream import KafkaDataSource
+
+        spark.dataSource.register(KafkaDataSource)
+        ranged = {"rangeFrom": json.dumps({self.topic: begin}), "rangeTo": json.dumps({self.topic: stop})}
+        raw = spark.read.format(FORMAT).options(**self._stream_options(ctx, **ranged)).load()
+        return parse_kafka_records(
+            raw,
+            ctx.record_spec,
+            ctx.key_grouping,
+            ctx.range_start,
+            ctx.range_end,
+            held=ctx.catch_up_state is not None,
+            held_boundary=ctx.held_boundary,
         )
-        return parse_kafka_records(raw, ctx.record_spec, ctx.key_grouping, ctx.range_start, ctx.range_end)
 
 
 def _metric_columns(dead_owned: Any) -> list[Any]:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from spark_runtime.config import parse_config
-from spark_runtime.kafka_client import KafkaCredentialsMissing, client_properties, env_name, reserved_option_problems
+from spark_runtime.kafka_client import (
+    KafkaCredentialsMissing,
+    client_properties,
+    env_name,
+    known_to_librdkafka,
+    librdkafka_properties,
+    reserved_option_problems,
+)
 from taskshard_operator import builders
 from taskshard_operator.models.task import TaskSpec
 
@@ -39,6 +46,28 @@ def test_sasl_over_tls_from_a_secret_becomes_the_clients_properties():
     assert mtls["security.protocol"] == "SSL" and mtls["ssl.keystore.key"] == "KEY"
     assert client_properties({"security.protocol": "SSL"}, "source", {}) == {"security.protocol": "SSL"}
     assert client_properties(None, "source", {}) == {}, "no options, no Secret: nothing"
+
+
+def test_the_reader_gets_the_same_credentials_in_librdkafka_terms():
+    """The Kafka reader is librdkafka: PEM inline under its own names, SASL as username and password, no JAAS."""
+    options = {"sasl.mechanism": "SCRAM-SHA-512", "ssl.endpoint.identification.algorithm": ""}
+    secret = env("source", username="shard", password='p"w', ca_crt=CA, tls_crt="CERT", tls_key="KEY")
+    props = librdkafka_properties(options, "source", secret)
+    assert props == {
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "ssl.endpoint.identification.algorithm": "none",
+        "sasl.username": "shard",
+        "sasl.password": 'p"w',
+        "ssl.ca.pem": CA,
+        "ssl.certificate.pem": "CERT",
+        "ssl.key.pem": "KEY",
+        "security.protocol": "SASL_SSL",
+    }
+    kept, dropped = known_to_librdkafka({**props, "default.api.timeout.ms": "5000", "fetch.max.bytes": "1048576"})
+    assert dropped == ["default.api.timeout.ms"], "a JVM-only property is dropped for the reader, by name"
+    assert kept["fetch.max.bytes"] == "1048576" and kept["sasl.password"] == 'p"w'
+    with pytest.raises(Exception, match="security.protocol"):
+        known_to_librdkafka({"security.protocol": "bogus"})  # a bad value is an error, never dropped
 
 
 @pytest.mark.parametrize(

@@ -244,6 +244,12 @@ def test_kafka_lag_only_when_spark_reports_latest_offset():
     assert kafka_lag(journal_progress(0, 1)["sources"]) is None  # not Kafka
     as_text = {**KAFKA_PROGRESS["sources"][0], "latestOffset": '{"orders":{"0":101}}'}
     assert kafka_lag([as_text]) == {"orders/0": 1}
+    # Our Kafka data source is a Python stream to Spark: known by its offsets' shape, not its description.
+    python_stream = {
+        **as_text,
+        "description": "org.apache.spark.sql.execution.datasources.v2.python.PythonMicroBatchStream@2",
+    }
+    assert kafka_lag([python_stream]) == {"orders/0": 1}
 
 
 def test_lag_series_follow_the_latest_measure():
