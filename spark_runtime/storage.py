@@ -145,7 +145,7 @@ def _s3_filesystem(settings: S3Settings) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _s3_client(settings: S3Settings) -> Any:
-    """A boto3 S3 client for what pyarrow's file system cannot do (conditional puts)."""
+    """A boto3 S3 client for what pyarrow's file system cannot do (conditional puts, reads in one ``GET``)."""
     import boto3
     from botocore.config import Config
 
@@ -278,8 +278,26 @@ class Loc:
     # ---------------------------------------------------------------- reads
 
     def read_bytes(self) -> bytes:
+        """The file's bytes. On S3 one ``GET``, which returns one version of the object whole: pyarrow's stream
+        reads in ranges, so an object rewritten meanwhile (a parent's ``progress.json``, a ``catch-up.json``) could
+        come back as the old bytes spliced with the new. A missing object raises ``FileNotFoundError``."""
+        if self._s3 is not None:
+            return self._s3_get()
         with self.fs.open_input_stream(self.path) as fh:
             return fh.read()
+
+    def _s3_get(self) -> bytes:
+        from botocore.exceptions import ClientError
+
+        assert self._s3 is not None
+        bucket, _, key = self.path.partition("/")
+        try:
+            return bytes(_s3_client(self._s3).get_object(Bucket=bucket, Key=key)["Body"].read())
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(f"{self.uri()}: no such object") from None
+            raise
 
     def read_text(self) -> str:
         return self.read_bytes().decode("utf-8")

@@ -199,6 +199,40 @@ def test_a_store_that_ignores_conditional_writes_is_refused_naming_the_endpoint(
         server.shutdown()
 
 
+def test_a_small_file_read_while_it_is_rewritten_on_s3_is_one_version_whole(minio):
+    """A child reads its parent's ``progress.json`` (and a source its ``catch-up.json``) while the writer replaces
+    it. A read in ranges once spliced two versions ("Extra data", stray bytes) and failed a catch-up child; one
+    ``GET`` returns one version whole."""
+    loc = location(
+        f"s3a://{minio.bucket}/torn/progress.json",
+        s3_settings_from(None, {"TASKSHARD_S3_ENDPOINT": minio.endpoint, **_env(minio)}),
+    )
+
+    def version(i: int) -> dict[str, Any]:  # lengths vary, so a splice of two versions is never one of them
+        return {"batchId": i, "positions": {"t": {str(p): i * 7 for p in range(1 + i % 5)}}, "pad": "x" * (i % 13)}
+
+    loc.write_json(version(0))
+    stop, written = threading.Event(), [0]
+
+    def rewrite() -> None:
+        while not stop.is_set():
+            written[0] += 1
+            loc.write_json(version(written[0]))
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        reads = [loc.read_json() for _ in range(600)]
+    finally:
+        stop.set()
+        writer.join(30)
+    assert written[0] > 50, "the object was rewritten throughout the reads"
+    assert all(r == version(r["batchId"]) for r in reads), "every read is one whole version"
+    assert not (loc.parent / "absent.json").exists()
+    with pytest.raises(FileNotFoundError):
+        (loc.parent / "absent.json").read_bytes()
+
+
 def _unchunk(stream: Any) -> bytes:
     """The payload of a chunked body (HTTP chunked transfer encoding, or S3's ``aws-chunked``: ``<hex size>[;chunk
     extensions]\\r\\n<data>\\r\\n`` ... a size-0 chunk, then optional trailers and an empty line)."""
