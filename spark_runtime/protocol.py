@@ -651,6 +651,31 @@ def read_catch_up(data: Mapping[str, Any]) -> CatchUpState | MergeCatchUpState:
     return MergeCatchUpState.from_json(data) if data.get("kind") == "merge" else CatchUpState.from_json(data)
 
 
+def held_columns(catch_up: bool, merged: bool) -> list[tuple[str, str]]:
+    """The held columns a catching-up shard's source adds to its records (a merged shard's: one per parent)."""
+    if not catch_up:
+        return []
+    return [(HELD_COLUMN, "boolean")] + ([(HELD_RIGHT_COLUMN, "boolean")] if merged else [])
+
+
+def held_cuts(state: CatchUpState | MergeCatchUpState | None, name: str) -> list[int]:
+    """Where a catching-up shard's source cuts its input of partition ``name`` (flat positions): at its parents'
+    known final positions, so that each piece is held or not as a whole."""
+    if isinstance(state, MergeCatchUpState):
+        return state.cuts(name)
+    if state is not None and state.final is not None:
+        return [int(state.final.get(name, 0))]
+    return []
+
+
+def held_flags(state: CatchUpState | MergeCatchUpState | None, name: str, offset: int) -> tuple[bool, bool]:
+    """A piece's held flags from ``offset`` of partition ``name`` on: (the left or only parent's, the right
+    parent's); see :data:`HELD_COLUMN` and :data:`HELD_RIGHT_COLUMN`."""
+    if isinstance(state, MergeCatchUpState):
+        return state.held_by(name, offset)
+    return state is not None and state.holds(name, offset), False
+
+
 def _leaves(positions: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], int]]:
     for key, value in positions.items():
         if isinstance(value, Mapping):

@@ -54,6 +54,9 @@ from spark_runtime.protocol import (
     MergeCatchUpState,
     SkipRule,
     clamp,
+    held_columns,
+    held_cuts,
+    held_flags,
     read_catch_up,
 )
 from spark_runtime.records import (
@@ -146,29 +149,6 @@ def capped_end(fh: Any, start: int, end: int, budget: int) -> int:
         return end
     cut = complete_end(fh, start, start + budget)
     return cut if cut > start else _first_line_end(fh, start, end)
-
-
-def held_columns(catch_up: bool, merged: bool) -> list[tuple[str, str]]:
-    """The held columns a catch-up child's stream adds (a merged child's: one per parent)."""
-    if not catch_up:
-        return []
-    return [(HELD_COLUMN, "boolean")] + ([(HELD_RIGHT_COLUMN, "boolean")] if merged else [])
-
-
-def _cuts(state: CatchUpState | MergeCatchUpState | None, name: str) -> list[int]:
-    """Where a catch-up child's pieces of partition ``name`` are cut: its parents' known final positions."""
-    if isinstance(state, MergeCatchUpState):
-        return state.cuts(name)
-    if state is not None and state.final is not None:
-        return [int(state.final.get(name, 0))]
-    return []
-
-
-def _held(state: CatchUpState | MergeCatchUpState | None, name: str, offset: int) -> tuple[bool, bool]:
-    """A piece's held flags from ``offset`` on: (left or only parent, right parent)."""
-    if isinstance(state, MergeCatchUpState):
-        return state.held_by(name, offset)
-    return state is not None and state.holds(name, offset), False
 
 
 def plan_pieces(fh: Any, start: int, end: int, piece_bytes: int) -> list[tuple[int, int]]:
@@ -306,12 +286,12 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             s, e = int(start.get(name, 0)), int(end.get(name, 0))
             if e <= s:
                 continue
-            cuts = _cuts(state, name)
+            cuts = held_cuts(state, name)
             with open(self.path / name, "rb") as fh:
                 for ps, pe in plan_pieces(fh, s, e, self.piece_bytes):
                     bounds = [ps, *(c for c in cuts if ps < c < pe), pe]
                     for lo, hi in zip(bounds, bounds[1:], strict=False):
-                        pieces.append(JournalPiece(partition_index(name), lo, hi, *_held(state, name, lo)))
+                        pieces.append(JournalPiece(partition_index(name), lo, hi, *held_flags(state, name, lo)))
         return pieces
 
     def commit(self, end: dict) -> None:  # positions live in Spark's offset log; nothing to do

@@ -454,15 +454,7 @@ class KafkaReader:
 
         spark.dataSource.register(KafkaDataSource)
         raw = spark.readStream.format(FORMAT).options(**self._stream_options(ctx)).load()
-        flagged, dead_owned = parse_kafka_records(
-            raw,
-            ctx.record_spec,
-            ctx.key_grouping,
-            ctx.range_start,
-            ctx.range_end,
-            held=ctx.catch_up_state is not None,
-            held_boundary=ctx.held_boundary,
-        )
+        flagged, dead_owned = _parse(raw, ctx)
         observed = flagged.observe(SOURCE_METRICS, *_metric_columns(dead_owned))
         return observed.where("_ok").drop("_ok", "_bytes")
 
@@ -550,16 +542,20 @@ class KafkaReader:
 
         spark.dataSource.register(KafkaDataSource)
         ranged = {"rangeFrom": json.dumps({self.topic: begin}), "rangeTo": json.dumps({self.topic: stop})}
-        raw = spark.read.format(FORMAT).options(**self._stream_options(ctx, **ranged)).load()
-        return parse_kafka_records(
-            raw,
-            ctx.record_spec,
-            ctx.key_grouping,
-            ctx.range_start,
-            ctx.range_end,
-            held=ctx.catch_up_state is not None,
-            held_boundary=ctx.held_boundary,
-        )
+        return _parse(spark.read.format(FORMAT).options(**self._stream_options(ctx, **ranged)).load(), ctx)
+
+
+def _parse(raw: Any, ctx: SourceContext) -> tuple[Any, Any]:
+    """:func:`parse_kafka_records` for the shard of ``ctx`` (its range, and its held columns when it catches up)."""
+    return parse_kafka_records(
+        raw,
+        ctx.record_spec,
+        ctx.key_grouping,
+        ctx.range_start,
+        ctx.range_end,
+        held=ctx.catch_up_state is not None,
+        held_boundary=ctx.held_boundary,
+    )
 
 
 def _metric_columns(dead_owned: Any) -> list[Any]:

@@ -51,11 +51,14 @@ from spark_runtime.protocol import (
     CatchUpState,
     MergeCatchUpState,
     clamp,
+    held_columns,
+    held_cuts,
+    held_flags,
     read_catch_up,
 )
 from spark_runtime.storage import S3Settings, location
 
-__all__ = ["FORMAT", "RAW_SCHEMA", "KafkaDataSource", "KafkaRange", "held_columns", "topic_state"]
+__all__ = ["FORMAT", "RAW_SCHEMA", "KafkaDataSource", "KafkaRange", "topic_state"]
 
 FORMAT = "taskshard_kafka"
 RAW_SCHEMA = (
@@ -67,13 +70,6 @@ CONSUME_BATCH = 10_000
 CONSUME_WAIT_S = 0.2
 READ_TIMEOUT_S = 120.0
 """How long a task may get nothing before it fails (records deleted under it, or the broker gone)."""
-
-
-def held_columns(catch_up: bool, merged: bool) -> list[tuple[str, str]]:
-    """The held columns a catching-up shard's stream adds (a merged one's: one per parent)."""
-    if not catch_up:
-        return []
-    return [(HELD_COLUMN, "boolean")] + ([(HELD_RIGHT_COLUMN, "boolean")] if merged else [])
 
 
 def topic_state(state: CatchUpState | MergeCatchUpState, topic: str) -> CatchUpState | MergeCatchUpState:
@@ -90,20 +86,6 @@ def topic_state(state: CatchUpState | MergeCatchUpState, topic: str) -> CatchUpS
             state, limits=(flat(left), flat(right)), finals=(flat(final_left), flat(final_right))
         )
     return dataclasses.replace(state, limit=flat(state.limit), final=flat(state.final))
-
-
-def _cuts(state: CatchUpState | MergeCatchUpState | None, name: str) -> list[int]:
-    if isinstance(state, MergeCatchUpState):
-        return state.cuts(name)
-    if state is not None and state.final is not None and name in state.final:
-        return [int(state.final[name])]
-    return []
-
-
-def _held(state: CatchUpState | MergeCatchUpState | None, name: str, offset: int) -> tuple[bool, bool]:
-    if isinstance(state, MergeCatchUpState):
-        return state.held_by(name, offset)
-    return state is not None and state.holds(name, offset), False
 
 
 class KafkaRange(InputPartition):
@@ -171,16 +153,11 @@ class _Watermarks:
             self._consumer = None
 
 
-def read_partition(conf: dict[str, Any], topic: str, part: KafkaRange, held: list[str]) -> Iterator[Any]:
-    """The records of ``part`` as Arrow record batches of :data:`RAW_SCHEMA` plus the ``held`` columns."""
-    import numpy as np
+def _schema(held: list[str]) -> Any:
+    """The Arrow schema of :data:`RAW_SCHEMA` plus the ``held`` columns."""
     import pyarrow as pa
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    start, end, p = part.start, part.end, part.partition
-    if end <= start:
-        return
-    schema = pa.schema(
+    return pa.schema(
         [
             ("key", pa.binary()),
             ("value", pa.binary()),
@@ -192,7 +169,37 @@ def read_partition(conf: dict[str, Any], topic: str, part: KafkaRange, held: lis
             *[(name, pa.bool_()) for name in held],
         ]
     )
+
+
+def _record_batch(msgs: list[Any], offsets: list[int], part: KafkaRange, topic: str, schema: Any) -> Any:
+    """``msgs`` (records of ``part``, at ``offsets``) as one Arrow record batch of ``schema``."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(msgs)
+    stamps = np.array([m.timestamp() for m in msgs], dtype=np.int64).reshape(n, 2)
     flags = {HELD_COLUMN: part.held, HELD_RIGHT_COLUMN: part.held_right}
+    columns = [
+        pa.array([m.key() for m in msgs], pa.binary()),
+        pa.array([m.value() for m in msgs], pa.binary()),
+        pa.repeat(pa.scalar(topic, pa.string()), n),
+        pa.repeat(pa.scalar(part.partition, pa.int32()), n),
+        pa.array(offsets, pa.int64()),
+        pa.array(stamps[:, 1] * 1000, pa.int64()).cast(schema.field("timestamp").type),
+        pa.array(stamps[:, 0] - 1, pa.int32()),  # librdkafka: 1 create, 2 log append; Spark: 0, 1
+        *[pa.repeat(pa.scalar(flags[f.name], pa.bool_()), n) for f in list(schema)[7:]],
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def read_partition(conf: dict[str, Any], topic: str, part: KafkaRange, held: list[str]) -> Iterator[Any]:
+    """The records of ``part`` as Arrow record batches of :data:`RAW_SCHEMA` plus the ``held`` columns."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    start, end, p = part.start, part.end, part.partition
+    if end <= start:
+        return
+    schema = _schema(held)
     consumer = _consumer(conf)
     try:
         consumer.assign([TopicPartition(topic, p, start)])
@@ -217,19 +224,7 @@ def read_partition(conf: dict[str, Any], topic: str, part: KafkaRange, held: lis
                     n = bisect.bisect_left(offsets, end)
                     msgs, offsets = msgs[:n], offsets[:n]
                 if msgs:
-                    n = len(msgs)
-                    stamps = np.array([m.timestamp() for m in msgs], dtype=np.int64).reshape(n, 2)
-                    columns = [
-                        pa.array([m.key() for m in msgs], pa.binary()),
-                        pa.array([m.value() for m in msgs], pa.binary()),
-                        pa.repeat(pa.scalar(topic, pa.string()), n),
-                        pa.repeat(pa.scalar(p, pa.int32()), n),
-                        pa.array(offsets, pa.int64()),
-                        pa.array(stamps[:, 1] * 1000, pa.int64()).cast(schema.field("timestamp").type),
-                        pa.array(stamps[:, 0] - 1, pa.int32()),  # librdkafka: 1 create, 2 log append; Spark: 0, 1
-                        *[pa.repeat(pa.scalar(flags[name], pa.bool_()), n) for name in held],
-                    ]
-                    yield pa.RecordBatch.from_arrays(columns, schema=schema)
+                    yield _record_batch(msgs, offsets, part, topic, schema)
                 deadline = time.monotonic() + READ_TIMEOUT_S
             elif not done:
                 (position,) = consumer.position([TopicPartition(topic, p)])
@@ -320,10 +315,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges: list[InputPartition] = []
         for name, e in sorted(stop.items(), key=lambda kv: int(kv[0])):
             s, e = int(begin.get(name, 0)), int(e)
-            bounds = [s, *(c for c in _cuts(state, name) if s < c < e), e]
+            bounds = [s, *(c for c in held_cuts(state, name) if s < c < e), e]
             for lo, hi in zip(bounds, bounds[1:], strict=False):
                 if hi > lo:
-                    ranges.append(KafkaRange(int(name), lo, hi, *_held(state, name, lo)))
+                    ranges.append(KafkaRange(int(name), lo, hi, *held_flags(state, name, lo)))
         return ranges
 
     def commit(self, end: dict) -> None:  # positions live in Spark's offset log
