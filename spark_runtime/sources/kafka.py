@@ -471,6 +471,7 @@ class KafkaReader:
             "kafkaClientSecret": json.dumps(self.consumer_properties),
             "readPartitions": ",".join(str(p) for p in self.read_partitions or []),
             "startPositions": json.dumps(start) if start is not None else "",
+            "startingOffsets": self.starting_offsets,
             "maxOffsetsPerTrigger": str(ctx.max_records_per_trigger or 0),
             "drainMarker": ctx.drain_marker.uri(),
             "fencedBy": ctx.fenced_by.uri() if ctx.fenced_by is not None else "",

@@ -249,6 +249,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         read = options.get("readpartitions") or ""
         self.read_partitions = [int(p) for p in read.split(",")] if read else None
         self.start_positions = json.loads(options.get("startpositions") or "null")
+        self.starting = options.get("startingoffsets") or "earliest"
         self.max_rows = int(options.get("maxoffsetspertrigger") or 0)
         s3 = S3Settings.from_options(options)
         self.drain_marker = location(options["drainmarker"], s3) if options.get("drainmarker") else None
@@ -267,8 +268,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         if self.start_positions is not None:
             return {self.topic: {str(p): int(o) for p, o in self.start_positions[self.topic].items()}}
-        marks = self.marks.marks(self._partitions())
-        return {self.topic: {str(p): low for p, (low, _) in marks.items()}}
+        marks = self.marks.marks(self._partitions())  # no resolved start (the runtime always passes one)
+        latest = self.starting == "latest"
+        return {self.topic: {str(p): high if latest else low for p, (low, high) in marks.items()}}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_rows) if self.max_rows > 0 else ReadAllAvailable()
