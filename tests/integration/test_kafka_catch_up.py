@@ -40,7 +40,7 @@ from spark_runtime.sources import make_source
 from tests.jvm import DRIVER_JVM_CONF
 
 from .test_kafka_handovers import merge_from
-from .test_kafka_s3_shards import Reference, Running, Setup, _nested_source, check_results, make_events
+from .test_kafka_s3_shards import Reference, Running, Setup, _nested_source, _own, check_results, make_events
 
 pytestmark = pytest.mark.integration
 
@@ -250,13 +250,17 @@ class Input:
             if (type(key) is str or type(key) is int) and type(v.get("amount")) in (int, float):
                 self.records.append((r.partition, r.offset, str(key)))
 
-    def keys(self, config: Any, start: dict[int, int], end: dict[int, int]) -> set[str]:
-        """The keys of ``config``'s key groups with a record in ``[start[p], end[p])`` of some partition ``p``."""
-        grouping, kg = config.key_grouping, config.key_groups
+    def keys(
+        self, config: Any, start: dict[int, int], end: dict[int, int], groups: tuple[int, int] | None = None
+    ) -> set[str]:
+        """The keys of ``config``'s key groups (or of ``groups``, ``[first, end)``) with a record in
+        ``[start[p], end[p])`` of some partition ``p``."""
+        grouping = config.key_grouping
+        first, last = groups or (config.key_groups.start, config.key_groups.end)
         return {
             key
             for p, o, key in self.records
-            if start.get(p, 0) <= o < end.get(p, 0) and kg.start <= grouping.of(key, p) < kg.end
+            if start.get(p, 0) <= o < end.get(p, 0) and first <= grouping.of(key, p) < last
         }
 
 
@@ -291,9 +295,11 @@ def assert_parent_emitted_up_to_its_final_batch(
     )
 
 
-def assert_emits_only_past(
-    setup: Setup, inp: Input, output: list[Any], config: Any, final: dict[int, int]
-) -> list[int]:
+Finals = list[tuple[tuple[int, int], dict[int, int]]]
+"""Per parent of a successor: its key groups ``(first, end)`` and its final positions ``{partition: offset}``."""
+
+
+def assert_emits_only_past(setup: Setup, inp: Input, output: list[Any], config: Any, finals: Finals) -> list[int]:
     """A successor emitted, in each committed batch, exactly the keys of its records at or after ``final`` (its
     parents' final positions): nothing in its restore batch 0 or in a batch ending at or before ``final``, only the
     keys of the records past the fence in the batch that straddles it. Every emitted batch is committed, and the
@@ -307,12 +313,16 @@ def assert_emits_only_past(
     assert batches == list(range(batches[0], batches[-1] + 1)), f"{config.shard}: committed batches {batches}"
     assert max(out) <= batches[-1], f"{config.shard}: uncommitted batches emitted: {sorted(set(out) - set(ends))}"
     assert min(out) - 1 in ends, f"{config.shard}: the batch before its first emitting one {min(out)} was purged"
+    names = {p for _, f in finals for p in f}
+    final = {p: min(f[p] for _, f in finals if p in f) for p in names}  # the lowest: where the cap held batch 0
     if 0 in ends:  # capped at the parents' committed positions: the restore batch ends at or before F
         assert all(o <= final.get(p, 0) for p, o in ends[0].items()), f"{config.shard}: batch 0 {ends[0]}, F {final}"
     for batch in batches[1:]:
         start, end = ends[batch - 1], ends[batch]
-        past = {p: max(start.get(p, 0), final.get(p, 0)) for p in end}
-        want = inp.keys(config, past, end)
+        want = set()
+        for groups, own in finals:  # each record past its own parent's final position
+            past = {p: max(start.get(p, 0), own.get(p, 0)) for p in end}
+            want |= inp.keys(config, past, end, groups)
         got = out.get(batch, set())
         assert got == want, (
             f"{config.shard} batch {batch} [{start} -> {end}], final {final}: emitted {len(got)} keys, "
@@ -328,6 +338,11 @@ def assert_emits_only_past(
     return sorted(out)
 
 
+def own_range(config: Any, final: dict[int, int]) -> Finals:
+    """A split child's one parent: the child's own key groups, with the parent's final positions."""
+    return [((config.key_groups.start, config.key_groups.end), final)]
+
+
 def shard_config(
     setup: Setup, shard: str, start: int, end: int, restore: dict | None = None, *, jvm: bool = False, **over: Any
 ) -> Any:
@@ -337,17 +352,19 @@ def shard_config(
     return setup.config(shard, start, end, restore, spark={"triggerInterval": "500 milliseconds", "conf": conf}, **over)
 
 
-# ---------------------------------------------------------------- 1. a catch-up split, subscribe mode
+# ---------------------------------------------------------------- 1. a catch-up split, both read modes
 
 
-def test_a_subscribed_split_catches_up_while_the_parent_runs_and_hands_over_exactly(
-    spark, kafka_broker, minio, tmp_path
-):
-    setup, ref = Setup(kafka_broker, minio, tmp_path, partitions=3), Reference()
+@pytest.mark.parametrize("nested", [False, True], ids=["subscribe", "partitionedByKey"])
+def test_a_split_catches_up_while_the_parent_runs_and_hands_over_exactly(nested, spark, kafka_broker, minio, tmp_path):
+    """Subscribe mode: every shard reads the 3 partitions. ``partitionedByKey``: the parent reads both partitions,
+    each child only its own (partition p holds key groups [8p, 8p + 8))."""
+    setup, ref = Setup(kafka_broker, minio, tmp_path, partitions=2 if nested else 3), Reference()
+    over = {"source": _nested_source(setup, 2)} if nested else {}
     first = make_events(900, random.Random(43))
     kafka_broker.produce(setup.topic_in, first)
     ref.add(first)
-    parent = Running(shard_config(setup, PARENT, 0, 16), spark)
+    parent = Running(shard_config(setup, PARENT, 0, 16, **over), spark)
     runners = [parent]
     producer = Producer(setup, ref, seed=44)
     try:
@@ -355,8 +372,10 @@ def test_a_subscribed_split_catches_up_while_the_parent_runs_and_hands_over_exac
         producer.start()
         restore = {"parent": PARENT, "manifest": parent.runner.paths.drained.uri()}
         for n, a, b in ((LEFT, 0, 8), (RIGHT, 8, 16)):
-            runners.append(Running(shard_config(setup, n, a, b, restore), spark))
+            runners.append(Running(shard_config(setup, n, a, b, restore, **over), spark))
         children = runners[1:]
+        if nested:
+            assert [c.runner.source.read_partitions for c in children] == [[0], [1]]
         for child in children:
             assert child.runner.handover_mode == HandoverMode.CATCH_UP, "a Kafka child catches up"
         for child in children:
@@ -382,7 +401,7 @@ def test_a_subscribed_split_catches_up_while_the_parent_runs_and_hands_over_exac
         end = kafka_broker.end_offsets(setup.topic_in)
         assert sum(end.values()) > sum(offsets(setup, summary["positions"]).values()), "input past the fence"
         for child in children:
-            child.wait_caught_up(end)
+            child.wait_caught_up(_own(end, child) if nested else end)
         for child in children:  # both drain at once
             child.runner.request_drain("test", final=True)
         summaries = [child.finish() for child in children]
@@ -400,16 +419,21 @@ def test_a_subscribed_split_catches_up_while_the_parent_runs_and_hands_over_exac
     assert_parent_emitted_up_to_its_final_batch(setup, inp, output, parent.runner.config, summary)
     for child in children:
         state = catch_up_state(setup, child.runner.config.shard)
-        assert state["phase"] == "live" and state["ready"] and offsets(setup, state["final"]) == final
-        assert_emits_only_past(setup, inp, output, child.runner.config, final)
+        own = offsets(setup, state["final"])  # a nested child's: only its own partition's
+        assert state["phase"] == "live" and state["ready"] and own == {p: final[p] for p in own}
+        assert sorted(own) == (child.runner.source.read_partitions or sorted(final))
+        assert_emits_only_past(setup, inp, output, child.runner.config, own_range(child.runner.config, final))
 
 
-# ---------------------------------------------------------------- 2. a catch-up merge, partitionedByKey
+# ---------------------------------------------------------------- 2. a catch-up merge, both read modes
 
 
-def test_a_catch_up_merge_of_two_running_key_partitioned_shards_is_exact(spark, kafka_broker, minio, tmp_path):
+@pytest.mark.parametrize("nested", [True, False], ids=["partitionedByKey", "subscribe"])
+def test_a_catch_up_merge_of_two_running_shards_is_exact(nested, spark, kafka_broker, minio, tmp_path):
+    """``partitionedByKey``: each parent reads its own partition. Subscribe mode: both parents read both
+    partitions and stop at different offsets of each; each record is emitted past its own parent's fence."""
     setup, ref = Setup(kafka_broker, minio, tmp_path, partitions=2), Reference()
-    source = _nested_source(setup, 2)  # partition p holds key groups [8p, 8p + 8)
+    over = {"source": _nested_source(setup, 2)} if nested else {}  # nested: partition p holds [8p, 8p + 8)
     first = make_events(800, random.Random(47))
     kafka_broker.produce(setup.topic_in, first)
     ref.add(first)
@@ -420,12 +444,13 @@ def test_a_catch_up_merge_of_two_running_key_partitioned_shards_is_exact(spark, 
         # One after the other: two Kafka queries starting at once in one SparkSession have failed their first batch
         # (a task that did not deserialize, java.io.OptionalDataException) and were restarted in-process.
         for n, a, b in ((LEFT, 0, 8), (RIGHT, 8, 16)):
-            runners.append(Running(shard_config(setup, n, a, b, source=source), spark))
+            runners.append(Running(shard_config(setup, n, a, b, **over), spark))
             runners[-1].wait_for(lambda p=runners[-1]: p.runner.last_committed >= 0, "a committed batch")
         left, right = runners
-        assert left.runner.source.read_partitions == [0] and right.runner.source.read_partitions == [1]
+        want_read = ([0], [1]) if nested else (None, None)
+        assert (left.runner.source.read_partitions, right.runner.source.read_partitions) == want_read
         producer.start()
-        config = shard_config(setup, name, 0, 16, source=source, mergeFrom=merge_from(setup, left, right))
+        config = shard_config(setup, name, 0, 16, mergeFrom=merge_from(setup, left, right), **over)
         merged = Running(config, spark)
         runners.append(merged)
         assert merged.runner.handover_mode == HandoverMode.CATCH_UP, "a Kafka merge catches up"
@@ -455,12 +480,15 @@ def test_a_catch_up_merge_of_two_running_key_partitioned_shards_is_exact(spark, 
     state = catch_up_state(setup, name)
     assert state["kind"] == "merge" and state["phase"] == "live"
     assert state["finals"] == [summaries[0]["positions"], summaries[1]["positions"]]
-    final = {**offsets(setup, summaries[0]["positions"]), **offsets(setup, summaries[1]["positions"])}
-    assert sorted(final) == [0, 1], "each parent's final position of its own partition"
+    finals = [offsets(setup, s["positions"]) for s in summaries]
+    if nested:
+        assert [sorted(f) for f in finals] == [[0], [1]], "each parent's final position of its own partition"
+    else:
+        assert [sorted(f) for f in finals] == [[0, 1], [0, 1]], "both parents read both partitions"
     inp, output = Input(setup), setup.output_records()
     for parent, summary in zip((left, right), summaries, strict=True):
         assert_parent_emitted_up_to_its_final_batch(setup, inp, output, parent.runner.config, summary)
-    assert_emits_only_past(setup, inp, output, merged.runner.config, final)
+    assert_emits_only_past(setup, inp, output, merged.runner.config, list(zip(((0, 8), (8, 16)), finals, strict=True)))
 
 
 # ---------------------------------------------------------------- 3. SIGKILLs during a catch-up split
@@ -580,7 +608,7 @@ def test_a_catch_up_split_stays_exact_when_parent_and_children_are_killed(
         for config in (left_cfg, right_cfg):
             state = catch_up_state(setup, config.shard)
             assert state["phase"] == "live" and offsets(setup, state["final"]) == final
-            assert_emits_only_past(setup, inp, output, config, final)
+            assert_emits_only_past(setup, inp, output, config, own_range(config, final))
     finally:
         producer.finish()
         for proc in procs:
