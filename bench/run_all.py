@@ -127,10 +127,6 @@ ORDER = [
           "bench/merge_gap.py", "merge_gap_kafka",
           ["--keys", "50000", "--trials", "2", "--source", "kafka"],
           ["--keys", "50000", "--trials", "1", "--source", "kafka"]),
-    Bench(18, "kafka-reader", "Our Kafka reader against Spark's Kafka source",
-          "bench/kafka_reader.py", "kafka_reader",
-          ["--records", "1000000", "--reps", "2"],
-          ["--records", "200000", "--reps", "1"]),
 ]
 # fmt: on
 BENCHMARKS: dict[str, Bench] = {b.key: b for b in ORDER}
