@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from spark_runtime.session import JVM_OPTIONS
 
-DRIVER_JVM_OPTIONS = f"{JVM_OPTIONS} -XX:TieredStopAtLevel=1"
+DRIVER_JVM_OPTIONS = f"{JVM_OPTIONS} -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+"""C1 only, with the code cache tiered compilation would have (240 MB): C1-only HotSpot reserves 48 MB, which the
+shared integration session filled after a few dozen Kafka queries ("CodeCache is full. Compiler has been
+disabled.", then an ``InternalError`` that stopped its SparkContext and failed every later test)."""
 
 DRIVER_JVM_CONF = {"spark.driver.extraJavaOptions": DRIVER_JVM_OPTIONS}
 """Spark conf that gives a driver JVM :data:`DRIVER_JVM_OPTIONS` (read only at the JVM's start)."""
