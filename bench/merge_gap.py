@@ -55,11 +55,17 @@ from common import (  # noqa: E402
     spawn_runtime,
     target,
 )
+from proc_cpu import TreeCpu  # noqa: E402
 
 TASK = "mg"
 MAX_KEY_GROUPS = 128
 HALF = MAX_KEY_GROUPS // 2
 CONF = {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
+CPU_NOTE = (
+    "CPU s = user + system seconds of the shards' process trees (JVM and Python workers; /proc, proc_cpu.TreeCpu) "
+    "from the request until every successor emitted. On this machine every process shares 2 cores; with a core "
+    "per pod, a successor's request -> emit takes at least its own CPU seconds, the busiest successor's row."
+)
 
 
 class Producer(threading.Thread):
@@ -198,7 +204,13 @@ def trial(kind: str, root: Path, args: argparse.Namespace, seed: int, kafka: Any
             times = [world.first_emit(c) for c in children]
             return times if all(t is not None for t in times) else None
 
+        cpu = TreeCpu({name: p.pid for name, p in procs.items()}, interval=1.0)  # every shard's process tree
+        before = cpu.reading(threads=False)
+        cpu.start()
         emits = wait("every child emits", emitted, args.timeout, procs)
+        after = cpu.reading(threads=False)
+        cpu.stop()
+        successors = [round(cpu.seconds(before, after, c), 1) for c in children]
         stops = [world.last_commit(p) for p in parents]
         drained_at = [world.drained_at(p) for p in parents]
     finally:
@@ -214,7 +226,8 @@ def trial(kind: str, root: Path, args: argparse.Namespace, seed: int, kafka: Any
             p.wait(timeout=30)
     gap = max(emits) - stops[0] if kind == "split" else emits[0] - min(s for s in stops if s is not None)
     out = {"kind": kind, "keys": args.keys, "steadySeconds": round(steady, 1), "gapSeconds": round(gap, 2)}
-    out |= {"requestToEmitSeconds": round(max(emits) - requested, 1)}
+    out |= {"requestToEmitSeconds": round(max(emits) - requested, 1), "successorCpuSeconds": successors}
+    out |= {"cpuSeconds": round(cpu.seconds(before, after), 1)}  # parents and successors, request -> every emit
     out |= {"parentsStopSpreadSeconds": round(max(stops) - min(stops), 2) if len(stops) > 1 else 0.0}
     out |= {"lastDrainToEmitSeconds": round(max(emits) - max(d for d in drained_at if d is not None), 2)}
     return out | {"producedEvents": producer.events}
@@ -226,6 +239,10 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
 
     def median(field: Any) -> dict[str, float]:
         return {k: statistics.median(field(r) for r in rows) for k, rows in by.items()}
+
+    def median_of(field: str) -> list[Any]:
+        got = median(lambda r: max(r[field]) if isinstance(r[field], list) else r[field])
+        return [round(got[k], 1) for k in by]
 
     med, emit = median(lambda r: r["gapSeconds"]), median(lambda r: r["requestToEmitSeconds"])
     drain = median(lambda r: r["lastDrainToEmitSeconds"])
@@ -253,6 +270,8 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
         ["median processing gap (s)", med["split"], med["merge"]],
         ["median child start -> every child emits (s)", emit["split"], emit["merge"]],
         ["median later drain summary -> emit (s)", drain["split"], drain["merge"]],
+        ["median CPU s, request -> every child emits (parents + successors)", *median_of("cpuSeconds")],
+        ["median CPU s of the busiest successor (the floor with a core per pod)", *median_of("successorCpuSeconds")],
         ["CPU steal during the run (/proc/stat)", f"{100 * steal:.1f} %" if steal is not None else "not recorded", ""],
     ]
     fields = ("kind", "keys", "gapSeconds", "requestToEmitSeconds", "lastDrainToEmitSeconds")
@@ -272,7 +291,7 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
             ("Processing gap of a split and of a merge, each trial", columns, trials),
         ],
         "targets": targets,
-        "notes": [*method_notes(__doc__), source],
+        "notes": [*method_notes(__doc__), source, CPU_NOTE],
         "raw": {
             "results": results,
             "medianGapSeconds": med,

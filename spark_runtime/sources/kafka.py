@@ -539,11 +539,15 @@ class KafkaReader:
             return None
         if {p: begin.get(p, -2) for p in stop} == stop:
             return False
-        from spark_runtime.sources.kafka_stream import KafkaDataSource
+        from spark_runtime.sources.kafka_stream import KafkaDataSource, read_range_here
 
-        spark.dataSource.register(KafkaDataSource)
         ranged = {"rangeFrom": json.dumps({self.topic: begin}), "rangeTo": json.dumps({self.topic: stop})}
-        return _parse(spark.read.format(FORMAT).options(**self._stream_options(ctx, **ranged)).load(), ctx)
+        options = self._stream_options(ctx, **ranged)
+        table = read_range_here(options)  # a short range: no Python data source query to start
+        if table is not None:
+            return _parse(spark.createDataFrame(table), ctx)
+        spark.dataSource.register(KafkaDataSource)
+        return _parse(spark.read.format(FORMAT).options(**options).load(), ctx)
 
 
 def _parse(raw: Any, ctx: SourceContext) -> tuple[Any, Any]:

@@ -29,6 +29,7 @@ from spark_runtime.config import parse_config
 from spark_runtime.problems import EXIT_ENVIRONMENT, EnvironmentProblem
 from spark_runtime.results import final_results_from_records, read_lineage
 from spark_runtime.shard import ShardRunner
+from spark_runtime.sources import kafka_stream
 from spark_runtime.storage import StorageProblem, location, s3_settings_from
 
 pytestmark = pytest.mark.integration
@@ -239,7 +240,7 @@ def test_split_with_kafka_in_and_out_and_state_on_s3(spark, kafka_broker, minio,
 # ---------------------------------------------------------------- broker restart
 
 
-def test_a_batch_whose_progress_was_lost_is_recounted_from_kafka(spark, kafka_broker, minio, tmp_path):
+def test_a_batch_whose_progress_was_lost_is_recounted_from_kafka(spark, kafka_broker, minio, tmp_path, monkeypatch):
     """Spark posts a batch's progress, with its observed source metrics, right after committing the batch; a
     drain's stop that lands in between loses them, and the children start after that batch. The drain recounts
     such a batch from Kafka: forget one committed batch's progress and the recount restores the same counts."""
@@ -269,6 +270,16 @@ def test_a_batch_whose_progress_was_lost_is_recounted_from_kafka(spark, kafka_br
     r.drainer.recount_unreported_batches()
     assert r.progress.source_metrics == counted, f"batch {lost_batch} recounted from Kafka: {lost}"
     assert r.progress.reported(lost_batch)
+
+    # A range is read in the driver when short (kafka_stream.read_range_here), by a Spark batch query when long:
+    # the same records either way.
+    source, ctx = r.output.io.source, r.output.run.source_context
+    start, end = r.positions_at(-1), r.positions_at(r.last_committed)
+    here = source.read_range(spark, ctx, start, end)
+    monkeypatch.setattr(kafka_stream, "READ_HERE_MAX_OFFSETS", 0)
+    by_spark = source.read_range(spark, ctx, start, end)
+    assert here.count() == by_spark.count() == len(events) - ref.invalid
+    assert here.exceptAll(by_spark).count() == 0 and by_spark.exceptAll(here).count() == 0
 
 
 def test_broker_restart_mid_stream_loses_and_doubles_nothing(spark, kafka_broker, minio, tmp_path):

@@ -135,8 +135,25 @@ def batch_keys(env: TaskEnv, shard: str, batch_id: int) -> set[str]:
     return keys
 
 
+def assert_range_read_alike(runner: Any, batch_id: int, spark: Any, monkeypatch: Any) -> None:
+    """Batch ``batch_id``'s range (it straddles F) read again in the driver (a short range:
+    ``journal.read_range_here``) and by a Spark batch query (a long one): the same rows and held flags."""
+    from spark_runtime.protocol import HELD_COLUMN
+    from spark_runtime.sources import journal
+
+    source, ctx = runner.output.io.source, runner.output.run.source_context
+    start, end = runner.positions_at(batch_id - 1), runner.positions_at(batch_id)
+    here = source.read_range(spark, ctx, start, end)
+    monkeypatch.setattr(journal, "READ_HERE_MAX_BYTES", 0)
+    by_spark = source.read_range(spark, ctx, start, end)
+    assert here.schema == by_spark.schema
+    assert here.count() == by_spark.count() > 0
+    assert here.exceptAll(by_spark).count() == 0 and by_spark.exceptAll(here).count() == 0
+    assert {r[0] for r in here.select(HELD_COLUMN).distinct().collect()} == {True, False}, "held on one side of F"
+
+
 @pytest.mark.parametrize("kind", sorted(PROCESSORS))
-def test_the_batch_that_reaches_the_fence_emits_only_what_lies_past_it(kind, make_task, shard_spark):
+def test_the_batch_that_reaches_the_fence_emits_only_what_lies_past_it(kind, make_task, shard_spark, monkeypatch):
     """The children lag their parent when it drains (held back here: once ready they stop following, and the
     parent drains only after one more wave), so each child's first batch after the drain reads records on both
     sides of the parent's final positions F: keys with records on both sides, keys only before F, keys only after
@@ -194,6 +211,8 @@ def test_the_batch_that_reaches_the_fence_emits_only_what_lies_past_it(kind, mak
             assert batch_keys(env, shard, first) == past, f"{shard}: exactly the keys its records past F touched"
             only_before = {e["key"] for e in before if r.start <= grouping.of(e["key"], 0) < r.end}
             assert only_before and not only_before & past, f"{shard}: keys only before F (none emitted by it)"
+            if kind == "builtin-count" and c is children[0]:  # its fence batch read its range again
+                assert_range_read_alike(c, first, shard_spark, monkeypatch)
     finally:
         release(children, threads[1:])
         parent.stop()
