@@ -38,6 +38,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -74,6 +75,9 @@ READ_TIMEOUT_S = 120.0
 """How long a task may get nothing before it fails (records deleted under it, or the broker gone)."""
 READ_HERE_MAX_OFFSETS = 100_000
 """The largest range (offsets over all partitions) :func:`read_range_here` reads in the calling process."""
+READ_HERE_MAX_BYTES = 64 << 20
+"""The most Arrow bytes :func:`read_range_here` holds before it leaves the range to a Spark batch read (a record
+may be up to 1 MiB, so an offset count alone does not bound the driver's memory)."""
 
 
 def topic_state(state: CatchUpState | MergeCatchUpState, topic: str) -> CatchUpState | MergeCatchUpState:
@@ -367,7 +371,8 @@ class KafkaRangeReader(DataSourceReader):
 
 def read_range_here(options: dict[str, str]) -> Any | None:
     """The records of a range read (:class:`KafkaRangeReader`'s ``options``) as one Arrow table, read in the
-    calling process (the driver), or None when the range spans more than :data:`READ_HERE_MAX_OFFSETS` offsets.
+    calling process (the driver), or None when the range spans more than :data:`READ_HERE_MAX_OFFSETS` offsets or
+    its records more than :data:`READ_HERE_MAX_BYTES`.
 
     The same records, held flags and schema as ``spark.read.format(FORMAT)``, without what a Python data source
     query costs before it reads a record: a Python runner process to plan it, 1-5 s on a 2-core machine. A
@@ -384,12 +389,24 @@ def read_range_here(options: dict[str, str]) -> Any | None:
     stream = reader.stream
     held = [name for name, _ in held_columns(stream.catch_up is not None, stream.merged)]
 
-    def read(part: KafkaRange) -> list[Any]:
-        return list(read_partition(stream.conf, stream.topic, part, held))
+    held_bytes = [0]
+    lock = threading.Lock()
+
+    def read(part: KafkaRange) -> list[Any] | None:
+        out = []
+        for batch in read_partition(stream.conf, stream.topic, part, held):
+            with lock:
+                held_bytes[0] += batch.nbytes
+                if held_bytes[0] > READ_HERE_MAX_BYTES:
+                    return None
+            out.append(batch)
+        return out
 
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(parts)))) as pool:  # librdkafka waits without the GIL
-        batches = [batch for part_batches in pool.map(read, parts) for batch in part_batches]
-    return pa.Table.from_batches(batches, schema=_schema(held))
+        per_part = list(pool.map(read, parts))
+    if any(batches is None for batches in per_part):
+        return None
+    return pa.Table.from_batches([b for batches in per_part for b in batches or []], schema=_schema(held))
 
 
 class KafkaDataSource(DataSource):

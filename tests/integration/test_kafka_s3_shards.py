@@ -275,6 +275,11 @@ def test_a_batch_whose_progress_was_lost_is_recounted_from_kafka(spark, kafka_br
     # the same records either way.
     source, ctx = r.output.io.source, r.output.run.source_context
     start, end = r.positions_at(-1), r.positions_at(r.last_committed)
+    options = source._stream_options(ctx, rangeFrom=json.dumps(start), rangeTo=json.dumps(end))
+    assert kafka_stream.read_range_here(options).num_rows == len(events), "every record, valid or not"
+    with monkeypatch.context() as m:
+        m.setattr(kafka_stream, "READ_HERE_MAX_BYTES", 4096)
+        assert kafka_stream.read_range_here(options) is None, "records past the byte cap: a Spark batch read"
     here = source.read_range(spark, ctx, start, end)
     monkeypatch.setattr(kafka_stream, "READ_HERE_MAX_OFFSETS", 0)
     by_spark = source.read_range(spark, ctx, start, end)
