@@ -339,9 +339,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ---- executor side
 
+    @property
+    def held_names(self) -> list[str]:
+        """The held columns a catching-up shard's records carry (none once it is not catching up)."""
+        return [name for name, _ in held_columns(self.catch_up is not None, self.merged)]
+
     def read(self, partition: KafkaRange) -> Iterator[Any]:  # type: ignore[override]
-        held = [name for name, _ in held_columns(self.catch_up is not None, self.merged)]
-        return read_partition(self.conf, self.topic, partition, held)
+        return read_partition(self.conf, self.topic, partition, self.held_names)
 
 
 class KafkaRangeReader(DataSourceReader):
@@ -386,18 +390,15 @@ def read_range_here(options: dict[str, str]) -> Any | None:
         reader.stream.marks.close()
     if sum(p.end - p.start for p in parts) > READ_HERE_MAX_OFFSETS:
         return None
-    stream = reader.stream
-    held = [name for name, _ in held_columns(stream.catch_up is not None, stream.merged)]
-
-    held_bytes = [0]
+    read_bytes = [0]  # over every partition's thread; each stops at its next batch once past the cap
     lock = threading.Lock()
 
     def read(part: KafkaRange) -> list[Any] | None:
         out = []
-        for batch in read_partition(stream.conf, stream.topic, part, held):
+        for batch in reader.read(part):
             with lock:
-                held_bytes[0] += batch.nbytes
-                if held_bytes[0] > READ_HERE_MAX_BYTES:
+                read_bytes[0] += batch.nbytes
+                if read_bytes[0] > READ_HERE_MAX_BYTES:
                     return None
             out.append(batch)
         return out
@@ -406,7 +407,8 @@ def read_range_here(options: dict[str, str]) -> Any | None:
         per_part = list(pool.map(read, parts))
     if any(batches is None for batches in per_part):
         return None
-    return pa.Table.from_batches([b for batches in per_part for b in batches or []], schema=_schema(held))
+    batches = [b for part_batches in per_part for b in part_batches or []]
+    return pa.Table.from_batches(batches, schema=_schema(reader.stream.held_names))
 
 
 class KafkaDataSource(DataSource):
