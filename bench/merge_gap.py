@@ -8,7 +8,8 @@ events/s over the same keys. ``split``: one shard ``[0, 128)``; once it consumed
 ``[0, 64)`` and ``[64, 128)`` start with ``restoreFrom`` = its ``drained.json`` (the journal's catch-up hand-over).
 ``merge``: shards ``[0, 64)`` and ``[64, 128)``; then the merged shard starts with ``mergeFrom`` = both
 ``drained.json`` (on the journal a catch-up merge too: it restores both parents' pre-copies and follows both while
-they run). Both hand over the same state at the same input rate.
+they run). Both hand over the same state at the same input rate. ``--chain``: in each split trial, once both children
+emit, the child ``[0, 64)`` splits again into ``[0, 32)`` and ``[32, 64)`` (a chained split; its gap is measured alike).
 
 The **processing gap** of a range: its child's first emitting commit (the first batch with a results file, its
 ``checkpoint/commits/<n>`` mtime) minus its parent's last commit (``commits/<batchId of drained.json>``); a
@@ -60,6 +61,8 @@ from proc_cpu import TreeCpu  # noqa: E402
 TASK = "mg"
 MAX_KEY_GROUPS = 128
 HALF = MAX_KEY_GROUPS // 2
+JIT = "split, JVM options"
+"""The kind of a split trial run with ``--jvm-options`` on every shard."""
 CONF = {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
 CPU_NOTE = (
     "CPU s = user + system seconds of the successors' process trees (JVM and Python workers; /proc, "
@@ -180,13 +183,15 @@ def trial(kind: str, root: Path, args: argparse.Namespace, seed: int, kafka: Any
         shard = f"{TASK}-{start_kg}-{end_kg}{suffix}"
         extra = {"task": TASK, "metricsPort": 0, "terminationMessagePath": str(root / f"termination-{shard}.log")}
         extra |= world.blocks() | parents  # the world's source, sink and storage
-        cfg = runner_config(root, root, args.partitions, shard, start_kg, end_kg, {"builtin": "count"}, CONF, **extra)
+        conf = CONF | ({"spark.driver.extraJavaOptions": args.jvm_options} if kind == JIT else {})
+        cfg = runner_config(root, root, args.partitions, shard, start_kg, end_kg, {"builtin": "count"}, conf, **extra)
         (root / f"{shard}.json").write_text(json.dumps(cfg.to_json_dict()))
         procs[shard] = spawn_runtime(root / f"{shard}.json", root / f"{shard}.log")
         return shard
 
     halves = [(0, HALF), (HALF, MAX_KEY_GROUPS)]
-    parents = [start(0, MAX_KEY_GROUPS)] if kind == "split" else [start(a, b) for a, b in halves]
+    split = kind != "merge"
+    parents = [start(0, MAX_KEY_GROUPS)] if split else [start(a, b) for a, b in halves]
     producer = world.producer(args.keys, args.rate, seed + 1)
     producer.start()
     try:
@@ -194,7 +199,7 @@ def trial(kind: str, root: Path, args: argparse.Namespace, seed: int, kafka: Any
         wait("the parents consume the pre-fill", lambda: all(world.consumed(p, ends) for p in parents), 900, procs)
         steady = time.time() - t0
         requested = time.time()
-        if kind == "split":
+        if split:
             restore = {"parent": parents[0], "manifest": world.drained_pointer(parents[0])}
             children = [start(a, b, restoreFrom=restore) for a, b in halves]
         else:
@@ -214,6 +219,12 @@ def trial(kind: str, root: Path, args: argparse.Namespace, seed: int, kafka: Any
         successors = [round(cpu.seconds(before, after, c), 1) for c in children]
         stops = [world.last_commit(p) for p in parents]
         drained_at = [world.drained_at(p) for p in parents]
+        if kind == "split" and args.chain:  # the first child, once it emits, split again: a chained split
+            first, quarter = children[0], HALF // 2
+            restore = {"parent": first, "manifest": world.drained_pointer(first)}
+            grand = [start(0, quarter, restoreFrom=restore), start(quarter, HALF, restoreFrom=restore)]
+            wait("every grandchild emits", lambda: all(world.first_emit(g) for g in grand), args.timeout, procs)
+            chain = max(world.first_emit(g) or 0 for g in grand) - (world.last_commit(first) or 0)
     finally:
         producer.stop_event.set()
         producer.join(timeout=5)
@@ -225,12 +236,14 @@ def trial(kind: str, root: Path, args: argparse.Namespace, seed: int, kafka: Any
                 pass
         for p in procs.values():
             p.wait(timeout=30)
-    gap = max(emits) - stops[0] if kind == "split" else emits[0] - min(s for s in stops if s is not None)
+    gap = max(emits) - stops[0] if split else emits[0] - min(s for s in stops if s is not None)
     out = {"kind": kind, "keys": args.keys, "steadySeconds": round(steady, 1), "gapSeconds": round(gap, 2)}
     out |= {"requestToEmitSeconds": round(max(emits) - requested, 1), "successorCpuSeconds": successors}
     out |= {"cpuSeconds": round(sum(successors), 1)}  # a parent that exits takes its CPU record with it
     out |= {"parentsStopSpreadSeconds": round(max(stops) - min(stops), 2) if len(stops) > 1 else 0.0}
     out |= {"lastDrainToEmitSeconds": round(max(emits) - max(d for d in drained_at if d is not None), 2)}
+    out |= {"chainGapSeconds": round(chain, 2)} if kind == "split" and args.chain else {}
+    out |= {"jvmOptions": args.jvm_options} if kind == JIT else {}
     return out | {"producedEvents": producer.events}
 
 
@@ -249,6 +262,9 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
     drain = median(lambda r: r["lastDrainToEmitSeconds"])
     stop = median(lambda r: r["gapSeconds"] - r["lastDrainToEmitSeconds"])
     ratio = med["merge"] / med["split"] if med["split"] else None
+    chained = [r["chainGapSeconds"] for r in by["split"] if "chainGapSeconds" in r]
+    jit = [r for r in results if r["kind"] == JIT]
+    jit_gap = f"{statistics.median(r['gapSeconds'] for r in jit):.1f} s" if jit else ""
     parts = (  # where the gap goes: the parents' final export, then the successors' restore
         f"the (first) parent's last commit -> the (later) drain summary {stop['split']:.1f} s split, "
         f"{stop['merge']:.1f} s merge; the later drain summary -> the first emitting batch {drain['split']:.1f} s "
@@ -260,7 +276,7 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
         f"parents' drains and the successors' one batch across the final positions: {parts}. The last part is the "
         "successor's batch in flight when the parent drained (capped at its limit, it emits nothing), then the batch "
         "across the final positions, on a JVM that shares the 2 cores with its parent's and its sibling's"
-    )
+    ) + (f"; the same run's splits with {jit[0]['jvmOptions']} on every shard: {jit_gap}" if jit else "")
     where = ", Kafka + MinIO" if kafka else ""
     value = f"merge {med['merge']:.1f} s vs split {med['split']:.1f} s ({ratio:.2f}x)" if ratio is not None else None
     what = f"merge processing gap vs split (median, same state{where})"
@@ -277,6 +293,10 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
         ["median CPU s of the busiest successor (the floor with a core per pod)", *median_of("successorCpuSeconds")],
         ["CPU steal during the run (/proc/stat)", f"{100 * steal:.1f} %" if steal is not None else "not recorded", ""],
     ]
+    if chained:  # --chain
+        medians.insert(3, ["median processing gap of a chained split (s)", statistics.median(chained), ""])
+    if jit:  # --jvm-options
+        medians.insert(3, [f"median processing gap, every shard with {jit[0]['jvmOptions']} (s)", jit_gap, ""])
     fields = ("kind", "keys", "gapSeconds", "requestToEmitSeconds", "lastDrainToEmitSeconds")
     columns = ["kind", "keys", "gap (s)", "child start -> emit (s)", "last drain -> emit (s)", "parents' stop spread"]
     trials = [[*(r[f] for f in fields), r["parentsStopSpreadSeconds"]] for r in results]
@@ -339,7 +359,8 @@ def run_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str
     try:
         with LoadSampler() as load:
             for i in range(args.trials):
-                for kind in ("merge", "split") if i % 2 else ("split", "merge"):
+                kinds = ("merge", "split") if i % 2 else ("split", "merge")
+                for kind in (*kinds, JIT) if args.jvm_options else kinds:
                     say(f"trial {i + 1}/{args.trials}: {kind} of {args.keys:,} keys ({args.source})")
                     r = trial(kind, args.work / f"{kind}-{i}", args, args.seed + i, kafka)
                     say(f"  gap {r['gapSeconds']} s, start -> emit {r['requestToEmitSeconds']} s")
@@ -363,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     sources = "journal with local storage (default), or Kafka with storage on MinIO (both started on loopback)"
     ap.add_argument("--source", choices=("journal", "kafka"), default="journal", help=sources)
     ap.add_argument("--work", type=Path, default=Path("/tmp/taskshard-merge-gap"))
+    jit = "a third kind of trial: a split with these JVM options on every shard (spark.driver.extraJavaOptions)"
+    ap.add_argument("--jvm-options", help=jit)
+    ap.add_argument("--chain", action="store_true", help="in each split trial, then split its first child again")
     args = parse(ap, argv)
     result = "merge_gap_kafka" if args.source == "kafka" else "merge_gap"
     results, load, steal = run_trials(args)

@@ -125,8 +125,9 @@ ORDER = [
           ["--events", "500000", "--keys", "50000", "--repeat", "1"]),
     Bench(17, "merge-kafka", "Split and merge processing gap on Kafka and MinIO",
           "bench/merge_gap.py", "merge_gap_kafka",
-          ["--keys", "50000", "--trials", "2", "--source", "kafka", "--rate", "400"],
-          ["--keys", "50000", "--trials", "1", "--source", "kafka", "--rate", "400"]),
+          ["--keys", "50000", "--trials", "2", "--source", "kafka", "--rate", "400", "--chain",
+           "--jvm-options", "-Xss32m -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"],
+          ["--keys", "50000", "--trials", "1", "--source", "kafka", "--rate", "400", "--chain"]),
 ]
 # fmt: on
 BENCHMARKS: dict[str, Bench] = {b.key: b for b in ORDER}

@@ -37,6 +37,17 @@ def test_targets_name_the_source_and_say_why_a_miss_is_a_miss(source):
     assert medians["median CPU s of the successors, request -> every child emits"] == [75.0, 33.0]
     busiest = medians["median CPU s of the busiest successor (the floor with a core per pod)"]
     assert busiest == [50.0, 33.0], "per trial the busiest successor, then the median over trials"
+    chain_row = "median processing gap of a chained split (s)"
+    assert chain_row not in medians, "no --chain, no row"
+    more = [r | {"chainGapSeconds": r["gapSeconds"] + 1} if r["kind"] == "split" else r for r in trials([20, 30], [9])]
+    more.append(trials([4.0], [])[0] | {"kind": mg.JIT, "jvmOptions": "-XX:TieredStopAtLevel=1"})
+    more_body = mg.report(more, 0.0, kafka)
+    more_rows = {row[0]: row[1:] for row in more_body["tables"][0][2]}
+    assert more_rows[chain_row] == [26.0, ""], "the chained splits' median, beside the splits'"
+    assert more_rows["median processing gap, every shard with -XX:TieredStopAtLevel=1 (s)"] == ["4.0 s", ""]
+    assert more_body["raw"]["medianGapSeconds"]["split"] == 25.0, "a split with other JVM options is not a split"
+    if kafka:
+        assert "with -XX:TieredStopAtLevel=1 on every shard: 4.0 s" in more_body["targets"][0]["why"]
     if kafka:
         split = rows["processing gap, split, Kafka + MinIO (median)"]
         assert split["value"] == "25.0 s" and not split["met"] and "restore" in split["why"]
