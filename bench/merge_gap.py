@@ -264,7 +264,8 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
     ratio = med["merge"] / med["split"] if med["split"] else None
     chained = [r["chainGapSeconds"] for r in by["split"] if "chainGapSeconds" in r]
     jit = [r for r in results if r["kind"] == JIT]
-    jit_gap = f"{statistics.median(r['gapSeconds'] for r in jit):.1f} s" if jit else ""
+    jit_gap = round(statistics.median(r["gapSeconds"] for r in jit), 2) if jit else None
+    jit_cpu = round(statistics.median(r["cpuSeconds"] for r in jit), 1) if jit else None
     parts = (  # where the gap goes: the parents' final export, then the successors' restore
         f"the (first) parent's last commit -> the (later) drain summary {stop['split']:.1f} s split, "
         f"{stop['merge']:.1f} s merge; the later drain summary -> the first emitting batch {drain['split']:.1f} s "
@@ -276,7 +277,7 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
         f"parents' drains and the successors' one batch across the final positions: {parts}. The last part is the "
         "successor's batch in flight when the parent drained (capped at its limit, it emits nothing), then the batch "
         "across the final positions, on a JVM that shares the 2 cores with its parent's and its sibling's"
-    ) + (f"; the same run's splits with {jit[0]['jvmOptions']} on every shard: {jit_gap}" if jit else "")
+    ) + (f"; the same run's splits with {jit[0]['jvmOptions']} on every shard: {jit_gap} s" if jit else "")
     where = ", Kafka + MinIO" if kafka else ""
     value = f"merge {med['merge']:.1f} s vs split {med['split']:.1f} s ({ratio:.2f}x)" if ratio is not None else None
     what = f"merge processing gap vs split (median, same state{where})"
@@ -296,7 +297,8 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
     if chained:  # --chain
         medians.insert(3, ["median processing gap of a chained split (s)", statistics.median(chained), ""])
     if jit:  # --jvm-options
-        medians.insert(3, [f"median processing gap, every shard with {jit[0]['jvmOptions']} (s)", jit_gap, ""])
+        what = f"median processing gap (s) and successors' CPU s, every shard with {jit[0]['jvmOptions']}"
+        medians.insert(3, [what, f"{jit_gap} s, {jit_cpu} CPU s", ""])
     fields = ("kind", "keys", "gapSeconds", "requestToEmitSeconds", "lastDrainToEmitSeconds")
     columns = ["kind", "keys", "gap (s)", "child start -> emit (s)", "last drain -> emit (s)", "parents' stop spread"]
     trials = [[*(r[f] for f in fields), r["parentsStopSpreadSeconds"]] for r in results]
@@ -326,7 +328,7 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
 
 def summarize(data: dict[str, Any]) -> list[str]:
     raw = data["raw"]
-    med, trials = raw["medianGapSeconds"], len(raw["results"]) // 2
+    med, trials = raw["medianGapSeconds"], sum(r["kind"] == "merge" for r in raw["results"])
     return [
         f"Median processing gap over {trials} trial(s) of each: merge {med['merge']:.1f} s, split {med['split']:.1f} s "
         f"(merge / split {raw['mergeOverSplit']:.2f}x)."

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -139,7 +140,7 @@ def run_one(bench: Bench, out: Path, quick: bool) -> dict[str, Any]:
     cmd = [PY, bench.script, *(bench.quick if quick else bench.full), "--out", str(shown)]
     log_path = out / "logs" / f"{bench.key}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    say(f"{bench.key}: {' '.join(cmd)}")
+    say(f"{bench.key}: {shlex.join(cmd)}")
     t0 = time.time()
     with LoadSampler() as load, open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -152,7 +153,7 @@ def run_one(bench: Bench, out: Path, quick: bool) -> dict[str, Any]:
         code = proc.wait()
     status = {
         "name": bench.key,
-        "command": " ".join(cmd),
+        "command": shlex.join(cmd),
         "exitCode": code,
         "seconds": round(time.time() - t0, 1),
         "load": load.summary(),
@@ -252,7 +253,7 @@ def write_docs(out: Path, page: Path, quick_default: bool) -> None:
         sections.append(text)
         for t in targets:
             summary_rows.append([number, t["name"], t["target"], t["value"], "met" if t.get("met") else "**missed**"])
-    commands = "\n".join(f"{PY} {b.script} {' '.join(b.full)}   # {b.number}. {b.title}" for b in ORDER)
+    commands = "\n".join(f"{PY} {b.script} {shlex.join(b.full)}   # {b.number}. {b.title}" for b in ORDER)
     quick = "\n".join(f"{PY} {b.script} {' '.join(b.quick)}" for b in ORDER)
     machine_rows = [[k, v] for k, v in info.items() if k not in ("time",)]
     body = f"""# Benchmarks

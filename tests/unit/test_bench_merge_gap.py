@@ -44,7 +44,10 @@ def test_targets_name_the_source_and_say_why_a_miss_is_a_miss(source):
     more_body = mg.report(more, 0.0, kafka)
     more_rows = {row[0]: row[1:] for row in more_body["tables"][0][2]}
     assert more_rows[chain_row] == [26.0, ""], "the chained splits' median, beside the splits'"
-    assert more_rows["median processing gap, every shard with -XX:TieredStopAtLevel=1 (s)"] == ["4.0 s", ""]
+    jit_row = "median processing gap (s) and successors' CPU s, every shard with -XX:TieredStopAtLevel=1"
+    assert more_rows[jit_row] == ["4.0 s, 12.0 CPU s", ""]
+    counted = mg.summarize({"raw": more_body["raw"]})[0]
+    assert "over 1 trial(s) of each" in counted, "trials with other JVM options are not counted"
     assert more_body["raw"]["medianGapSeconds"]["split"] == 25.0, "a split with other JVM options is not a split"
     if kafka:
         assert "with -XX:TieredStopAtLevel=1 on every shard: 4.0 s" in more_body["targets"][0]["why"]
