@@ -15,12 +15,12 @@ The **processing gap** of a range: its child's first emitting commit (the first 
 ``checkpoint/commits/<n>`` mtime) minus its parent's last commit (``commits/<batchId of drained.json>``); a
 trial's gap is its worst range. ``--source kafka``: the same on a real Kafka broker and MinIO on loopback
 (``bench/kafka_world.py``), where splits and merges catch up too (our Kafka data source ends batches at exact
-offsets).
+offsets). ``--jvm-options``: one more split per trial, with those JVM options on every shard (C1-only JIT, say).
 
 Targets: merge gap (median) <= the split's, on each source; with Kafka, the split's gap (median) <= 5 s. Writes
 ``<out>/merge_gap.{json,png}`` (journal) or ``<out>/merge_gap_kafka.{json,png}``.
 
-    .venv/bin/python bench/merge_gap.py --keys 50000 --trials 2 [--source kafka]
+    .venv/bin/python bench/merge_gap.py --keys 50000 --trials 2 [--source kafka] [--chain] [--jvm-options OPTS]
 """
 
 from __future__ import annotations
