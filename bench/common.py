@@ -310,8 +310,7 @@ def options(doc: str | None, *, seed: int | None = 7) -> argparse.ArgumentParser
 
 
 def parse(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """``ap.parse_args(argv)`` with ``--out`` made absolute (paths go into configs and hostPath volumes) and
-    created."""
+    """``ap.parse_args(argv)`` with ``--out`` made absolute (paths go into configs and hostPath volumes), created."""
     args = ap.parse_args(argv)
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -100,16 +100,16 @@ class KafkaS3Trial:
         got = positions.get(self.topic_in) or {}
         return all(int(got.get(p, 0)) >= int(o) for p, o in ends[self.topic_in].items())
 
-    def _commit_times(self, shard: str) -> dict[int, float]:
+    def commit_times(self, shard: str) -> dict[int, float]:
         return {int(n): t for n, t in self._listing(self._loc(shard, "checkpoint", "commits")).items() if n.isdigit()}
 
     def first_emit(self, shard: str) -> float | None:
         batch = self._first_batch.get(shard)
-        return None if batch is None else self._commit_times(shard).get(batch)
+        return None if batch is None else self.commit_times(shard).get(batch)
 
     def last_commit(self, shard: str) -> float | None:
         summary = self._loc(shard, "drained.json").read_json()
-        return self._commit_times(shard).get(int(summary["batchId"]))
+        return self.commit_times(shard).get(int(summary["batchId"]))
 
     def drained_at(self, shard: str) -> float | None:
         return self._listing(self._loc(shard)).get("drained.json")

@@ -61,8 +61,7 @@ from proc_cpu import TreeCpu  # noqa: E402
 TASK = "mg"
 MAX_KEY_GROUPS = 128
 HALF = MAX_KEY_GROUPS // 2
-JIT = "split, JVM options"
-"""The kind of a split trial run with ``--jvm-options`` on every shard."""
+JIT = "split, JVM options"  # the kind of a split trial run with --jvm-options on every shard
 CONF = {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}
 CPU_NOTE = (
     "CPU s = user + system seconds of the successors' process trees (JVM and Python workers; /proc, "
@@ -136,18 +135,19 @@ class JournalTrial:
         positions = read_json(self.shard_dir(shard) / "progress.json").get("positions")
         return positions is not None and all(positions.get(k, 0) >= v for k, v in ends.items())
 
+    def commit_times(self, shard: str) -> dict[int, float]:
+        commits = (self.shard_dir(shard) / "checkpoint" / "commits").glob("[0-9]*")
+        return {int(f.name): t for f in commits if f.name.isdigit() and (t := mtime(f)) is not None}
+
     def first_emit(self, shard: str) -> float | None:
         """The commit time of the shard's first batch that wrote a results file (None: none yet)."""
-        files = (self.root / "out" / f"shard={shard}").glob("**/batch-*.jsonl")
-        for batch in sorted(int(f.name.split("-")[1].split(".")[0]) for f in files):
-            t = mtime(self.shard_dir(shard) / "checkpoint" / "commits" / str(batch))
-            if t is not None:
-                return t
-        return None
+        files, committed = (self.root / "out" / f"shard={shard}").glob("**/batch-*.jsonl"), self.commit_times(shard)
+        batches = [b for b in (int(f.name.split("-")[1].split(".")[0]) for f in files) if b in committed]
+        return committed[min(batches)] if batches else None
 
     def last_commit(self, shard: str) -> float | None:
         summary = json.loads((self.shard_dir(shard) / "drained.json").read_text())
-        return mtime(self.shard_dir(shard) / "checkpoint" / "commits" / str(summary["batchId"]))
+        return self.commit_times(shard).get(int(summary["batchId"]))
 
     def drained_at(self, shard: str) -> float | None:
         return mtime(self.shard_dir(shard) / "drained.json")
@@ -219,10 +219,10 @@ def trial(kind: str, root: Path, args: argparse.Namespace, seed: int, kafka: Any
         successors = [round(cpu.seconds(before, after, c), 1) for c in children]
         stops = [world.last_commit(p) for p in parents]
         drained_at = [world.drained_at(p) for p in parents]
+        commits = sum(requested <= t <= (stops[0] or 0) for t in world.commit_times(parents[0]).values())
         if kind == "split" and args.chain:  # the first child, once it emits, split again: a chained split
-            first, quarter = children[0], HALF // 2
-            restore = {"parent": first, "manifest": world.drained_pointer(first)}
-            grand = [start(0, quarter, restoreFrom=restore), start(quarter, HALF, restoreFrom=restore)]
+            first, restore = children[0], {"parent": children[0], "manifest": world.drained_pointer(children[0])}
+            grand = [start(a, b, restoreFrom=restore) for a, b in ((0, HALF // 2), (HALF // 2, HALF))]
             wait("every grandchild emits", lambda: all(world.first_emit(g) for g in grand), args.timeout, procs)
             chain = max(world.first_emit(g) or 0 for g in grand) - (world.last_commit(first) or 0)
     finally:
@@ -244,6 +244,7 @@ def trial(kind: str, root: Path, args: argparse.Namespace, seed: int, kafka: Any
     out |= {"lastDrainToEmitSeconds": round(max(emits) - max(d for d in drained_at if d is not None), 2)}
     out |= {"chainGapSeconds": round(chain, 2)} if kind == "split" and args.chain else {}
     out |= {"jvmOptions": args.jvm_options} if kind == JIT else {}
+    out |= {"parentCommits": commits}  # the (first) parent's, from the request to its final drain
     return out | {"producedEvents": producer.events}
 
 
@@ -265,7 +266,6 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
     chained = [r["chainGapSeconds"] for r in by["split"] if "chainGapSeconds" in r]
     jit = [r for r in results if r["kind"] == JIT]
     jit_gap = round(statistics.median(r["gapSeconds"] for r in jit), 2) if jit else None
-    jit_cpu = round(statistics.median(r["cpuSeconds"] for r in jit), 1) if jit else None
     parts = (  # where the gap goes: the parents' final export, then the successors' restore
         f"the (first) parent's last commit -> the (later) drain summary {stop['split']:.1f} s split, "
         f"{stop['merge']:.1f} s merge; the later drain summary -> the first emitting batch {drain['split']:.1f} s "
@@ -289,6 +289,7 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
         ["median (first) parent's last commit -> (later) drain summary (s)", *(round(stop[k], 2) for k in by)],
         ["median processing gap (s)", med["split"], med["merge"]],
         ["median child start -> every child emits (s)", emit["split"], emit["merge"]],
+        ["median commits of the (first) parent from the request to its final drain", *median_of("parentCommits")],
         ["median later drain summary -> emit (s)", drain["split"], drain["merge"]],
         ["median CPU s of the successors, request -> every child emits", *median_of("cpuSeconds")],
         ["median CPU s of the busiest successor (the floor with a core per pod)", *median_of("successorCpuSeconds")],
@@ -298,7 +299,7 @@ def report(results: list[dict[str, Any]], steal: float | None, kafka: bool) -> d
         medians.insert(3, ["median processing gap of a chained split (s)", statistics.median(chained), ""])
     if jit:  # --jvm-options
         what = f"median processing gap (s) and successors' CPU s, every shard with {jit[0]['jvmOptions']}"
-        medians.insert(3, [what, f"{jit_gap} s, {jit_cpu} CPU s", ""])
+        medians.insert(3, [what, f"{jit_gap} s, {statistics.median(r['cpuSeconds'] for r in jit):.1f} CPU s", ""])
     fields = ("kind", "keys", "gapSeconds", "requestToEmitSeconds", "lastDrainToEmitSeconds")
     columns = ["kind", "keys", "gap (s)", "child start -> emit (s)", "last drain -> emit (s)", "parents' stop spread"]
     trials = [[*(r[f] for f in fields), r["parentsStopSpreadSeconds"]] for r in results]

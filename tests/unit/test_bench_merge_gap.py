@@ -21,6 +21,7 @@ def trials(split_gaps: list[float], merge_gaps: list[float]) -> list[dict]:
             "parentsStopSpreadSeconds": 0.0,
             "cpuSeconds": gap * 3,
             "successorCpuSeconds": [gap, gap * 2] if kind == "split" else [gap * 3],
+            "parentCommits": int(gap) * 2,
         }
 
     return [one("split", g) for g in split_gaps] + [one("merge", g) for g in merge_gaps]
@@ -37,6 +38,7 @@ def test_targets_name_the_source_and_say_why_a_miss_is_a_miss(source):
     assert medians["median CPU s of the successors, request -> every child emits"] == [75.0, 33.0]
     busiest = medians["median CPU s of the busiest successor (the floor with a core per pod)"]
     assert busiest == [50.0, 33.0], "per trial the busiest successor, then the median over trials"
+    assert medians["median commits of the (first) parent from the request to its final drain"] == [50.0, 22.0]
     chain_row = "median processing gap of a chained split (s)"
     assert chain_row not in medians, "no --chain, no row"
     more = [r | {"chainGapSeconds": r["gapSeconds"] + 1} if r["kind"] == "split" else r for r in trials([20, 30], [9])]
