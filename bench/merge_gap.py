@@ -140,8 +140,8 @@ class JournalTrial:
         return {int(f.name): t for f in commits if f.name.isdigit() and (t := mtime(f)) is not None}
 
     def first_emit(self, shard: str) -> float | None:
-        """The commit time of the shard's first batch that wrote a results file (None: none yet)."""
-        files, committed = (self.root / "out" / f"shard={shard}").glob("**/batch-*.jsonl"), self.commit_times(shard)
+        """The commit time of the shard's first batch with a published results file (None: none yet)."""
+        files, committed = (self.root / "out" / f"shard={shard}").glob("batch-*.jsonl"), self.commit_times(shard)
         batches = [b for b in (int(f.name.split("-")[1].split(".")[0]) for f in files) if b in committed]
         return committed[min(batches)] if batches else None
 
@@ -206,14 +206,14 @@ def trial(kind: str, root: Path, args: argparse.Namespace, seed: int, kafka: Any
             merge_from = [{"parent": p, "manifest": world.drained_pointer(p)} for p in parents]
             children = [start(0, MAX_KEY_GROUPS, "-m", mergeFrom=merge_from)]
 
-        def emitted() -> list[float] | None:
-            times = [world.first_emit(c) for c in children]
+        def emitted(shards: list[str]) -> list[float] | None:
+            times = [world.first_emit(c) for c in shards]
             return times if all(t is not None for t in times) else None
 
         cpu = TreeCpu({c: procs[c].pid for c in children}, interval=1.0)  # the successors' process trees
         before = cpu.reading(threads=False)
         cpu.start()
-        emits = wait("every child emits", emitted, args.timeout, procs)
+        emits = wait("every child emits", lambda: emitted(children), args.timeout, procs)
         after = cpu.reading(threads=False)
         cpu.stop()
         successors = [round(cpu.seconds(before, after, c), 1) for c in children]
@@ -223,8 +223,8 @@ def trial(kind: str, root: Path, args: argparse.Namespace, seed: int, kafka: Any
         if kind == "split" and args.chain:  # the first child, once it emits, split again: a chained split
             first, restore = children[0], {"parent": children[0], "manifest": world.drained_pointer(children[0])}
             grand = [start(a, b, restoreFrom=restore) for a, b in ((0, HALF // 2), (HALF // 2, HALF))]
-            wait("every grandchild emits", lambda: all(world.first_emit(g) for g in grand), args.timeout, procs)
-            chain = max(world.first_emit(g) or 0 for g in grand) - (world.last_commit(first) or 0)
+            chain = max(wait("every grandchild emits", lambda: emitted(grand), args.timeout, procs))
+            chain -= world.last_commit(first) or 0
     finally:
         producer.stop_event.set()
         producer.join(timeout=5)
