@@ -6,7 +6,9 @@
    (:mod:`spark_runtime.late`; a replay rewrites the same file, counted once).
 3. The results to the sink by the hand-over's emission rule (:class:`~spark_runtime.protocol.Emission`): into
    nothing while a child catches up; in the batch that reaches the parent's final positions only what its records
-   at or after them produced; else everything.
+   at or after them produced; else everything. Whatever the rule keeps, the batch's stateful plan runs in full
+   (:func:`run_in_full`): Spark commits a state store only in a task that executed it, yet records the batch in
+   its commit log all the same.
 4. A builtin window: the batch's late records (after its output: Spark's count of dropped rows is complete then).
 5. The fence check again, right before Spark commits the batch.
 
@@ -32,11 +34,26 @@ from spark_runtime.windows import WindowLateFinder
 if TYPE_CHECKING:
     from spark_runtime.shard_state import RunState, ShardIO
 
-__all__ = ["BatchOutput"]
+__all__ = ["BatchOutput", "run_in_full"]
 
 GUARD_INTERVAL_SECONDS = 10.0
 """How often a guarding source (:class:`~spark_runtime.sources.GuardsBatches`) is asked whether its mapping still
 holds while no batch runs (Kafka ``assign`` never sees an added partition, so no batch would notice)."""
+
+
+@contextmanager
+def run_in_full(df: Any) -> Iterator[Any]:
+    """``df`` (a batch's result DataFrame) executed in full into nothing, cached; yields the cached frame to filter
+    and write, and drops the cache after the block. Every stateful partition of the batch commits its state store
+    here, however little of ``df`` the block keeps: a semi join with an empty local relation, say, which the
+    optimizer replaces with an empty relation that never runs the stateful side (Spark would then record the batch
+    as committed without its state, and every later start would fail to load it)."""
+    cached = df.persist()
+    try:
+        cached.write.format("noop").mode("overwrite").save()
+        yield cached
+    finally:
+        cached.unpersist()
 
 
 class BatchOutput:
@@ -135,7 +152,9 @@ class BatchOutput:
             df.write.format("noop").mode("overwrite").save()
             return
         if emission == Emission.FROM_FENCE and self.run.plan.kind == "builtin":
-            df = self._results_past_fence(df, batch_id)
+            with run_in_full(df) as executed:
+                self.io.sink(self._results_past_fence(executed, batch_id), batch_id)
+            return
         self.io.sink(df, batch_id)
 
     def _results_past_fence(self, df: Any, batch_id: int) -> Any:

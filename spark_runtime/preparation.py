@@ -3,6 +3,8 @@ each step over the shard's typed state (:mod:`spark_runtime.shard_state`):
 
 - :func:`claim_shard`: the shard's next writer epoch, then the recovery log checked and stale markers removed;
 - :func:`check_recovery_log`: a shard the operator saw commit refuses a recovery log that ends earlier;
+- :func:`check_state_committed`: a recovery log whose last committed batch has no state is refused at every query
+  start (``CheckpointInconsistent``), never resumed into a crash loop;
 - :func:`settle_restore`: a split or merged child's verified restore plan, its start positions and its
   watermark floor;
 - :func:`settle_state_schema` and :func:`settle_time_mode`: a Python processor's state schema and Spark time mode,
@@ -20,7 +22,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_runtime.checkpoint import last_committed_batch
+from spark_runtime.checkpoint import last_committed_batch, uncommitted_state
 from spark_runtime.problems import EnvironmentProblem, TemplateRefused
 from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE, TIME_MODE_CHANGED, MergeCatchUpState
 from spark_runtime.sink import DirectorySinkWriter
@@ -37,7 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("taskshard.shard")
 
 __all__ = [
+    "CHECKPOINT_INCONSISTENT",
     "check_recovery_log",
+    "check_state_committed",
     "claim_shard",
     "describe_start",
     "settle_record_layout",
@@ -90,6 +94,29 @@ def check_recovery_log(io: ShardIO) -> None:
         "before (the TaskShard's status.lastCheckpoint): starting over would lose or recount what those "
         "batches did. Restore the storage, or annotate the TaskShard taskshard.io/allow-fresh-start=true to "
         "start it over from its source's start positions on purpose",
+    )
+
+
+CHECKPOINT_INCONSISTENT = "CheckpointInconsistent"
+"""The reason of a recovery log whose commit log is ahead of its state (:func:`check_state_committed`)."""
+
+
+def check_state_committed(io: ShardIO) -> None:
+    """Before every query start (pod start and in-process restart): the last committed batch's state versions
+    exist (:func:`spark_runtime.checkpoint.uncommitted_state`). Spark records a batch in its commit log even when
+    a state store did not commit it (``STATE_STORE_COMMIT_VALIDATION_FAILED``: a batch that did not execute its
+    stateful plan in full); resuming would fail on every start looking for the missing version. Raises
+    :class:`EnvironmentProblem` ``CheckpointInconsistent`` naming the batch and the version (exit 3, the reason on
+    the TaskShard; docs/design-contracts.md, "State check", says how to recover)."""
+    gap = uncommitted_state(io.paths.checkpoint)
+    if gap is None:
+        return
+    raise EnvironmentProblem(
+        CHECKPOINT_INCONSISTENT,
+        "status.lastCheckpoint",
+        f"the recovery log {io.paths.checkpoint} is inconsistent: {gap.describe()}. Resuming would fail on every "
+        f"start; nothing was processed. To replay batch {gap.batch} from its offsets, remove commits/{gap.batch} "
+        f"(and offsets/ files above {gap.batch}) from the recovery log (docs/design-contracts.md, 'State check')",
     )
 
 

@@ -340,6 +340,7 @@ class ShardRunner:
             if self.available_now
             else writer.trigger(processingTime=cfg.spark.trigger_interval)
         )
+        preparation.check_state_committed(self.io)  # every start: a commit log ahead of the state stops here
         self.last_committed = last_committed_batch(self.paths.checkpoint)
         self.metrics.on_commit(self.last_committed, committed_at=self.progress.commit_time(self.last_committed))
         if self.progress.batches_from is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -321,3 +322,134 @@ def test_a_parent_replaced_during_the_catch_up_hands_over_once_and_its_zombie_is
         release(children, threads[1:3])
         zombie.stop()
         replacement.stop()
+
+
+EDGE = [(0, 1), (1, 16)]
+"""A split at key group 1: the left child owns one key group."""
+
+
+def _keys_in(group: int, count: int, prefix: str) -> list[str]:
+    from spark_runtime.keygroups import KeyGrouping
+
+    grouping, keys, i = KeyGrouping(16), [], 0
+    while len(keys) < count:
+        if grouping.of(f"{prefix}{i}", 0) == group:
+            keys.append(f"{prefix}{i}")
+        i += 1
+    return keys
+
+
+@pytest.mark.parametrize("kind", sorted(PROCESSORS))
+def test_a_one_key_group_child_whose_fence_batch_has_no_record_past_the_fence_commits_its_state(
+    kind, make_task, shard_spark
+):
+    """A split at key group 1 under load: the child ``[0, 1)`` lags its parent when it drains, and nothing of key
+    group 0 arrives past the parent's final positions F, so the child's batch that reaches F keeps no result of
+    its own. That batch still commits its state stores (the stateful plan runs in full whatever the sink keeps):
+    the child's checkpoint holds a state version for every committed batch, a restart of the child resumes from
+    it, and every key is exact, each dead letter counted once."""
+    from spark_runtime.checkpoint import last_committed_batch, uncommitted_state
+    from spark_runtime.keygroups import KeyGrouping
+    from spark_runtime.shard import ShardRunner
+
+    env, ref, produce = task_with_reference(make_task, kind)
+    grouping = KeyGrouping(16)
+    events = list(generate_events(900, 24, seed=41))
+    edge = [{"key": k, "seq": 30_000 + i, "amount": i + 1} for i, k in enumerate(_keys_in(0, 6, "edge-"))]
+    produce(events[:300] + edge[:2])
+    drain_now, follow_again = threading.Event(), threading.Event()
+    parent = ShardRunner(env.config(0, 16), shard_spark)
+    answer = parent.as_parent.tick
+    parent.as_parent.tick = lambda: answer() if drain_now.is_set() else (answer(), None)[1]
+    restore = {"parent": PARENT, "manifest": str(shard_dir(env, PARENT) / "drained.json")}
+    children = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in EDGE]
+    for c in children:
+        hand, follow = c.as_child, c.as_child.tick  # once ready: keep the cap, do not see the drain yet
+
+        def held_back(h: Any = hand, f: Any = follow) -> None:
+            return None if h.state is not None and h.state.ready and not follow_again.is_set() else f()
+
+        hand.tick = held_back
+    threads = [InThread(parent.run, "run parent")] + [InThread(c.run, f"run {c.config.shard}") for c in children]
+    again = None
+    try:
+        threads[0].start()
+        caught_up(env, PARENT)
+        for t in threads[1:]:
+            t.start()
+        for c in children:
+            wait_progress(env, c.config.shard, lambda p, c=c: bool(c.as_child.state and c.as_child.state.ready), 240)
+        produce(events[300:600] + edge[2:4])  # before F: key group 0 too, which the parent alone emits
+        append_lines(env.journal, 0, BAD)
+        caught_up(env, PARENT)
+        drain_now.set()
+        summary = threads[0].finish(240)
+        final = summary["positions"]
+        past = [e for e in events[600:] if grouping.of(e["key"], 0) != 0]
+        produce(past)  # after F: nothing of key group 0
+        follow_again.set()
+        for c in children:
+            caught_up(env, c.config.shard)
+        edge_child = children[0]
+        shard = edge_child.config.shard
+        assert edge_child.as_child.state is not None and edge_child.as_child.state.phase == "live"
+        out = assert_emits_only_past(env, shard, final) if emitted(env, shard) else []
+        assert all(not batch_keys(env, shard, b) for b in out), f"{shard}: nothing of its own past F"
+        checkpoint = shard_dir(env, shard) / "checkpoint"
+        assert last_committed_batch(checkpoint) >= 1 and uncommitted_state(checkpoint) is None
+        assert env.results() == ref.results, "no event lost, none counted twice"
+
+        # The child's next start (a template roll, a drain, an eviction) resumes from its own recovery log.
+        release([edge_child], [threads[1]])
+        again = ShardRunner(env.config(*EDGE[0], restore), shard_spark)
+        threads.append(InThread(again.run, f"rerun {shard}"))
+        threads[-1].start()
+        produce(edge[4:])  # key group 0 again: the restarted child emits it
+        for c in (again, children[1]):
+            caught_up(env, c.config.shard)
+        assert env.results() == ref.results, "exact after the restart"
+        assert {e["key"] for e in edge[4:]} <= batch_keys(env, shard, last_committed_batch(checkpoint))
+        if kind == "builtin-count":
+            release([again], [threads[-1]])
+            again = recover_a_commit_log_ahead_of_its_state(env, EDGE[0], restore, shard_spark)
+            assert env.results() == ref.results, "exact after the documented recovery"
+    finally:
+        release([children[1], *([again] if again else [])], threads[2:])
+        parent.stop()
+    summaries = [summary, children[1].drain(), again.drain()]
+    assert sum(s["deadLetters"] for s in summaries) == len(BAD), "each dead letter counted by one shard"
+
+
+def recover_a_commit_log_ahead_of_its_state(env: TaskEnv, key_groups: tuple[int, int], restore: dict, spark: Any):
+    """The state check and the recovery docs/design-contracts.md gives ("State check"): the last committed batch
+    N's state version removed (what Spark leaves after ``STATE_STORE_COMMIT_VALIDATION_FAILED``), a start is
+    refused with ``CheckpointInconsistent`` naming N; removing ``commits/N`` and the offsets past N replays N.
+    Returns the recovered runner, caught up."""
+    from spark_runtime.checkpoint import last_committed_batch, last_planned_batch
+    from spark_runtime.problems import EnvironmentProblem
+    from spark_runtime.shard import ShardRunner
+
+    shard = env.shard_name(*key_groups)
+    checkpoint = shard_dir(env, shard) / "checkpoint"
+    n = last_committed_batch(checkpoint)
+    for f in (checkpoint / "state").glob(f"*/*/*{n + 1}.*"):
+        if f.name.lstrip(".").startswith(f"{n + 1}."):
+            f.unlink()
+    refused = ShardRunner(env.config(*key_groups, restore), spark)
+    with pytest.raises(EnvironmentProblem) as err:
+        refused.start()
+    assert err.value.reason == "CheckpointInconsistent" and f"batch {n}" in str(err.value)
+    refused.stop()
+    for m in [n] + list(range(n + 1, last_planned_batch(checkpoint) + 1)):
+        for log_dir in (("commits",) if m == n else ()) + ("offsets",) * (m > n):
+            for name in (str(m), f".{m}.crc"):
+                (checkpoint / log_dir / name).unlink(missing_ok=True)
+    recovered = ShardRunner(env.config(*key_groups, restore), spark)
+    thread = InThread(recovered.run, f"recovered {shard}")
+    thread.start()
+    deadline = time.monotonic() + 240
+    while last_committed_batch(checkpoint) < n and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.25)  # polling the commit log: batch N committed again (progress.json may still say N)
+    assert last_committed_batch(checkpoint) >= n, f"{shard}: batch {n} replayed and committed"
+    caught_up(env, shard)
+    return recovered

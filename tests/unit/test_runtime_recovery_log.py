@@ -59,3 +59,45 @@ def test_a_fresh_start_is_allowed_on_purpose_and_a_new_shard_needs_nothing(tmp_p
     runner(tmp_path, expectedBatch=5, allowFreshStart=True).check_recovery_log()
     runner(tmp_path).check_recovery_log()  # no batch seen yet: a new shard
     runner(tmp_path, expectedBatch=-1).check_recovery_log()  # drained or stopped before its first commit
+
+
+def state_files(r, partition: int, *names: str) -> None:
+    d = r.paths.checkpoint.local_path() / "state" / "0" / str(partition)
+    d.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (d / name).write_bytes(b"")
+
+
+def test_a_commit_log_ahead_of_its_state_is_refused_naming_the_batch_the_version_and_the_partitions(tmp_path):
+    """Batch 3 in the commit log, but partition 1 holds state only up to version 3 (batch 2's): refused with
+    ``CheckpointInconsistent`` before anything runs; every version kind counts (changelog, snapshot zip, a format
+    2 unique id), and checksum files and metadata folders are not versions."""
+    from spark_runtime.checkpoint import uncommitted_state
+    from spark_runtime.preparation import CHECKPOINT_INCONSISTENT, check_state_committed
+
+    r = runner(tmp_path)
+    commit(r, 0, 1, 2, 3)
+    state_files(r, 0, "1.changelog", "2.changelog", "3.changelog", "4.changelog", ".4.changelog.crc")
+    state_files(r, 1, "1.changelog", "2.changelog", "3.zip", ".4.changelog.crc")
+    (r.paths.checkpoint.local_path() / "state" / "0" / "_metadata").mkdir()
+    gap = uncommitted_state(r.paths.checkpoint)
+    assert gap is not None and (gap.batch, gap.version, gap.partitions) == (3, 4, ("state/0/1",))
+    with pytest.raises(EnvironmentProblem) as err:
+        check_state_committed(r.io)
+    assert err.value.reason == CHECKPOINT_INCONSISTENT
+    message = str(err.value)
+    assert "batch 3" in message and "state version 4" in message and "state/0/1" in message
+    assert "remove commits/3" in message
+
+    state_files(r, 1, "4_0f3a9c.zip")
+    assert uncommitted_state(r.paths.checkpoint) is None
+    check_state_committed(r.io)
+
+
+def test_a_query_without_state_or_without_commits_has_no_state_gap(tmp_path):
+    from spark_runtime.checkpoint import uncommitted_state
+
+    r = runner(tmp_path)
+    assert uncommitted_state(r.paths.checkpoint) is None  # nothing committed, no checkpoint at all
+    commit(r, 0, 1)
+    assert uncommitted_state(r.paths.checkpoint) is None  # no state folder: a stateless plan
