@@ -279,3 +279,55 @@ def test_a_merged_catch_up_emits_each_record_past_its_own_parents_fence_once(kin
     )
     assert total + merged.drain()["deadLetters"] == 2 * len(BAD), "each dead letter counted by one shard"
     assert env.results() == ref.results
+
+
+def test_a_merged_catch_up_whose_fence_batch_has_no_record_past_either_fence_commits_its_state(make_task, shard_spark):
+    """Catch-up merge, builtin: the merged child lags both parents when they drain and nothing arrives past their
+    fences but a dead letter, so the batch that reaches them holds every record of a key it reads and keeps no
+    result. It still commits its
+    state stores (the stateful plan runs in full whatever the sink keeps): the checkpoint holds a state version for
+    every committed batch, and the child's later input is exact."""
+    from spark_runtime.checkpoint import last_committed_batch, uncommitted_state
+    from spark_runtime.produce import append_lines
+    from spark_runtime.shard import ShardRunner
+
+    from .test_handover import caught_up, emitted
+
+    env, ref, produce = task_with_reference(make_task, "builtin-count")
+    events = list(generate_events(600, 24, seed=43))
+    produce(events[:200])
+    drain, follow_again = threading.Event(), threading.Event()
+    parents = [ShardRunner(env.config(a, b), shard_spark) for a, b in (LEFT, RIGHT)]
+    for p in parents:
+        answer = p.as_parent.tick
+        p.as_parent.tick = lambda a=answer: a() if drain.is_set() else (a(), None)[1]
+    merged = ShardRunner(merged_config(env, "orders-0-16-m1", merge_from(env, LEFT, RIGHT)), shard_spark)
+    hand, follow = merged.as_child, merged.as_child.tick
+    hand.tick = lambda: None if hand.state is not None and hand.state.ready and not follow_again.is_set() else follow()
+    threads = [InThread(p.run, f"run {p.config.shard}") for p in parents] + [InThread(merged.run, "run merged")]
+    try:
+        for t in threads[:2]:
+            t.start()
+        for p in parents:
+            caught_up(env, p.config.shard)
+        threads[2].start()
+        assert wait_until(lambda: bool(hand.state and hand.state.ready), 240), "the merged child never got ready"
+        produce(events[200:400])  # before both fences: the parents alone emit it
+        for p in parents:
+            caught_up(env, p.config.shard)
+        drain.set()
+        for t in threads[:2]:
+            assert t.finish(240)["event"] == "drained"
+        append_lines(env.journal, 1, ["{bad json"])  # past both fences: a dead letter, no record of a key
+        follow_again.set()
+        caught_up(env, "orders-0-16-m1")
+        checkpoint = shard_dir(env, "orders-0-16-m1") / "checkpoint"
+        assert hand.state is not None and hand.state.phase == "live"
+        assert last_committed_batch(checkpoint) >= 1 and uncommitted_state(checkpoint) is None
+        assert env.results() == ref.results, "no event lost, none counted twice"
+        produce(events[400:])  # past both fences: the merged child emits it
+        caught_up(env, "orders-0-16-m1")
+        assert uncommitted_state(checkpoint) is None and emitted(env, "orders-0-16-m1")
+        assert env.results() == ref.results
+    finally:
+        release([*parents, merged], threads)
