@@ -46,11 +46,13 @@ def _parents(shard: Mapping[str, Any]) -> list[str]:
 def _settled(successor: Mapping[str, Any]) -> bool:
     """The successor no longer needs its parents: it ran (``status.lineage``: a successor that ran stays one when
     its parents are gone, :func:`taskshard_operator.handover.successor_standing`) and committed a batch of its own
-    (``status.lastCheckpoint`` from a pod that ended, or ``status.live``: emitting, a batch committed), or retired
-    itself."""
+    (``status.lastCheckpoint`` from a pod that ended, with a batch id of 0 or more: a successor stopped on standby
+    reports -1, and its parents' recovery logs and snapshots are then the only copies of its range's state; or
+    ``status.live``: emitting, a batch committed), or retired itself."""
     status = successor.get("status") or {}
     live = status.get("live") or {}
-    committed = bool(status.get("lastCheckpoint")) or (live.get("emitting") and int(live.get("batchId", -1)) >= 0)
+    own = int((status.get("lastCheckpoint") or {}).get("batchId", -1))
+    committed = own >= 0 or (live.get("emitting") and int(live.get("batchId", -1)) >= 0)
     return bool(status.get("lineage")) and (committed or status.get("phase") in RETIRED)
 
 

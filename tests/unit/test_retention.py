@@ -21,8 +21,8 @@ def shard(name, phase, *, retired_at=None, parent=None, merge_from=(), ran=True,
         status["finalCheckpoint"] = {"batchId": 3, "time": retired_at}
     if ran and (parent or merge_from):
         status["lineage"] = {"parent": parent} if parent else {"parents": list(merge_from)}
-    if committed:
-        status["lastCheckpoint"] = {"batchId": 5}
+    if committed is not False:
+        status["lastCheckpoint"] = {"batchId": 5 if committed is True else committed}
     spec = {}
     if parent:
         spec["restoreFrom"] = {"parent": parent, "manifest": f"/s/{parent}/drained.json"}
@@ -59,6 +59,8 @@ def test_the_newest_are_kept_and_older_ones_go_oldest_first():
         (dict(ran=False), "it never ran: without the parent it would be refused as NotAChild"),
         (dict(committed=False, live={"batchId": 3, "emitting": False}), "on standby: its hand-over may be undone"),
         (dict(committed=False, live={"batchId": -1, "emitting": True}), "emitting, but no batch committed yet"),
+        (dict(committed=-1), "stopped on standby (a drain evicted it): its exit reported no batch of its own"),
+        (dict(committed=-1, live={"batchId": -1, "emitting": False}), "stopped on standby, live status too"),
     ],
 )
 def test_a_parent_stays_while_a_successor_may_still_need_it(successor, why):
