@@ -40,7 +40,7 @@ from taskshard_operator import builders, naming
 from taskshard_operator import status as st
 from taskshard_operator.executors import ExecutorView
 from taskshard_operator.install_defaults import InstallDefaults, install_defaults
-from taskshard_operator.live import LiveStore, Scraped, ScrapeTarget
+from taskshard_operator.live import LiveStore, Scraped, ScrapeTarget, TaskFigures
 from taskshard_operator.models.task import TaskSpec
 from taskshard_operator.retention import PrunePodView
 
@@ -308,6 +308,17 @@ class KopfCache:
     def forget(self, plural: str, namespace: str, name: str) -> None:
         with self._lock:
             self._overlay.pop((plural, namespace, name), None)
+
+    def task_figures(self) -> list[tuple[str, str, TaskFigures]]:
+        """``(namespace, name, figures)`` of every watched Task that shows a ``status.live``, for the metrics."""
+        index = self._indexes.get(self.TASKS, {})
+        out = []
+        for namespace, name in list(index):
+            record = self.task(namespace, name)
+            figures = TaskFigures.of_live(((record or {}).get("status") or {}).get("live"))
+            if figures is not None:
+                out.append((namespace, name, figures))
+        return out
 
     def shard_phases(self) -> list[str]:
         """``status.phase`` of every watched TaskShard (Pending when not set yet), for the metrics."""

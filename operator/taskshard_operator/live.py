@@ -14,7 +14,8 @@ everything else, from memory:
   write (:func:`shard_live_patch`). One scrape per shard per interval means at most one such write per shard
   per interval, whatever the batch rate (no write storm with 500 shards).
 - The Task's pass sums its active shards' ``status.live`` into the Task's (:func:`task_live_patch`), at most
-  once per interval too.
+  once per interval too. Its watermark is the lowest over every range and never goes back; its dead letters and
+  late records are totals over its life, retired and deleted shards included (:class:`LifeCounts`).
 
 A pod that does not answer keeps its last ``status.live`` (with its ``observedAt``); scrape outcomes are counted
 in the operator's metrics (``taskshard_operator_live_scrapes_total``).
@@ -42,14 +43,18 @@ from taskshard_operator.status import rfc3339
 
 __all__ = [
     "LIVE_INTERVAL_SECONDS",
+    "Counts",
+    "LifeCounts",
     "LiveScraper",
     "LiveStore",
     "STALE_SCRAPES",
     "ScrapeTarget",
     "Scraped",
+    "TaskFigures",
     "parse_scrape",
     "shard_live_patch",
     "task_live_patch",
+    "unheld_shards",
 ]
 
 log = logging.getLogger(__name__)
@@ -211,36 +216,176 @@ def _age_seconds(stamp: str | None, now: dt.datetime) -> float:
     return (now - then).total_seconds()
 
 
+@dataclass(frozen=True)
+class Counts:
+    """The counters a ``status.live`` shows: dead letters and, with event time, late records (None: not counted).
+    A shard's own figures only grow over its life (a restarted runtime may show less for a while)."""
+
+    dead_letters: int = 0
+    late_records: int | None = None
+
+    @classmethod
+    def of_live(cls, live: Mapping[str, Any] | None) -> Counts:
+        live = live or {}
+        late = live.get("lateRecords")
+        return cls(int(live.get("deadLetters") or 0), int(late) if late is not None else None)
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"deadLetters": self.dead_letters}
+        if self.late_records is not None:
+            out["lateRecords"] = self.late_records
+        return out
+
+    def highest(self, other: Counts) -> Counts:
+        """Each counter's larger value (a count beats None)."""
+        return Counts(max(self.dead_letters, other.dead_letters), _combine(max, self.late_records, other.late_records))
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            self.dead_letters + other.dead_letters, _combine(int.__add__, self.late_records, other.late_records)
+        )
+
+
+def _combine(op: Callable[[int, int], int], a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else op(a, b)
+
+
+@dataclass(frozen=True)
+class LifeCounts:
+    """The memory behind a Task's counters (``status.live.counters``; pure): the highest counts each TaskShard of
+    the Task still there (active and retired) has shown (:attr:`shards`), and the sum of the counts of those no
+    longer there (:attr:`deleted`: pruned by history retention, or deleted by hand). The Task shows the sum of both:
+    a total over its life that never falls, whatever the hand-overs (a successor counts its own records from 0, its
+    parents keep theirs) or the pruning.
+
+    :meth:`observe` folds a deleted shard's counts in by the first pass that no longer sees it, in the same status
+    write that drops it from :attr:`shards`; the result depends only on the status read and the shards seen, so a
+    repeated pass, or one whose write was refused, adds nothing twice. A shard must not be deleted before the
+    memory holds its last counts (:meth:`holds`): history retention waits for that."""
+
+    shards: Mapping[str, Counts] = field(default_factory=dict)
+    deleted: Counts = field(default_factory=Counts)
+
+    @classmethod
+    def from_status(cls, live: Mapping[str, Any] | None) -> LifeCounts:
+        """The memory a Task's ``status.live`` holds (empty: none yet)."""
+        shown = (live or {}).get("counters") or {}
+        shards = {str(e["name"]): Counts.of_live(e) for e in shown.get("shards") or [] if e.get("name")}
+        return cls(shards, Counts.of_live(shown.get("deleted")))
+
+    def status(self) -> dict[str, Any]:
+        """``status.live.counters`` (the shards in name order)."""
+        shards = [{"name": name, **self.shards[name].status()} for name in sorted(self.shards)]
+        return {"shards": shards, "deleted": self.deleted.status()}
+
+    def observe(self, seen: Mapping[str, Counts]) -> LifeCounts:
+        """The memory once the Task's shards show ``seen`` (name -> counts, every TaskShard of the Task the cache
+        shows): each shard's highest counts, and the counts of the remembered shards no longer seen folded into
+        :attr:`deleted`."""
+        shards = {
+            name: counts.highest(self.shards.get(name, Counts()))
+            for name, counts in seen.items()
+            if name in self.shards or counts != Counts()  # nothing counted yet: nothing to remember
+        }
+        deleted = self.deleted
+        for name, counts in self.shards.items():
+            if name not in seen:
+                deleted = deleted + counts
+        return LifeCounts(shards, deleted)
+
+    @property
+    def total(self) -> Counts:
+        total = self.deleted
+        for counts in self.shards.values():
+            total = total + counts
+        return total
+
+    def holds(self, name: str, counts: Counts) -> bool:
+        """The memory holds ``counts`` of shard ``name`` (or more): deleting the shard now loses none of them."""
+        remembered = self.shards.get(name, Counts())
+        return remembered.highest(counts) == remembered
+
+
+@dataclass(frozen=True)
+class TaskFigures:
+    """The figures of a Task's ``status.live`` the operator exports as metrics (``taskshard_operator_task_*``):
+    its watermark (Unix seconds; None: none shown) and its counts over its life."""
+
+    watermark: float | None
+    counts: Counts
+
+    @classmethod
+    def of_live(cls, live: Mapping[str, Any] | None) -> TaskFigures | None:
+        """None: the Task shows no ``status.live`` yet."""
+        if not live:
+            return None
+        try:
+            mark = dt.datetime.fromisoformat(str(live["watermark"]).replace("Z", "+00:00")).timestamp()
+        except (KeyError, ValueError):
+            mark = None
+        return cls(mark, Counts.of_live(live))
+
+
+def unheld_shards(current: Mapping[str, Any] | None, lives: Mapping[str, Mapping[str, Any] | None]) -> set[str]:
+    """The shards (of ``lives``: name -> ``status.live``) whose counts the Task's ``status.live`` as written
+    (``current``) does not hold yet: a shard deleted now would take them along (history retention waits)."""
+    memory = LifeCounts.from_status(current)
+    return {name for name, live in lives.items() if not memory.holds(name, Counts.of_live(live))}
+
+
+def _watermark(previous: str | None, active: list[Mapping[str, Any] | None], every_range: bool) -> str | None:
+    """The Task's watermark: the lowest of its active shards' once every range reports one, never lower than the
+    previous value; while a range has not reported (a successor not scraped yet), the previous value. RFC 3339 in
+    UTC, one format: the text order is the time order."""
+    marks = [str(live["watermark"]) if live and live.get("watermark") else None for live in active]
+    if not every_range or not marks or None in marks:
+        return previous
+    lowest = min(m for m in marks if m is not None)  # none is None here
+    return lowest if previous is None or lowest > previous else previous
+
+
 def task_live_patch(
     current: Mapping[str, Any] | None,
-    shard_lives: Iterable[Mapping[str, Any] | None],
+    lives: Mapping[str, Mapping[str, Any] | None],
+    active: Iterable[str],
     *,
     now: dt.datetime,
     interval: float = LIVE_INTERVAL_SECONDS,
+    every_range: bool = True,
 ) -> tuple[dict[str, Any] | None, float | None]:
-    """The Task's ``status.live`` (the sum over its active shards) and, when it changed too soon after the last
-    write, the seconds to wait instead: ``(patch, None)``, ``(None, wait)`` or ``(None, None)`` (nothing new)."""
-    lives = [live for live in shard_lives if live]
-    if not lives:
+    """The Task's ``status.live`` and, when it changed too soon after the last write, the seconds to wait instead:
+    ``(patch, None)``, ``(None, wait)`` or ``(None, None)`` (nothing new).
+
+    ``lives``: the ``status.live`` of every TaskShard of the Task (active and retired) by name; ``active``: the
+    names of those that own a range; ``every_range``: the active shards tile the Task's key groups (False while
+    initial shards are still to be created or the tiling is broken). Rate, lag and lagSeconds are the active
+    shards' (sums; the largest lagSeconds). The watermark is the lowest over every range and never goes back
+    (:func:`_watermark`). ``deadLetters`` and ``lateRecords`` are totals over the Task's life, retired and deleted
+    shards included, and never fall (:class:`LifeCounts`, kept in ``counters``)."""
+    active_lives = [lives.get(name) for name in active]
+    reporting = [live for live in active_lives if live]
+    memory = LifeCounts.from_status(current).observe({n: Counts.of_live(live) for n, live in lives.items()})
+    if not reporting and memory == LifeCounts():
         return None, None
-    units = {live.get("lagUnit") for live in lives if live.get("lag") is not None}
+    units = {live.get("lagUnit") for live in reporting if live.get("lag") is not None}
+    total = memory.total
     summed: dict[str, Any] = {
-        "rate": round(sum(float(live.get("rate") or 0.0) for live in lives), 1),
-        "shardsReporting": len(lives),
-        "deadLetters": sum(int(live.get("deadLetters") or 0) for live in lives),
+        "rate": round(sum(float(live.get("rate") or 0.0) for live in reporting), 1),
+        "shardsReporting": len(reporting),
+        "deadLetters": total.dead_letters,
     }
-    behind = [int(live["lagSeconds"]) for live in lives if live.get("lagSeconds") is not None]
+    behind = [int(live["lagSeconds"]) for live in reporting if live.get("lagSeconds") is not None]
     if behind:
         summed["lagSeconds"] = max(behind)
     if len(units) == 1:
-        summed["lag"] = sum(int(live.get("lag") or 0) for live in lives if live.get("lag") is not None)
+        summed["lag"] = sum(int(live.get("lag") or 0) for live in reporting if live.get("lag") is not None)
         summed["lagUnit"] = units.pop()
-    watermarks = [str(live["watermark"]) for live in lives if live.get("watermark")]
-    if watermarks:  # RFC 3339 in UTC, one format: the text order is the time order
-        summed["watermark"] = min(watermarks)
-    late = [int(live["lateRecords"]) for live in lives if live.get("lateRecords") is not None]
-    if late:
-        summed["lateRecords"] = sum(late)
+    watermark = _watermark((current or {}).get("watermark"), active_lives, every_range)
+    if watermark is not None:
+        summed["watermark"] = watermark
+    if total.late_records is not None:
+        summed["lateRecords"] = total.late_records
+    summed["counters"] = memory.status()
     if _comparable(summed) == _comparable(current):
         return None, None
     age = _age_seconds((current or {}).get("observedAt"), now)

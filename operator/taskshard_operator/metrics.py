@@ -13,7 +13,13 @@ Every name is ``taskshard_operator_*``:
 - ``live_scrapes_total{outcome}``: scrapes of shard drivers' metrics endpoints for ``status.live`` (``ok``,
   ``empty``: no shard metrics in the answer, ``error``: no answer);
 - ``shards{phase}``: TaskShards by phase, and ``queue_depth``: keys queued, running or waiting, both read at
-  scrape time (from the watch-fed cache and the work queue).
+  scrape time (from the watch-fed cache and the work queue);
+- per Task (labels ``task_namespace``, ``task``; ``namespace`` is the operator's own, a scrape target's label),
+  read from its ``status.live`` at scrape time: ``task_watermark_seconds`` (the lowest over every key-group
+  range, never back), ``task_dead_letters_total`` and ``task_late_records_total`` (over the Task's life, retired
+  and deleted shards included, never falling): a Task's figures across hand-overs, which a query over the
+  shards' own series cannot give (a successor that has not reported yet is missing from ``min``, a pruned shard's
+  counter from ``sum``).
 
 :data:`METRIC_NAMES` lists them for the dashboard test.
 """
@@ -25,10 +31,13 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from taskshard_operator.live import TaskFigures
 
 PREFIX = "taskshard_operator"
 REGISTRY = CollectorRegistry()
@@ -86,6 +95,9 @@ METRIC_NAMES = (
     f"{PREFIX}_live_scrapes_total",
     f"{PREFIX}_shards",
     f"{PREFIX}_queue_depth",
+    f"{PREFIX}_task_watermark_seconds",
+    f"{PREFIX}_task_dead_letters_total",
+    f"{PREFIX}_task_late_records_total",
 )
 
 _phase_since: dict[tuple[str, str], tuple[str, float]] = {}
@@ -127,12 +139,19 @@ def observe_phase(namespace: str, shard: str, phase: str, status: dict[str, Any]
         SPLIT_SECONDS.observe(max(0.0, (dt.datetime.now(dt.UTC) - started).total_seconds()))
 
 
-class LiveGauges:
-    """``shards{phase}`` and ``queue_depth``, read when Prometheus scrapes."""
+TaskFiguresOf = Callable[[], Iterable[tuple[str, str, "TaskFigures"]]]
+"""``(namespace, task, figures)`` of every Task showing a ``status.live`` (from the watch-fed cache)."""
 
-    def __init__(self, phases: Callable[[], Iterable[str]], depth: Callable[[], int]) -> None:
+
+class LiveGauges:
+    """``shards{phase}``, ``queue_depth`` and the Tasks' figures, read when Prometheus scrapes."""
+
+    def __init__(
+        self, phases: Callable[[], Iterable[str]], depth: Callable[[], int], tasks: TaskFiguresOf = lambda: ()
+    ) -> None:
         self._phases = phases
         self._depth = depth
+        self._tasks = tasks
 
     def collect(self):
         shards = GaugeMetricFamily(f"{PREFIX}_shards", "TaskShards by phase (from the cache).", labels=["phase"])
@@ -140,9 +159,34 @@ class LiveGauges:
             shards.add_metric([phase], n)
         yield shards
         yield GaugeMetricFamily(f"{PREFIX}_queue_depth", "Keys queued, running or waiting.", value=self._depth())
+        labels = ["task_namespace", "task"]
+        watermark = GaugeMetricFamily(
+            f"{PREFIX}_task_watermark_seconds",
+            "A Task's event-time watermark: the lowest over every key-group range, never back (Unix time).",
+            labels=labels,
+        )
+        dead = CounterMetricFamily(
+            f"{PREFIX}_task_dead_letters", "A Task's dead letters over its life (all its shards').", labels=labels
+        )
+        late = CounterMetricFamily(
+            f"{PREFIX}_task_late_records", "A Task's late records over its life (all its shards').", labels=labels
+        )
+        for namespace, task, figures in sorted(self._tasks(), key=lambda t: (t[0], t[1])):
+            if figures.watermark is not None:
+                watermark.add_metric([namespace, task], figures.watermark)
+            dead.add_metric([namespace, task], figures.counts.dead_letters)
+            if figures.counts.late_records is not None:
+                late.add_metric([namespace, task], figures.counts.late_records)
+        yield from (watermark, dead, late)
 
 
-def serve(port: int, phases: Callable[[], Iterable[str]], depth: Callable[[], int], addr: str = "0.0.0.0") -> None:
+def serve(
+    port: int,
+    phases: Callable[[], Iterable[str]],
+    depth: Callable[[], int],
+    addr: str = "0.0.0.0",
+    tasks: TaskFiguresOf = lambda: (),
+) -> None:
     """Register the live gauges and serve ``/metrics`` on ``port`` (a daemon thread)."""
-    REGISTRY.register(LiveGauges(phases, depth))
+    REGISTRY.register(LiveGauges(phases, depth, tasks))
     start_http_server(port, addr=addr, registry=REGISTRY)

@@ -23,8 +23,11 @@
    Tiled/Splitting/Scaled, observedGeneration, templateHash, ``selector``: the shard pods' label selector, which
    the scale subresource reports);
 6. prune the retired TaskShards (split parents, merged-away shards) beyond ``spec.history.retiredShards`` whose
-   successors no longer need them (:mod:`taskshard_operator.retention`): a prune pod removes their recovery logs
-   and snapshots, then they are deleted, with a Normal event HistoryPruned.
+   successors no longer need them (:mod:`taskshard_operator.retention`) and whose last counts the Task's
+   ``status.live.counters`` holds: a prune pod removes their recovery logs and snapshots, then they are deleted,
+   with a Normal event HistoryPruned;
+7. ``status.live``: the active shards' rate and lag, the watermark of the slowest range (never back), dead letters
+   and late records over the Task's life (:func:`taskshard_operator.live.task_live_patch`).
 
 :func:`delete_task` (on deletion, before the finalizer goes): stop every shard pod, wait until they are gone,
 then, for ``checkpointRetention: Delete``, run a one-shot cleanup pod that removes ``<storage.path>/<task>`` (or the
@@ -50,7 +53,7 @@ from taskshard_operator import status as st
 from taskshard_operator.act import Create, Decision, Delete, Emit, Event, Patch, carry_out
 from taskshard_operator.cache import Observed, parse_task
 from taskshard_operator.kube import Kube
-from taskshard_operator.live import task_live_patch
+from taskshard_operator.live import task_live_patch, unheld_shards
 from taskshard_operator.models.shard import ShardPhase
 from taskshard_operator.models.task import CheckpointRetention, HistorySpec, ScalingDecision, TaskPhase, TaskSpec
 from taskshard_operator.reconcile_shard import first_error
@@ -124,7 +127,8 @@ def decide_task(observed: Observed, namespace: str, name: str) -> Decision | Non
     _keep_disruption_budget(decision, task, status, len(planner.owners(views)) + len(plan.create))
     _prune_history(decision, observed, task, spec)
     _set_status(decision, {"selector": naming.shard_selector(name)})
-    _sum_live(decision, observed, namespace, {v.name for v in planner.owners(views)})
+    every_range = not plan.create and plan.tiling_error is None
+    _sum_live(decision, observed, {v.name for v in planner.owners(views)}, every_range=every_range)
     shown = st.get_condition(status.get("conditions"), st.PROGRESSING) or {}
     if len(plan.create) > CREATE_PER_PASS and shown.get("reason") == "Creating":
         decision.status.clear()  # more batches follow at once: the status is written when they are done
@@ -470,11 +474,18 @@ def _prune_history(decision: Decision, observed: Observed, task: dict[str, Any],
     makes the pass's status write conflict: Kopf annotates the Task after it). One prune at a time per Task."""
     shards = observed.shards_of_task(decision.namespace, decision.name)
     keep = spec.history.retired_shards if spec.history is not None else HistorySpec().retired_shards
+    unheld = unheld_shards(
+        (task.get("status") or {}).get("live"),
+        {s["metadata"]["name"]: (s.get("status") or {}).get("live") for s in shards},
+    )  # deleted now, they would take counts along that the Task's status.live.counters does not hold yet
     running = observed.prune_pod(decision.namespace, decision.name)
     if running is not None:
-        _finish_prune(decision, running, shards, keep)
+        _finish_prune(decision, running, shards, keep, unheld)
         return
     names = retention.prunable(shards, keep)
+    if unheld & set(names):
+        names = [n for n in names if n not in unheld]
+        decision.again_in(PRUNE_LOOK_SECONDS)  # the rest once the Task's live status holds their counts
     if not names:
         return
     task_uid = task["metadata"].get("uid")
@@ -487,10 +498,15 @@ def _prune_history(decision: Decision, observed: Observed, task: dict[str, Any],
     decision.again_in(PRUNE_LOOK_SECONDS)
 
 
-def _finish_prune(decision: Decision, pod: retention.PrunePodView, shards: list[dict[str, Any]], keep: int) -> None:
+def _finish_prune(
+    decision: Decision, pod: retention.PrunePodView, shards: list[dict[str, Any]], keep: int, unheld: set[str]
+) -> None:
     """The Task's prune pod exists: once it succeeded, delete the retired TaskShards whose storage it pruned (those
-    still there) and the pod; a failed one is deleted (the next pass starts another); else look again soon."""
+    still there) and the pod; a failed one is deleted (the next pass starts another); else look again soon. A
+    shard whose counts the Task's ``status.live.counters`` does not hold yet waits for them (and the pod with it)."""
     if pod.deleting:
+        decision.again_in(PRUNE_LOOK_SECONDS)
+    elif pod.phase == "Succeeded" and unheld & set(pod.shards):
         decision.again_in(PRUNE_LOOK_SECONDS)
     elif pod.phase == "Succeeded":
         _delete_retired(decision, shards, list(pod.shards), keep, "their recovery logs and snapshots removed")
@@ -517,16 +533,16 @@ def _delete_retired(decision: Decision, shards: list[dict[str, Any]], names: lis
     ]
 
 
-def _sum_live(decision: Decision, observed: Observed, namespace: str, active: set[str]) -> None:
-    """``status.live``: RATE, LAG and dead letters summed over the active shards' ``status.live``, written at
-    most once per live-status interval (``taskshard_operator.live``); a change that comes sooner waits."""
-    lives = [
-        (s.get("status") or {}).get("live")
-        for s in observed.shards_of_task(namespace, decision.name)
-        if s["metadata"]["name"] in active
-    ]
+def _sum_live(decision: Decision, observed: Observed, active: set[str], *, every_range: bool) -> None:
+    """``status.live``: RATE and LAG summed over the active shards' ``status.live``, the watermark of the slowest
+    range (never back), dead letters and late records over the Task's life (``taskshard_operator.live``), written
+    at most once per live-status interval; a change that comes sooner waits."""
+    lives = {
+        s["metadata"]["name"]: (s.get("status") or {}).get("live")
+        for s in observed.shards_of_task(decision.namespace, decision.name)
+    }
     current = (decision.body.get("status") or {}).get("live")
-    patch, wait = task_live_patch(current, lives, now=dt.datetime.now(dt.UTC))
+    patch, wait = task_live_patch(current, lives, sorted(active), now=dt.datetime.now(dt.UTC), every_range=every_range)
     if patch is not None:
         _set_status(decision, {"live": patch})
     elif wait is not None:

@@ -273,6 +273,15 @@ def test_keys_of_an_unbound_cache_is_empty():
     assert KopfCache().keys() == []
 
 
+def test_task_figures_are_read_from_the_tasks_status_live(kc: KopfCache, indexes: Indexes):
+    shown = {**task("t", "1"), "status": {"live": {"rate": 1.0, "deadLetters": 4, "watermark": "2027-01-15T08:00:12Z"}}}
+    indexes.tasks[(NS, "t")] = [object_record(shown)]
+    indexes.tasks[(NS, "new")] = [object_record(task("new", "1"))]  # no status.live yet: no figures
+    ((namespace, name, figures),) = kc.task_figures()
+    assert (namespace, name, figures.watermark, figures.counts.dead_letters) == (NS, "t", 1_800_000_012, 4)
+    assert KopfCache().task_figures() == []
+
+
 # ---------------------------------------------------------------- write-through overlays
 
 

@@ -4,8 +4,14 @@ it into status.live at most once per scrape (shards) and once per interval (Task
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
+import pytest
+
+from spark_runtime.keygroups import KeyGroupRange
 from spark_runtime.live import LiveStats
+from taskshard_operator import naming
+from taskshard_operator import reconcile_task as task_pass
 from taskshard_operator.live import (
     LiveScraper,
     LiveStore,
@@ -14,10 +20,15 @@ from taskshard_operator.live import (
     parse_scrape,
     shard_live_patch,
     task_live_patch,
+    unheld_shards,
 )
 from taskshard_operator.reconcile_task import decide_task
 
+from .fake_cluster import FakeKube, converge, new_world, phases, request_split
 from .fake_observed import NS, PARENT, TASK, World, add_shard, decide, make_pod, running, sync_config
+from .operator_spec import SPEC
+
+pytestmark = pytest.mark.unit
 
 SCRAPE = """\
 # HELP taskshard_shard_rows_total Input rows of committed batches.
@@ -81,26 +92,28 @@ def test_a_shard_patch_only_when_the_scrape_says_something_new():
 
 def test_the_task_sum_is_written_at_most_once_per_interval():
     now = dt.datetime(2026, 11, 23, 2, 0, 30, tzinfo=dt.UTC)
-    lives = [
-        {"rate": 10.0, "lag": 100, "lagUnit": "bytes", "deadLetters": 1},
-        {"rate": 5.5, "lag": 20, "lagUnit": "bytes", "deadLetters": 0},
-        None,  # a shard not reporting yet
-    ]
-    patch, wait = task_live_patch(None, lives, now=now)
+    lives = {
+        "a": {"rate": 10.0, "lag": 100, "lagUnit": "bytes", "deadLetters": 1},
+        "b": {"rate": 5.5, "lag": 20, "lagUnit": "bytes", "deadLetters": 0},
+        "c": None,  # a shard not reporting yet
+    }
+    active = ("a", "b", "c")
+    patch, wait = task_live_patch(None, lives, active, now=now)
     assert wait is None and patch == {
         "rate": 15.5, "lag": 120, "lagUnit": "bytes", "deadLetters": 1, "shardsReporting": 2,
+        "counters": {"shards": [{"name": "a", "deadLetters": 1}], "deleted": {"deadLetters": 0}},
         "observedAt": "2026-11-23T02:00:30Z",
     }  # fmt: skip
-    assert task_live_patch(patch, lives, now=now + dt.timedelta(seconds=3)) == (None, None), "unchanged"
-    lives[1] = {**lives[1], "rate": 7.5}
-    changed_soon = task_live_patch(patch, lives, now=now + dt.timedelta(seconds=4))
+    assert task_live_patch(patch, lives, active, now=now + dt.timedelta(seconds=3)) == (None, None), "unchanged"
+    lives["b"] = {**lives["b"], "rate": 7.5}
+    changed_soon = task_live_patch(patch, lives, active, now=now + dt.timedelta(seconds=4))
     assert changed_soon[0] is None and 5.9 < changed_soon[1] <= 6.0, "a change within 10 s waits for the rest"
-    later, _ = task_live_patch(patch, lives, now=now + dt.timedelta(seconds=10))
+    later, _ = task_live_patch(patch, lives, active, now=now + dt.timedelta(seconds=10))
     assert later is not None and later["rate"] == 17.5
-    mixed = [{"rate": 1.0, "lag": 5, "lagUnit": "records"}, {"rate": 1.0, "lag": 7, "lagUnit": "bytes"}]
-    summed, _ = task_live_patch(None, mixed, now=now)
+    mixed = {"a": {"rate": 1.0, "lag": 5, "lagUnit": "records"}, "b": {"rate": 1.0, "lag": 7, "lagUnit": "bytes"}}
+    summed, _ = task_live_patch(None, mixed, ("a", "b"), now=now)
     assert "lag" not in summed, "records and bytes do not add up"
-    assert task_live_patch(None, [None], now=now) == (None, None)
+    assert task_live_patch(None, {"a": None}, ("a",), now=now) == (None, None)
 
 
 def test_a_scrape_round_stores_answers_and_enqueues_only_shards_whose_status_changes():
@@ -282,13 +295,189 @@ def test_an_answer_older_than_three_intervals_is_stale():
     assert store.get(NS, PARENT, now=132.0).stale is False, "a new answer is fresh again"
 
 
-def test_a_tasks_watermark_is_its_slowest_shards_and_late_records_add_up():
+def _wm(second: int) -> str:
+    return f"2026-11-23T01:59:{second:02d}Z"
+
+
+def test_a_tasks_watermark_is_its_slowest_ranges_and_never_goes_back():
     now = dt.datetime(2026, 11, 23, 2, 0, 30, tzinfo=dt.UTC)
-    lives = [
-        {"rate": 1.0, "watermark": "2026-11-23T01:59:10Z", "lateRecords": 3},
-        {"rate": 1.0, "watermark": "2026-11-23T01:58:55Z", "lateRecords": 2},
-        {"rate": 1.0},  # a shard without event time reports neither
-    ]
-    patch, _ = task_live_patch(None, lives, now=now)
-    assert patch["watermark"] == "2026-11-23T01:58:55Z" and patch["lateRecords"] == 5
-    assert "watermark" not in task_live_patch(None, lives[2:], now=now)[0]
+
+    def watermark(current, lives, active, every_range=True):
+        patch, _ = task_live_patch(current, lives, active, now=now, interval=0.0, every_range=every_range)
+        return (patch or current or {}).get("watermark")
+
+    lives = {"a": {"rate": 1.0, "watermark": _wm(10)}, "b": {"rate": 1.0, "watermark": _wm(30)}}
+    first, _ = task_live_patch(None, lives, ("a", "b"), now=now)
+    assert first["watermark"] == _wm(10), "the slowest range"
+    assert watermark(None, {"a": lives["a"], "b": {"rate": 1.0}}, ("a", "b")) is None, "b has none yet: none"
+    lives |= {"c": None, "d": None}  # a split a into c and d, which have not reported yet
+    assert watermark(first, lives, ("c", "d", "b")) == _wm(10), "unreported ranges keep the Task where it was"
+    lives["c"] = {"rate": 1.0, "watermark": _wm(12)}
+    assert watermark(first, lives, ("c", "d", "b")) == _wm(10), "d has not reported yet"
+    lives["d"] = {"rate": 1.0, "watermark": _wm(11)}
+    assert watermark(first, lives, ("c", "d", "b")) == _wm(11)
+    assert watermark({**first, "watermark": _wm(20)}, lives, ("c", "d", "b")) == _wm(20), "never back"
+    assert watermark(first, lives, ("c", "d", "b"), every_range=False) == _wm(10), "a range without a shard"
+    assert watermark(None, {"x": {"rate": 1.0}}, ("x",)) is None, "no event time: no watermark"
+
+
+def test_a_tasks_counts_are_totals_over_its_life():
+    now = dt.datetime(2026, 11, 23, 2, 0, 30, tzinfo=dt.UTC)
+
+    def step(current, lives, active):
+        patch, wait = task_live_patch(current, lives, active, now=now, interval=0.0)
+        assert wait is None
+        return patch or current
+
+    lives = {"a": {"rate": 1.0, "lateRecords": 3, "deadLetters": 3}, "b": {"rate": 1.0, "lateRecords": 2}}
+    shown = step(None, lives, ("a", "b"))
+    assert (shown["lateRecords"], shown["deadLetters"]) == (5, 3)
+    lives |= {"c": {"rate": 1.0, "lateRecords": 0}, "d": None}  # a split: the children count from 0
+    shown = step(shown, lives, ("c", "d", "b"))
+    assert (shown["lateRecords"], shown["deadLetters"]) == (5, 3), "the retired parent's counts stay"
+    assert unheld_shards(shown, lives) == set()
+    lives["a"] = {**lives["a"], "lateRecords": 4}  # its final scrape, not yet in the Task's status
+    assert unheld_shards(shown, lives) == {"a"}, "deleted now, it would take a late record along"
+    shown = step(shown, lives, ("c", "d", "b"))
+    assert unheld_shards(shown, lives) == set() and shown["lateRecords"] == 6
+    del lives["a"]  # history retention deleted it
+    shown = step(shown, lives, ("c", "d", "b"))
+    assert (shown["lateRecords"], shown["deadLetters"]) == (6, 3), "a deleted shard's counts stay"
+    assert shown["counters"]["deleted"] == {"deadLetters": 3, "lateRecords": 4}
+    assert [e["name"] for e in shown["counters"]["shards"]] == ["b", "c"]
+    assert task_live_patch(shown, lives, ("c", "d", "b"), now=now, interval=0.0) == (None, None), "folded once"
+    lives["b"] = {**lives["b"], "lateRecords": 0}  # a restarted runtime that has not recounted yet
+    shown = step(shown, lives, ("c", "d", "b"))
+    assert shown["lateRecords"] == 6, "a shard's count that dips does not make the Task's fall"
+    lives["c"] = {**lives["c"], "lateRecords": 1}
+    assert step(shown, lives, ("c", "d", "b"))["lateRecords"] == 7
+
+
+# ---------------------------------------------------------------- the Task's figures across hand-overs
+
+T0 = 1_800_000_000.0  # event time (Unix seconds) around which the shards' watermarks move
+
+
+class Reports:
+    """What the test's shard runtimes report: each shard's watermark and counters, set as its pod's last scrape
+    (the shard pass mirrors it into status.live); a shard never given one has not reported yet. Every late record
+    and dead letter a shard ever reported is kept here, so the test knows the Task's life totals."""
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+        self.counts: dict[str, tuple[int, int]] = {}
+
+    def report(self, shard: str, *, watermark: float, late: int, dead: int) -> None:
+        pod = self.kube.objects[("pods", naming.pod_name(shard))]
+        ip = pod.setdefault("status", {}).setdefault("podIP", f"10.0.0.{len(self.counts) + 1}")
+        stats = LiveStats(3, None, 1.0, None, None, None, dead, True, watermark=watermark, late_records=late)
+        self.kube.scrapes[shard] = Scraped(stats, "2026-11-26T00:00:00Z", ip)
+        self.counts[shard] = (late, dead)
+
+    def totals(self) -> tuple[int, int]:
+        return sum(late for late, _ in self.counts.values()), sum(dead for _, dead in self.counts.values())
+
+
+def _task_live(kube: FakeKube) -> dict:
+    return (kube.objects[("tasks", "t")].get("status") or {}).get("live") or {}
+
+
+def _rounds(kube: FakeKube, seen: list[dict], n: int) -> None:
+    """``n`` rounds of passes and world steps, keeping the Task's status.live after each."""
+    for _ in range(n):
+        converge(kube, [], passes=1)
+        seen.append(dict(_task_live(kube)))
+
+
+def _assert_never_back(seen: list[dict]) -> None:
+    marks = [live["watermark"] for live in seen if live.get("watermark")]
+    assert marks == sorted(marks), f"the Task's watermark went back: {marks}"
+    for key in ("lateRecords", "deadLetters"):
+        counts = [live[key] for live in seen if key in live]
+        assert counts == sorted(counts), f"the Task's {key} fell: {counts}"
+
+
+def test_in_memory_the_tasks_watermark_never_goes_back_and_its_counts_are_life_totals(monkeypatch):
+    """A split and a merge on the in-memory world, whose successors report only some rounds after they took over,
+    with history retention pruning each retired shard as soon as its successors committed: at every observed moment
+    the Task's watermark is the lowest over every range (a range not reported yet keeps the Task where it was), and
+    its late records and dead letters count everything its shards ever counted, pruned ones included."""
+    monkeypatch.setattr(task_pass, "task_live_patch", functools.partial(task_live_patch, interval=0.0))
+    kube = new_world({**SPEC, "initialShards": 2, "history": {"retiredShards": 0}})
+    converge(kube, [])
+    assert phases(kube) == {"t-0-8": "Running", "t-8-16": "Running"}
+    shards, seen = Reports(kube), []
+    shards.report("t-0-8", watermark=T0 + 5, late=2, dead=2)
+    shards.report("t-8-16", watermark=T0 + 20, late=1, dead=1)
+    _rounds(kube, seen, 3)
+    assert (seen[-1]["watermark"], seen[-1]["lateRecords"]) == ("2027-01-15T08:00:05Z", 3)
+    shards.report("t-0-8", watermark=T0 + 7, late=4, dead=5)  # its last figures before the hand-over
+    _rounds(kube, seen, 2)
+
+    request_split(kube, "t-0-8")
+    _rounds(kube, seen, 12)  # the children took over and have not reported yet
+    assert phases(kube)["t-0-4"] == phases(kube)["t-4-8"] == "Running" and phases(kube)["t-0-8"] == "Split"
+    assert seen[-1]["watermark"] == "2027-01-15T08:00:07Z", "an unreported range keeps the Task where it was"
+    assert (seen[-1]["lateRecords"], seen[-1]["deadLetters"]) == (5, 6), "the split parent's counts stay"
+    shards.report("t-0-4", watermark=T0 + 7, late=0, dead=0)  # the floor: the parent's final watermark
+    _rounds(kube, seen, 3)
+    assert seen[-1]["watermark"] == "2027-01-15T08:00:07Z", "t-4-8 has not reported yet"
+    shards.report("t-4-8", watermark=T0 + 7, late=1, dead=1)
+    shards.report("t-8-16", watermark=T0 + 30, late=3, dead=3)
+    _rounds(kube, seen, 12)  # both children committed: retention prunes the parent
+    assert "t-0-8" not in kube.shards(), "history retention deleted the split parent"
+    shards.report("t-0-4", watermark=T0 + 9, late=2, dead=2)
+    shards.report("t-4-8", watermark=T0 + 12, late=1, dead=1)
+    _rounds(kube, seen, 3)
+    assert seen[-1]["watermark"] == "2027-01-15T08:00:09Z"
+
+    kube.patch_custom("taskshards", NS, "t-0-4", {"spec": {"merge": {"with": "t-4-8"}}})
+    merged = naming.shard_name("t", KeyGroupRange(0, 8), naming.merge_family("t-0-4", "t-4-8"))
+    _rounds(kube, seen, 15)  # the merged shard took over and has not reported yet
+    assert phases(kube)[merged] == "Running", phases(kube)
+    assert seen[-1]["watermark"] == "2027-01-15T08:00:09Z"
+    shards.report(merged, watermark=T0 + 12, late=1, dead=1)  # the larger of its parents' final watermarks
+    _rounds(kube, seen, 15)
+    assert not {"t-0-4", "t-4-8"} & set(kube.shards()), "history retention deleted the merged-away shards"
+
+    _assert_never_back(seen)
+    late, dead = shards.totals()
+    assert (seen[-1]["lateRecords"], seen[-1]["deadLetters"]) == (late, dead) == (11, 12)
+    assert seen[-1]["watermark"] == "2027-01-15T08:00:12Z"
+    _rounds(kube, seen, 3)
+    assert (seen[-1]["lateRecords"], seen[-1]["deadLetters"]) == (late, dead), "repeated passes add nothing twice"
+
+
+def test_history_retention_waits_until_the_tasks_status_holds_a_retired_shards_counts():
+    """A split parent whose last counts came after the Task's last live-status write (which waits for the interval)
+    is not pruned until the Task's status.live.counters holds them: deleted sooner, they would be lost."""
+    from taskshard_operator.act import Create
+    from taskshard_operator.reconcile_shard import PodReplacementBackoff, reconcile_shard
+
+    kube = new_world({**SPEC, "history": {"retiredShards": 0}})
+    converge(kube, [])
+    shards = Reports(kube)
+    shards.report(PARENT, watermark=T0, late=2, dead=2)
+    converge(kube, [], passes=2)
+    request_split(kube, PARENT)
+    converge(kube, [], passes=12)
+    assert phases(kube) == {PARENT: "Split", "t-0-8": "Running", "t-8-16": "Running"}
+    parent_live = kube.objects[("taskshards", PARENT)]["status"]["live"]
+    parent_live["lateRecords"] = 3  # its final scrape, mirrored after the Task's last write
+    task_live = kube.objects[("tasks", "t")]["status"]["live"]
+    task_live["observedAt"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # written just now
+    for child in ("t-0-8", "t-8-16"):  # the children commit: nothing needs the parent any more
+        shards.report(child, watermark=T0, late=0, dead=0)
+        reconcile_shard(kube, kube, NS, child, emit=lambda *a: None, backoff=PodReplacementBackoff(base=0.0))
+
+    def prune_pods(decision) -> list:
+        return [a for a in decision.actions if isinstance(a, Create) and a.plural == "pods"]
+
+    waiting = decide_task(kube, NS, TASK)
+    assert not prune_pods(waiting) and "live" not in waiting.status, "the Task's next write waits for the interval"
+    assert waiting.requeue_after is not None
+    task_live["observedAt"] = "2020-01-01T00:00:00Z"
+    writing = decide_task(kube, NS, TASK)
+    assert writing.status["live"]["lateRecords"] == 3 and not prune_pods(writing), "the counts first, then a prune"
+    kube.patch_custom_status("tasks", NS, TASK, writing.status)
+    assert prune_pods(decide_task(kube, NS, TASK)), "once the status holds them, the parent is pruned"

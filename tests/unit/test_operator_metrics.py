@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from taskshard_operator import kube, metrics
+from taskshard_operator.live import TaskFigures
 
 pytestmark = pytest.mark.unit
 
@@ -80,11 +81,27 @@ def test_live_gauges_read_the_cache_and_the_queue_at_scrape_time():
     assert registry.get_sample_value("taskshard_operator_shards", {"phase": "Running"}) == 3
 
 
+def test_a_tasks_figures_are_read_from_its_status_live_at_scrape_time():
+    shown = {"rate": 1.0, "deadLetters": 9, "lateRecords": 7, "watermark": "2027-01-15T08:00:12Z"}
+    tasks = [("ns", "t", TaskFigures.of_live(shown)), ("ns", "plain", TaskFigures.of_live({"rate": 1.0}))]
+    registry = CollectorRegistry()
+    registry.register(metrics.LiveGauges(lambda: [], lambda: 0, lambda: tasks))
+    labels = {"task_namespace": "ns", "task": "t"}
+    assert registry.get_sample_value("taskshard_operator_task_watermark_seconds", labels) == 1_800_000_012
+    assert registry.get_sample_value("taskshard_operator_task_dead_letters_total", labels) == 9
+    assert registry.get_sample_value("taskshard_operator_task_late_records_total", labels) == 7
+    plain = {"task_namespace": "ns", "task": "plain"}
+    assert registry.get_sample_value("taskshard_operator_task_watermark_seconds", plain) is None, "no event time"
+    assert registry.get_sample_value("taskshard_operator_task_late_records_total", plain) is None
+    assert TaskFigures.of_live(None) is None, "a Task without status.live has no figures"
+
+
 def test_the_endpoint_serves_every_advertised_metric():
     from testinfra.common import free_port
 
     port = free_port()
-    metrics.serve(port, lambda: ["Running"], lambda: 0, addr="127.0.0.1")
+    figures = TaskFigures.of_live({"rate": 1.0, "lateRecords": 1, "watermark": "2027-01-15T08:00:12Z"})
+    metrics.serve(port, lambda: ["Running"], lambda: 0, addr="127.0.0.1", tasks=lambda: [("ns", "t", figures)])
     metrics.observe_pass("task", 0.01, "ok")
     metrics.observe_api("create_pod", "ok")
     metrics.observe_event("Split")

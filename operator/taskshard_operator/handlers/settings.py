@@ -31,7 +31,7 @@ def operator_startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     RUNTIME.queue.start()
     RUNTIME.live.start()
     if METRICS_PORT:
-        metrics.serve(METRICS_PORT, RUNTIME.cache.shard_phases, RUNTIME.queue.pending)
+        metrics.serve(METRICS_PORT, RUNTIME.cache.shard_phases, RUNTIME.queue.pending, tasks=RUNTIME.cache.task_figures)
 
 
 @kopf.on.cleanup()

@@ -181,13 +181,12 @@ class LiveCommon(K8sModel):
     dead_letters: int = Field(default=0, ge=0, description="Dead letters counted so far.")
     watermark: datetime | None = Field(
         default=None,
-        description="The event-time watermark the next batch runs with (only with spec.eventTime). On a Task: the "
-        "lowest of its active shards' (how far the whole Task has come in event time).",
+        description="The event-time watermark the next batch runs with (only with spec.eventTime).",
     )
     late_records: int | None = Field(
         default=None,
         ge=0,
         description="Records later than the watermark allows, in the dead letters with reason late (only with "
-        "spec.eventTime). On a Task: the sum over its active shards.",
+        "spec.eventTime).",
     )
     observed_at: datetime | None = Field(default=None, description="When the operator read it (RFC 3339).")

@@ -1171,10 +1171,60 @@ class TaskAutoscale(K8sModel):
     last_transition_time: datetime = Field(description="When the reason or the desired count last changed.")
 
 
-class TaskLive(LiveCommon):
-    """The sum over the Task's active shards' ``status.live`` (written at most once per scrape interval)."""
+class LiveCounts(K8sModel):
+    """Counters of one TaskShard as the Task remembers them, or of the deleted ones together."""
 
+    dead_letters: int = Field(default=0, ge=0, description="Dead letters.")
+    late_records: int | None = Field(default=None, ge=0, description="Late records (only with spec.eventTime).")
+
+
+class ShardLiveCounts(LiveCounts):
+    """The highest counters one TaskShard of the Task has shown."""
+
+    name: str = Field(max_length=253, description="Name of the TaskShard.")
+
+
+class TaskLiveCounters(K8sModel):
+    """What the Task's deadLetters and lateRecords add up (``taskshard_operator.live.LifeCounts``): they count
+    over the Task's life and never fall, though shards hand over, retire and are deleted."""
+
+    shards: list[ShardLiveCounts] = Field(
+        default_factory=list,
+        description="The highest counts each TaskShard of the Task (active and retired) has shown, by name.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    deleted: LiveCounts = Field(
+        default_factory=LiveCounts,
+        description="The counts of the Task's TaskShards deleted since (history retention), each folded in once.",
+    )
+
+
+class TaskLive(LiveCommon):
+    """The Task's figures from its shards' ``status.live`` (written at most once per scrape interval): rate and lag
+    of its active shards, the watermark of its slowest range, dead letters and late records over its life."""
+
+    dead_letters: int = Field(
+        default=0,
+        ge=0,
+        description="Dead letters over the Task's life: all its shards' (retired and deleted ones too, see "
+        "counters); it never falls.",
+    )
+    watermark: datetime | None = Field(
+        default=None,
+        description="The lowest event-time watermark over every key-group range (only with spec.eventTime): how far "
+        "the whole Task has come in event time. While a range's shard has not reported one yet (a successor just "
+        "after a hand-over), the Task keeps its previous value; it never goes back.",
+    )
+    late_records: int | None = Field(
+        default=None,
+        ge=0,
+        description="Records later than the watermark allows over the Task's life (only with spec.eventTime): all "
+        "its shards' dead letters with reason late (retired and deleted shards too, see counters); it never falls.",
+    )
     shards_reporting: int = Field(default=0, ge=0, description="How many active shards the sum covers.")
+    counters: TaskLiveCounters | None = Field(
+        default=None, description="What deadLetters and lateRecords add up: per TaskShard, and the deleted ones."
+    )
 
 
 class TaskStatus(K8sModel):
@@ -1201,7 +1251,11 @@ class TaskStatus(K8sModel):
         max_length=64,
         description="Hash of the shard template (spark, processor, source, sink) the shards run; a change rolls them.",
     )
-    live: TaskLive | None = Field(default=None, description="Rate, lag and dead letters summed over its shards.")
+    live: TaskLive | None = Field(
+        default=None,
+        description="Rate and lag summed over its active shards, the watermark of its slowest range, and dead "
+        "letters and late records over its life.",
+    )
     selector: str | None = Field(
         default=None,
         max_length=512,
