@@ -93,10 +93,12 @@ class Delete:
 
 @dataclass(frozen=True)
 class Backoff:
-    """Record (``reset=False``) or reset the in-memory pod replacement back-off of ``key``."""
+    """Record (``reset=False``) or reset the in-memory pod replacement back-off of ``key``; a record counts for
+    ``template`` (a new template's replacement starts without back-off)."""
 
     key: str
     reset: bool = False
+    template: str | None = None
 
 
 Action = Create | ApplyConfigMap | Patch | Delete | Backoff
@@ -171,7 +173,7 @@ def _do(kube: Kube, observed: Observed, namespace: str, action: Action, backoff:
         if action.reset:
             backoff.reset(action.key)
         else:
-            backoff.record(action.key)
+            backoff.record(action.key, action.template)
         return None
     raise TypeError(f"unknown action {action!r}")
 

@@ -5,7 +5,8 @@
 - :func:`plan_task_shards`: which initial shards a Task still needs, and whether its active shards tile
   ``[0, maxKeyGroups)`` (when they would not, it creates nothing).
 - :func:`range_conflicts`: the shards that own part of a shard's range (it starts no pod while any exists).
-- :func:`plan_roll`: which shard to roll next after a template change (one at a time).
+- :func:`plan_roll`: which shard to roll next after a template change (one at a time, a stuck shard first);
+  :func:`roll_held`: the shard a roll stopped at.
 - :func:`task_phase`: the Task's phase summarised from its shards.
 
 Errors and refusals name the field and the value and say what a valid value looks like.
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_runtime.keygroups import KeyGroupError, KeyGroupRange, TilingError, check_tiling, initial_ranges
-from spark_runtime.protocol import REFUSAL_REASONS
 from taskshard_operator import naming
 from taskshard_operator.models.shard import ShardPhase, SplitBy
 from taskshard_operator.models.task import TaskPhase
@@ -297,6 +297,21 @@ class ShardView:
     """A merge parent whose pod drained for good (Merging with ``status.finalCheckpoint``, or Merged)."""
     degraded_reason: str | None = None
     """The reason of its Degraded condition while that is True (e.g. MergeStalled), else None."""
+    pod_stuck: bool = False
+    """Its driver pod cannot run as it is: it gave up or crash-loops, or waits on its image or its config
+    (:attr:`taskshard_operator.status.PodView.stuck`)."""
+    pod_restarts: int = 0
+    """In-place restarts of its current driver pod (each one a failure of that pod's template)."""
+
+    @property
+    def stuck(self) -> bool:
+        """The shard cannot become Ready on the template its pod runs, and emits nothing meanwhile: Failed, for any
+        reason (a crash loop, a processor that raises, a source or sink it cannot use, a refused template, a pod
+        that ended; a replaced pod keeps it Failed until it commits), or its pod cannot start (Pending or Running
+        with a pod that waits on its image or config, or crash-loops before the shard's status says so)."""
+        if self.phase == ShardPhase.FAILED:
+            return True
+        return self.phase in (ShardPhase.PENDING, ShardPhase.RUNNING) and self.pod_stuck
 
     @property
     def active(self) -> bool:
@@ -393,25 +408,39 @@ def range_conflicts(shard: ShardView, shards: Iterable[ShardView]) -> list[Shard
 def plan_roll(target_hash: str, shards: Iterable[ShardView]) -> str | None:
     """The next shard to roll to ``target_hash``, or None (nothing to roll, or wait).
 
-    One at a time: a shard already told to roll (``wanted_hash == target``) whose pod does not run the target
-    yet blocks the next one (so a template its runtime refuses stops the roll there); only Running shards start a
-    roll (a splitting shard's children are created with the new template anyway), and first a shard stopped because
-    its runtime refused the previous template (:data:`REFUSALS`). Order: key-group order.
+    One at a time: a shard told to roll (``wanted_hash == target``) holds the roll until its pod runs the target
+    and it is no longer :attr:`~ShardView.stuck` (a shard that was Failed stays so until its new pod commits a
+    batch), so a template that a shard's runtime refuses, or that fails there, stops the roll at that shard
+    (:func:`roll_held`). First the stuck shards (:attr:`ShardView.stuck`: Failed for any reason, or a pod that
+    cannot start), whatever their back-off: they cannot become Ready on their template, so a new template (the
+    user's fix) goes to them before anything else, and a roll never waits on them; then the Running shards. Other
+    phases are not rolled (a splitting or merging shard's successors are created with the new template; a
+    suspended shard resumes with it). Order within each: key-group order.
     """
     shards = sorted(owners(shards), key=lambda s: s.key_groups)
     for s in shards:
-        if s.wanted_hash == target_hash and not (s.pod_hash == target_hash and s.pod_ready):
-            return None  # a roll is in progress
-    refused = [s for s in shards if s.phase == ShardPhase.FAILED and s.degraded_reason in REFUSALS]
-    for s in refused + shards:
-        if s.wanted_hash != target_hash and (s.phase == ShardPhase.RUNNING or s in refused):
-            return s.name
+        if s.wanted_hash == target_hash and not (s.pod_hash == target_hash and s.pod_ready and not s.stuck):
+            return None  # a roll is in progress (or held)
+    stuck = [s for s in shards if s.stuck]
+    running = [s for s in shards if s.phase == ShardPhase.RUNNING and not s.stuck]
+    return next((s.name for s in stuck + running if s.wanted_hash != target_hash), None)
+
+
+def roll_held(target_hash: str, shards: Iterable[ShardView]) -> ShardView | None:
+    """The shard a roll to ``target_hash`` stopped at because that template fails there too, else None: told to
+    roll, its pod runs the target, and it is still :attr:`~ShardView.stuck` with that pod failed at least once (not
+    running, or restarted), while other shards wait for the template. A shard that only recovers (its new pod
+    runs, no commit yet) holds no roll, nor does the last shard of a roll (nothing waits: its failure is its own
+    Degraded condition). The roll stays there, rolling nothing else, until the shard runs or the template changes
+    again (then it goes there first)."""
+    active = sorted(owners(shards), key=lambda s: s.key_groups)
+    if all(s.wanted_hash == target_hash for s in active):
+        return None
+    for s in active:
+        failed_once = not s.pod_ready or s.pod_restarts > 0
+        if s.wanted_hash == target_hash and s.pod_hash == target_hash and s.stuck and failed_once:
+            return s
     return None
-
-
-REFUSALS = REFUSAL_REASONS
-"""Degraded reasons of a shard whose runtime refused its template (:data:`~spark_runtime.protocol.SummaryEvent.
-REFUSED`): the next template is rolled to it first."""
 
 
 def task_phase(shards: Iterable[ShardView], *, tiling_error: str | None = None, suspended: bool = False) -> TaskPhase:

@@ -88,27 +88,34 @@ STABLE_SECONDS = 60.0
 
 @dataclass
 class PodReplacementBackoff:
-    """In-memory back-off for replacing a shard's pod: ``base * 2**(n-1)`` capped at ``cap`` seconds.
+    """In-memory back-off for replacing a shard's pod: ``base * 2**(n-1)`` capped at ``cap`` seconds, counted per
+    template: the replacements of one template back off, and the first pod of a new template (a roll, the user's
+    fix of a failing shard) starts at once, whatever the back-off of the template before.
 
     Lost on operator restart on purpose (a restarted operator retries at once); ``status.restarts`` persists.
     """
 
     base: float = 2.0
     cap: float = 60.0
-    _state: dict[str, tuple[int, float]] = field(default_factory=dict)
+    _state: dict[str, tuple[str | None, int, float]] = field(default_factory=dict)
+    """Per key (a shard's uid): the template its replacements were counted for, how many, and when the next may
+    go (monotonic seconds)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def ready(self, key: str) -> float:
-        """Seconds still to wait before the next replacement (0 = go)."""
+    def ready(self, key: str, template: str | None = None) -> float:
+        """Seconds still to wait before the next replacement of ``template`` (0 = go)."""
         with self._lock:
-            _, not_before = self._state.get(key, (0, 0.0))
+            counted, _, not_before = self._state.get(key, (None, 0, 0.0))
+        if template is not None and counted != template:
+            return 0.0
         return max(0.0, not_before - time.monotonic())
 
-    def record(self, key: str) -> float:
+    def record(self, key: str, template: str | None = None) -> float:
         with self._lock:
-            n, _ = self._state.get(key, (0, 0.0))
+            counted, n, _ = self._state.get(key, (template, 0, 0.0))
+            n = n if counted == template else 0
             delay = min(self.cap, self.base * 2**n)
-            self._state[key] = (n + 1, time.monotonic() + delay)
+            self._state[key] = (template, n + 1, time.monotonic() + delay)
             return delay
 
     def reset(self, key: str) -> None:
@@ -141,8 +148,11 @@ def reconcile_shard(
     return carry_out(kube, observed, decision, emit=emit, backoff=backoff)
 
 
-def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=lambda uid: 0.0) -> Decision | None:
-    """The pure part of a pass: what to do for the shard, from the cache alone. None: nothing (shard gone)."""
+def decide_shard(
+    observed: Observed, namespace: str, name: str, *, backoff_wait=lambda uid, template=None: 0.0
+) -> Decision | None:
+    """The pure part of a pass: what to do for the shard, from the cache alone. None: nothing (shard gone).
+    ``backoff_wait(uid, template)``: the seconds a replacement pod of that template still waits."""
     shard = observed.shard(namespace, name)
     if shard is None:
         return None
@@ -158,7 +168,7 @@ def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=
         spec=None,
         task_hash=None,
         pod=observed.pod(namespace, name),
-        backoff_wait=backoff_wait(shard["metadata"].get("uid", name)),
+        backoff_wait=0.0,
         decision=Decision(naming.SHARD_PLURAL, shard),
     )
     _sync_active_label(ctx)
@@ -174,6 +184,7 @@ def decide_shard(observed: Observed, namespace: str, name: str, *, backoff_wait=
         ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "InvalidTaskSpec", message)]})
         return ctx.decision
     ctx.spec, ctx.task_hash = parsed.spec, parsed.template_hash
+    ctx.backoff_wait = backoff_wait(ctx.uid, ctx.template_hash)
     STEPS[ctx.phase](ctx)
     _mirror_live(ctx)
     _mirror_executors(ctx)
@@ -358,7 +369,7 @@ def _replace_orcreate_pod(ctx: ShardContext) -> bool:
             ctx.decision.again_in(ctx.backoff_wait)
             return True
         if replacement:
-            ctx.do(Backoff(ctx.uid))
+            ctx.do(Backoff(ctx.uid, template=ctx.template_hash))
         create_pod(ctx, restarts_base=restarts)
         ctx.write(
             {
@@ -383,14 +394,18 @@ def _replace_orcreate_pod(ctx: ShardContext) -> bool:
         _replace_ended_pod(ctx)
         return True
     if pod.template_hash != ctx.template_hash:
+        # A failing shard's pod emits nothing: it is stopped at once (no SIGTERM savepoint of a batch that fails
+        # anyway; the recovery log is the restart point, as after a crash), whatever its crash-loop back-off, and
+        # the shard stays Failed until the new pod commits (_mirror_recovering_pod): a fix that fails too never
+        # flaps it to Running. A healthy one stops gracefully, at a batch boundary.
         message = (
             f"template changed ({pod.template_hash} -> {ctx.template_hash}); restarting {pod.name} from its checkpoint"
         )
-        ctx.do(Backoff(ctx.uid, reset=True))
-        ctx.do(Delete("pods", pod.name))
+        failing = ctx.phase == P.FAILED
+        ctx.do(Delete("pods", pod.name, uid=pod.uid if failing else None, grace=0 if failing else None))
         ctx.write(
             {**_base_patch(ctx), "conditions": [ctx.cond(st.PROGRESSING, True, "RollingRestart", message)]},
-            phase=P.PENDING,
+            phase=_keep_phase(ctx),
         )
         ctx.event("Normal", "RollingRestart", message)
         return True

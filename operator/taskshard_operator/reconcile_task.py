@@ -8,9 +8,13 @@
    409 = created before; at most :data:`CREATE_PER_PASS` per pass, the next pass follows at once), but only
    when the active shards and the new ones tile ``[0, maxKeyGroups)``; otherwise nothing is created and
    ``Tiled=False`` names the gap or overlap (with a Warning event);
-3. roll the template: when the Task's template hash changed, tell the next Running shard (key-group order) to
-   run it by annotating it ``taskshard.io/template-hash``; one shard at a time, the next only after the previous
-   one's new pod runs (the shard's reconciler does the last-state restart);
+3. roll the template: when the Task's template hash changed, tell the next shard to run it by annotating it
+   ``taskshard.io/template-hash`` (:func:`taskshard_operator.planner.plan_roll`: first a shard that cannot become
+   Ready on its template, Failed for any reason or with a pod that cannot start, then the Running ones, each in
+   key-group order); one shard at a time, the next only after the previous one's new pod runs and it is not
+   Failed (the shard's reconciler does the last-state restart); a template that fails on the rolled shard too
+   stops the roll there (``Progressing=False`` reason RollHeld, one Warning event) until it runs or the template
+   changes again;
 4. scale to ``spec.shards``, or with ``spec.autoscale`` to the count the autoscaler wants
    (:mod:`taskshard_operator.autoscale` decides it over the shards' ``status.live.lagSeconds``, with an event
    AutoscalingUp or AutoscalingDown when it changes, into ``status.autoscale``) (:mod:`taskshard_operator.scaling`
@@ -119,9 +123,12 @@ def decide_task(observed: Observed, namespace: str, name: str) -> Decision | Non
     nxt = planner.plan_roll(target, views)
     if nxt is not None:
         annotation = {naming.ANNOTATION_TEMPLATE_HASH: target}
-        decision.actions.append(Patch(naming.SHARD_PLURAL, nxt, {"metadata": {"annotations": annotation}}))
         message = f"rolling TaskShard {nxt} to template {target} (last-state restart)"
-        decision.events.append(Event("Normal", "RollingShard", message))
+        # Announced with the patch: the spec edit that changed the template makes this pass's status write conflict.
+        announce = Event("Normal", "RollingShard", message)
+        decision.actions.append(
+            Patch(naming.SHARD_PLURAL, nxt, {"metadata": {"annotations": annotation}}, announce=announce)
+        )
     scaled = _scale(decision, observed, status, spec, views, plan, target)
     _summarise(decision, views, plan, spec, target, cond, generation, cond(st.SCALED, *scaled))
     _keep_disruption_budget(decision, task, status, len(planner.owners(views)) + len(plan.create))
@@ -400,6 +407,9 @@ class _Groups:
     """Shards whose merge takes longer than the Task's bound (Degraded reason MergeStalled)."""
     no_progress: list[str]
     """Running shards whose batch in flight has not committed within ``spec.noProgressSeconds`` (NoProgress)."""
+    held: planner.ShardView | None = None
+    """The shard the roll stopped at: the new template fails there too (:func:`taskshard_operator.planner.
+    roll_held`)."""
 
     @property
     def total(self) -> int:
@@ -420,6 +430,7 @@ def _summarise(decision, views, plan, spec, target, cond, generation, scaled) ->
         suspending=[v.name for v in active if spec.suspend and v.phase != ShardPhase.SUSPENDED],
         stalled=[v.name for v in views if v.degraded_reason == "MergeStalled"],
         no_progress=[v.name for v in active if v.degraded_reason == st.NO_PROGRESS],
+        held=planner.roll_held(target, views),
     )
     phase = planner.task_phase(views, tiling_error=plan.tiling_error, suspended=spec.suspend)
     if creating and phase == TaskPhase.RUNNING:
@@ -443,6 +454,7 @@ def _summarise(decision, views, plan, spec, target, cond, generation, scaled) ->
             "conditions": [*_conditions(cond, spec, plan.tiling_error, groups, target), scaled],
         },
     )
+    _announce_held_roll(decision, groups.held, target)
     if old_phase != phase.value:
         decision.events.append(
             Event(
@@ -451,6 +463,25 @@ def _summarise(decision, views, plan, spec, target, cond, generation, scaled) ->
                 f"task {decision.name}: phase {old_phase or '-'} -> {phase.value}",
             )
         )
+
+
+ROLL_HELD = "RollHeld"
+"""The Task's Progressing reason while a roll stopped at a shard the new template fails on."""
+
+
+def _held_message(held: planner.ShardView, target: str) -> str:
+    why = f" (Degraded reason {held.degraded_reason})" if held.degraded_reason else ""
+    return (
+        f"rolling to {target} stopped at {held.name}: it fails on this template too{why}, see its conditions; "
+        f"no other shard gets this template. Fix the Task again: the new template goes to {held.name} first"
+    )
+
+
+def _announce_held_roll(decision: Decision, held: planner.ShardView | None, target: str) -> None:
+    """One Warning event RollHeld when a roll stops at a shard (the Progressing condition did not say so yet)."""
+    shown = st.get_condition((decision.body.get("status") or {}).get("conditions"), st.PROGRESSING) or {}
+    if held is not None and (shown.get("reason"), shown.get("message")) != (ROLL_HELD, _held_message(held, target)):
+        decision.events.append(Event("Warning", ROLL_HELD, _held_message(held, target)))
 
 
 def _keep_disruption_budget(decision: Decision, task: dict[str, Any], status: Mapping[str, Any], shards: int) -> None:
@@ -584,6 +615,9 @@ def _conditions(cond, spec: TaskSpec, tiling_error: str | None, g: _Groups, targ
         reason = "Splitting"
     else:
         reason = "Rolling" if g.rolling else ("Creating" if g.creating else "Stable")
+    progressing = cond(st.PROGRESSING, bool(g.suspending or g.splitting or g.rolling or g.creating), reason, progress)
+    if reason == "Rolling" and g.held is not None:  # nothing moves until that shard runs or the Task changes
+        progressing = cond(st.PROGRESSING, False, ROLL_HELD, _held_message(g.held, target))
     return [
         cond(
             st.TILED,
@@ -592,7 +626,7 @@ def _conditions(cond, spec: TaskSpec, tiling_error: str | None, g: _Groups, targ
             tiling_error or f"{g.total} active shards tile [0, {spec.max_key_groups})",
         ),
         _ready(cond, spec.suspend, g),
-        cond(st.PROGRESSING, bool(g.suspending or g.splitting or g.rolling or g.creating), reason, progress),
+        progressing,
         cond(
             st.SPLITTING,
             bool(g.splitting),

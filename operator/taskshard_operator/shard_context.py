@@ -42,6 +42,7 @@ class ShardContext:
     task_hash: str | None
     pod: st.PodView
     backoff_wait: float
+    """Seconds a replacement pod of the template this shard should run still waits (set once the Task is parsed)."""
     decision: Decision
 
     @property

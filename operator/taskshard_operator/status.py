@@ -285,6 +285,21 @@ def parse_termination_message(text: str | None) -> dict[str, Any] | None:
 # ---------------------------------------------------------------- what the driver pod shows
 
 
+CANNOT_START = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+"""The kubelet's waiting reasons of a container that cannot start as its pod says (its image, its config): the pod
+waits for a fix (a new template, or a missing object created) and never runs by itself."""
+
+
 @dataclass(frozen=True)
 class PodView:
     """The driver pod of a shard as the reconciler needs it. ``exists=False`` when there is no pod."""
@@ -324,6 +339,12 @@ class PodView:
     def failed(self) -> bool:
         """The pod gave up (phase Failed) or its container crash-loops."""
         return self.phase == "Failed" or self.waiting_reason in ("CrashLoopBackOff", "Error")
+
+    @property
+    def stuck(self) -> bool:
+        """The driver cannot run as this pod is: it gave up or crash-loops (:attr:`failed`), or its container cannot
+        start (:data:`CANNOT_START`: its image, its config). Not while it is being deleted."""
+        return not self.deleting and (self.failed or self.waiting_reason in CANNOT_START)
 
     def running_for(self, now: dt.datetime | None = None) -> float:
         """Seconds the driver container has been running (0 when not running or unknown)."""

@@ -32,6 +32,8 @@ def shard_view(shard: dict[str, Any], pod: PodView) -> planner.ShardView:
         merge_parents=tuple(p["parent"] for p in shard["spec"].get("mergeFrom") or ()),
         drained_for_merge=drained_for_merge(shard),
         degraded_reason=_degraded_reason(shard),
+        pod_stuck=pod.exists and pod.stuck,
+        pod_restarts=pod.restart_count if pod.exists else 0,
     )
 
 

@@ -96,3 +96,25 @@ class Gated(Processor):
         total = prev.to_numpy(dtype="int64") + counts.to_numpy(dtype="int64")
         keys = counts.index.to_numpy()
         return pd.DataFrame({"key": keys, "count": total}), pd.DataFrame({"key": keys, "result": total})
+
+
+class Poison(Processor):
+    """Counts events per key, and raises ``ValueError`` on a poison record: an event of key ``parameters.failKey``
+    whose ``amount`` is ``parameters.failValue`` (a user's bug that one record triggers; both unset: none). Fixing
+    it is a Task edit that sets both to null."""
+
+    fields = {"amount": "double"}
+    state_schema = "count bigint"
+    result_type = "bigint"
+
+    def process(self, events: pd.DataFrame, state: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+        key, value = self.parameters.get("failKey"), self.parameters.get("failValue")
+        if key is not None and value is not None:
+            poison = (events["key"] == key) & (events["amount"] == float(value))
+            if poison.any():
+                raise ValueError(f"cannot process key {key!r} with amount {value}")
+        counts = events.groupby("key", sort=False).size()
+        prev = state.set_index("key")["count"].reindex(counts.index, fill_value=0)
+        total = prev.to_numpy(dtype="int64") + counts.to_numpy(dtype="int64")
+        keys = counts.index.to_numpy()
+        return pd.DataFrame({"key": keys, "count": total}), pd.DataFrame({"key": keys, "result": total})

@@ -245,7 +245,7 @@ def condition(decision: Decision, type_: str) -> dict[str, Any] | None:
 
 def decide(world: World, name: str, backoff_wait: float = 0.0) -> Decision:
     before = world.snapshot()
-    decision = decide_shard(world, NS, name, backoff_wait=lambda uid: backoff_wait)
+    decision = decide_shard(world, NS, name, backoff_wait=lambda uid, template=None: backoff_wait)
     assert decision is not None
     assert world.snapshot() == before, "deciding changed the observed world"
     assert world.calls == [], "deciding recorded a write (wrote/forget)"

@@ -187,8 +187,9 @@ CASES: dict[str, dict[str, Any]] = {
         replacement=True,
         backoff=0.0,
         config=True,
-        phases={"Pending": None, "Running": "Pending", "Failed": "Pending"},
-        actions=["Backoff(reset)", "Delete(pods)"],
+        # a Failed shard stays Failed until its new pod commits (no flapping); its back-off is the old template's
+        phases={"Pending": None, "Running": "Pending", "Failed": None},
+        actions=["Delete(pods)"],
         reason=(st.PROGRESSING, "RollingRestart"),
         requeue=None,
     ),
@@ -272,6 +273,10 @@ def test_ended_and_rolled_pods_are_deleted_the_right_way():
     world.pods[PARENT] = CASES["pod-other-template"]["pod"]()
     (delete,) = actions_of(decide(world, PARENT), Delete)
     assert delete.name == naming.pod_name(PARENT) and delete.grace is None
+    # A failing shard's pod emits nothing: the fix stops it at once (grace 0, by uid), no savepoint to wait for.
+    world.shards[PARENT]["status"]["phase"] = "Failed"
+    (delete,) = actions_of(decide(world, PARENT), Delete)
+    assert (delete.name, delete.uid, delete.grace) == (naming.pod_name(PARENT), f"pod-uid-{PARENT}", 0)
 
 
 def test_a_stopped_pod_keeps_its_last_checkpoint():

@@ -19,6 +19,7 @@ from taskshard_operator.planner import (
     plan_split,
     plan_task_shards,
     range_conflicts,
+    roll_held,
     task_phase,
 )
 
@@ -196,9 +197,64 @@ def test_a_refused_template_stops_the_roll_and_the_next_template_goes_there_firs
     shards = [view("a", 0, 32, wanted_hash="h1", pod_hash="h1", pod_ready=True), refused]
     assert plan_roll("h2", shards) is None  # h2 was refused at b: the roll stops there
     assert plan_roll("h3", shards) == "b"  # the fix goes to the refused shard first
-    # A shard failed for another reason is not a refusal: it is not rolled ahead of order.
-    crashed = view("b", 32, 64, P.FAILED, wanted_hash="h1", pod_hash="h1", degraded_reason="ProcessorFailed")
-    assert plan_roll("h3", [shards[0], crashed]) == "a"
+
+
+FAILURES = ["ProcessorFailed", "CrashLoopBackOff", "SourceTopicMissing", "StorageAccessDenied", "PodEnded", None]
+"""Degraded reasons a Failed shard shows (None: none recorded yet): a processor that raises, a crash loop without a
+reason of its own, a source or sink it cannot use, a pod that ended."""
+
+
+@pytest.mark.parametrize("reason", FAILURES)
+def test_a_failed_shard_is_the_first_a_changed_template_rolls_to(reason):
+    """#53: a shard Failed for any reason cannot become Ready on its template and emits nothing meanwhile: a new
+    template (the user's fix) rolls to it first, whatever its back-off, also while its crash-looping container runs
+    for a moment between two failures (it stays Failed: no flapping), and also when it is not first in key-group
+    order or the Task's only shard."""
+    healthy = view("a", 0, 32, wanted_hash="h1", pod_hash="h1", pod_ready=True)
+    crashed = view("b", 32, 64, P.FAILED, wanted_hash="h1", pod_hash="h1", pod_stuck=True, degraded_reason=reason)
+    between = view("b", 32, 64, P.FAILED, wanted_hash="h1", pod_hash="h1", pod_ready=True, degraded_reason=reason)
+    no_pod = view("b", 32, 64, P.FAILED, wanted_hash="h1", degraded_reason=reason)  # replaced after a back-off
+    for failing in (crashed, between, no_pod):
+        assert plan_roll("h2", [healthy, failing]) == "b", failing
+        assert plan_roll("h2", [failing]) == "b", failing
+        assert plan_roll("h2", [failing, view("c", 64, 96, P.FAILED, wanted_hash="h1")]) == "b"  # key-group order
+
+
+@pytest.mark.parametrize("phase", [P.PENDING, P.RUNNING])
+def test_a_shard_whose_pod_cannot_start_on_its_template_is_rolled_first(phase):
+    """A pod that waits on what only another template fixes (its image, its config) or crash-loops before the shard
+    noticed: the shard cannot become Ready on its template either (a new shard or a rolled one is Pending then)."""
+    healthy = view("a", 0, 32, wanted_hash="h1", pod_hash="h1", pod_ready=True)
+    waiting = view("b", 32, 64, phase, wanted_hash="h1", pod_hash="h1", pod_stuck=True)
+    assert plan_roll("h2", [healthy, waiting]) == "b"
+    starting = view("b", 32, 64, P.PENDING, wanted_hash="h1", pod_hash="h1")  # a pod that starts as it should
+    assert plan_roll("h2", [healthy, starting]) == "a"
+
+
+def test_a_rolled_failing_shard_holds_the_roll_until_it_recovers_and_a_failing_fix_stops_it_there():
+    """The roll goes on only once the failing shard's new pod runs the new template and the shard is no longer
+    Failed (it stays Failed, Recovering, until that pod commits a batch): a fix that fails too stops the roll at that
+    shard (:func:`roll_held` names it; no other shard gets the template, nothing is rolled again), and the next fix
+    goes there first again."""
+    healthy = view("a", 0, 32, wanted_hash="h1", pod_hash="h1", pod_ready=True)
+
+    def b(phase, pod_hash, **kw):
+        return view("b", 32, 64, phase, wanted_hash="h2", pod_hash=pod_hash, degraded_reason="ProcessorFailed", **kw)
+
+    for waits in (b(P.FAILED, "h1", pod_stuck=True), b(P.FAILED, None), b(P.FAILED, "h2", pod_ready=True)):
+        assert plan_roll("h2", [healthy, waits]) is None, waits  # old pod going, new one starting or recovering
+        assert roll_held("h2", [healthy, waits]) is None, waits
+    assert plan_roll("h2", [healthy, b(P.RUNNING, "h2", pod_ready=True)]) == "a"  # recovered: the roll goes on
+    for failed_again in (b(P.FAILED, "h2", pod_stuck=True), b(P.FAILED, "h2", pod_ready=True, pod_restarts=2)):
+        shards = [healthy, failed_again]
+        assert plan_roll("h2", shards) is None, failed_again
+        assert roll_held("h2", shards) == failed_again
+        assert plan_roll("h3", shards) == "b"  # the next fix goes there first
+        assert roll_held("h2", [failed_again]) is None  # nothing else waits: its failure is its own (Degraded)
+    # A Running shard the new template makes fail stops the roll there too.
+    broke = view("a", 0, 32, P.FAILED, wanted_hash="h2", pod_hash="h2", pod_stuck=True)
+    shards = [broke, view("b", 32, 64, wanted_hash="h1", pod_hash="h1", pod_ready=True)]
+    assert plan_roll("h2", shards) is None and roll_held("h2", shards) == broke
 
 
 def test_task_phase():

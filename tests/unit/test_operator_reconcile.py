@@ -335,6 +335,12 @@ def test_failed_pod_is_replaced_after_backoff():
     assert "t-0-16-driver" not in kube.pods()
     cond = next(c for c in kube.shards()["t-0-16"]["status"]["conditions"] if c["type"] == "Progressing")
     assert cond["reason"] == "BackOff"
+    # The back-off is the template's: the user's fix rolls to the failed shard and its pod starts at once.
+    kube.patch_custom("tasks", NS, "t", {"spec": {"spark": {"image": "img:2"}}})
+    reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
+    reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)
+    assert kube.pods()["t-0-16-driver"]["spec"]["containers"][0]["image"] == "img:2"
+    assert kube.shards()["t-0-16"]["status"]["phase"] == "Failed", "Failed until the new pod commits"
 
 
 def test_template_change_rolls_one_shard_at_a_time():
@@ -708,3 +714,175 @@ def test_suspend_during_a_split_lets_it_finish_then_suspends_the_children():
     converge(kube, events)
     assert phases(kube) == {"t-0-16": "Split", "t-0-8": "Suspended", "t-8-16": "Suspended"}
     assert kube.pods() == {}
+
+
+# ---------------------------------------------------------------- the user's fix reaches a failing shard (#53)
+PROCESSOR_FAILED = {
+    "event": "failed",
+    "shard": "t-0-16",
+    "reason": "ProcessorFailed",
+    "field": "processor.python",
+    "error": "batch 3: Poison.process raised ValueError: poison record k7 (key group 5)",
+}
+POISON = {"processor": {"python": "procs:Poison", "parameters": {"failKey": "k7", "failValue": -1.0}}}
+SINK_DENIED = {**TOPIC_MISSING, "reason": "StorageAccessDenied", "field": "sink.directory.path", "error": "denied"}
+FIXES = {
+    # case: (the Task before, how the pod fails, the user's fix as a merge patch of the Task's spec)
+    "processor parameters": (
+        POISON,
+        PROCESSOR_FAILED,
+        {"processor": {"parameters": {"failKey": None, "failValue": None}}},
+    ),
+    "processor.python": (POISON, PROCESSOR_FAILED, {"processor": {"python": "procs:Fixed"}}),
+    "image": ({}, PROCESSOR_FAILED, {"spark": {"image": "img:2"}}),
+    "image that cannot be pulled": ({}, "ImagePullBackOff", {"spark": {"image": "img:2"}}),
+    "spark.conf": ({}, PROCESSOR_FAILED, {"spark": {"conf": {"spark.sql.shuffle.partitions": "4"}}}),
+    "resources": ({}, "OOMKilled", {"spark": {"resources": {"requests": {"memory": "4Gi"}}}}),
+    "env": ({}, "CreateContainerConfigError", {"spark": {"env": [{"name": "FIXED", "value": "1"}]}}),
+    "source": ({}, TOPIC_MISSING, {"source": {"journal": {"path": "/data/journal/other"}}}),
+    "sink": ({}, SINK_DENIED, {"sink": {"directory": {"path": "/data/out/other"}}}),
+}
+
+
+def break_pod(kube: FakeKube, how: dict | str) -> None:
+    """The driver pod fails as ``how`` says: a runtime failure (its termination message) in a crash loop, an
+    OOM kill in a crash loop, or a container that cannot start (the kubelet's waiting reason)."""
+    if isinstance(how, dict):
+        crash_loop(kube, how)
+    elif how == "OOMKilled":
+        crash_loop(kube, None, exit_code=137)
+    else:
+        waiting(kube, how, f"{how}: the kubelet cannot start the container")
+
+
+def pod_hash(kube: FakeKube) -> str | None:
+    pod = kube.pods().get("t-0-16-driver")
+    return pod["metadata"]["annotations"][naming.ANNOTATION_TEMPLATE_HASH] if pod else None
+
+
+def running_for(kube: FakeKube, seconds: float) -> None:
+    started = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kube.objects[("pods", "t-0-16-driver")]["status"] = {
+        "phase": "Running",
+        "containerStatuses": [{"name": "driver", "restartCount": 0, "state": {"running": {"startedAt": started}}}],
+    }
+
+
+def task_condition(kube: FakeKube, type_: str) -> dict:
+    return {c["type"]: c for c in kube.objects[("tasks", "t")]["status"]["conditions"]}[type_]
+
+
+def roll_passes(kube: FakeKube, backoff: PodReplacementBackoff, events: list, n: int = 6) -> list[str]:
+    """``n`` rounds of a Task pass, a shard pass and the world's step; the shard's phase after each."""
+    seen = []
+    for _ in range(n):
+        reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
+        reconcile_shard(kube, kube, NS, "t-0-16", emit=lambda *a: events.append(a), backoff=backoff)
+        world_step(kube, {})
+        seen.append(phases(kube)["t-0-16"])
+    return seen
+
+
+@pytest.mark.parametrize("case", list(FIXES))
+def test_the_users_fix_rolls_to_the_failing_shard_at_once_and_it_stays_failed_until_it_commits(case):
+    """#53: whatever the user fixes in the Task (processor parameters or code, image, Spark conf, resources, env,
+    source, sink), the shard that fails on the old template gets the new one at once: no wait for its crash-loop
+    back-off or for the operator's replacement back-off of the old template. It stays Failed (Recovering) until
+    the new pod commits, then runs; the Task's roll ends."""
+    before, how, fix = FIXES[case]
+    spec = copy.deepcopy(SPEC)
+    spec.update(copy.deepcopy(before))
+    kube = new_world(spec)
+    converge(kube, [])
+    old = pod_hash(kube)
+    break_pod(kube, how)
+    events: list = []
+    one_pass(kube, events)
+    failed = phases(kube)["t-0-16"]
+    assert failed == ("Failed" if isinstance(how, dict) or how == "OOMKilled" else "Running"), failed
+    backoff = PodReplacementBackoff(base=3600.0)  # the old template's replacements would wait an hour
+    uid = kube.shards()["t-0-16"]["metadata"]["uid"]
+    backoff.record(uid, old)
+    backoff.record(uid, old)
+
+    kube.patch_custom("tasks", NS, "t", {"spec": fix})
+    seen = roll_passes(kube, backoff, events)
+    new = kube.objects[("tasks", "t")]["status"]["templateHash"]
+    assert new != old and pod_hash(kube) == new, "the fix reached the failing shard's pod at once"
+    if failed == "Failed":
+        assert set(seen) == {"Failed"}, f"a replaced failing shard stays Failed until it commits: {seen}"
+        assert task_condition(kube, "Ready")["status"] == "False"
+    running_for(kube, 120)  # the new pod ran (and committed): healthy
+    roll_passes(kube, backoff, events, n=2)
+    assert phases(kube)["t-0-16"] == "Running"
+    assert task_condition(kube, "Progressing")["reason"] == "Stable"
+    assert task_condition(kube, "Ready")["status"] == "True"
+    assert not [e for e in events if e[2] == "RollHeld"]
+
+
+def test_a_fix_that_fails_too_holds_the_roll_there_without_looping_and_the_next_fix_goes_there_first():
+    """A fix that fails on the failing shard again stops the roll at it: the Task says so (Progressing=False,
+    reason RollHeld, one Warning event), the shard stays Failed with its pod restarting in place under the kubelet's
+    back-off (never replaced again by the operator, never re-annotated), and no other shard gets that template.
+    The next fix goes to it first."""
+    kube = new_world({**SPEC, **copy.deepcopy(POISON), "initialShards": 2})
+    converge(kube, [])
+    low, high = "t-0-8", "t-8-16"
+
+    def crash(shard: str, restarts: int) -> None:
+        kube.objects[("pods", f"{shard}-driver")]["status"] = {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": "driver",
+                    "restartCount": restarts,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+                    "lastState": {
+                        "terminated": {"exitCode": 1, "message": json.dumps({**PROCESSOR_FAILED, "shard": shard})}
+                    },
+                }
+            ],
+        }
+
+    def hashes() -> dict[str, str]:
+        return {n: p["metadata"]["annotations"][naming.ANNOTATION_TEMPLATE_HASH] for n, p in kube.pods().items()}
+
+    def passes(n: int, events: list) -> None:
+        for _ in range(n):
+            reconcile_task(kube, kube, NS, "t", emit=lambda *a: events.append(a))
+            for name in (low, high):
+                reconcile_shard(kube, kube, NS, name, emit=lambda *a: events.append(a), backoff=PodReplacementBackoff())
+            world_step(kube, {})
+
+    old = hashes()[f"{low}-driver"]
+    events: list = []
+    crash(high, 3)
+    passes(1, events)
+    kube.patch_custom("tasks", NS, "t", {"spec": {"processor": {"parameters": {"failValue": -2.0}}}})  # still fails
+    passes(3, events)
+    first = kube.objects[("tasks", "t")]["status"]["templateHash"]
+    assert hashes() == {f"{low}-driver": old, f"{high}-driver": first}, "the failing shard, not first, rolled first"
+    assert [e[3].split()[2] for e in events if e[2] == "RollingShard"] == [high], "announced, though the Task changed"
+    crash(high, 1)  # the new pod fails as well
+    passes(1, events)
+    held_pod = kube.pods()[f"{high}-driver"]["metadata"]["uid"]
+    passes(5, events)
+    progressing = task_condition(kube, "Progressing")
+    assert progressing["status"] == "False" and progressing["reason"] == "RollHeld", progressing
+    assert high in progressing["message"] and "ProcessorFailed" in progressing["message"]
+    assert [e[2] for e in events if e[2] == "RollHeld"] == ["RollHeld"], "one Warning event"
+    assert hashes()[f"{low}-driver"] == old, "no other shard gets a template that fails"
+    assert kube.pods()[f"{high}-driver"]["metadata"]["uid"] == held_pod, "the held pod is not replaced again"
+    assert phases(kube)[high] == "Failed"
+    assert kube.shards()[low]["metadata"]["annotations"][naming.ANNOTATION_TEMPLATE_HASH] == old
+
+    kube.patch_custom("tasks", NS, "t", {"spec": {"processor": {"parameters": {"failKey": None, "failValue": None}}}})
+    passes(3, events)
+    fixed = kube.objects[("tasks", "t")]["status"]["templateHash"]
+    assert hashes() == {f"{low}-driver": old, f"{high}-driver": fixed}, "the next fix goes to the held shard first"
+    high_pod = kube.objects[("pods", f"{high}-driver")]
+    started = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=120)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    high_pod["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": started}}
+    passes(4, events)
+    assert set(hashes().values()) == {fixed}, "then the rest of the roll"
+    assert phases(kube) == {low: "Running", high: "Running"}
