@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import pod_log
+from tests.jvm import DRIVER_JVM_OPTIONS
 from tests.waiting import get_json, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -37,7 +38,7 @@ def task_manifest(name: str, data_dir: Path) -> str:
             volume: {{hostPath: {data_dir}, mountPath: /data}}
           spark:
             image: taskshard/shard:0.1.0
-            conf: {{spark.sql.shuffle.partitions: "2"}}
+            conf: {{spark.sql.shuffle.partitions: "2", spark.driver.extraJavaOptions: "{DRIVER_JVM_OPTIONS}"}}
     """)
 
 

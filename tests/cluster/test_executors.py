@@ -143,6 +143,7 @@ def test_two_executors_run_tasks_survive_a_kill_and_split(kubectl, kube_cluster,
     task["spec"]["storage"]["volume"] = {"persistentVolumeClaim": {"claimName": "data"}, "mountPath": "/data"}
     task["spec"]["spark"]["serviceAccountName"] = "taskshard-spark"
     task["spec"]["spark"]["executors"] = {"instances": 2, "resources": {"limits": {"memory": "1Gi"}}}
+    task["spec"]["spark"]["conf"]["spark.taskshard.rehearse"] = "false"  # a warm-up only; this test is about executors
     # spec.spark.podTemplate and volumeMounts reach the driver and every executor pod (the scheduler places them
     # by the node selector; the pods are still admitted under "restricted").
     node = kube_cluster.kubectl("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}").stdout

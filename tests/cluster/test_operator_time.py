@@ -83,6 +83,9 @@ def session_task(data_dir) -> dict:
     task["spec"]["processor"] = {"python": "tests.spark.time_processors:SessionWindow", "parameters": {"gapSeconds": 5}}
     task["spec"]["eventTime"] = {"field": "ts", "maxOutOfOrdernessSeconds": 1}
     task["spec"]["spark"]["env"] = [{"name": "PYTHONPATH", "value": ROOT}]  # the test's processors module
+    # The children skip their standby rehearsal (a warm-up only, proven by the demo test and the Spark tier): this
+    # test is about windows and timers across hand-overs, and four rehearsals on 2 cores cost minutes.
+    task["spec"]["spark"]["conf"]["spark.taskshard.rehearse"] = "false"
     return task
 
 

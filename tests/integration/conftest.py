@@ -34,7 +34,7 @@ from testinfra.jars import spark_jars as fetch_spark_jars
 from testinfra.kafka import KafkaBroker
 from testinfra.minio import MinioServer, MinioUnavailable
 from testinfra.s3 import S3Error
-from tests.jvm import DRIVER_JVM_CONF
+from tests.jvm import integration_jvm_conf
 
 BUCKET = "taskshard-it"
 
@@ -128,7 +128,7 @@ def spark(spark_jars, minio, kafka_broker):  # stops before the servers it talks
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
     )
-    for k, v in {**DEFAULT_CONF, **DRIVER_JVM_CONF, **s3a_conf(minio)}.items():
+    for k, v in {**DEFAULT_CONF, **integration_jvm_conf(), **s3a_conf(minio)}.items():
         if k != "spark.sql.shuffle.partitions":
             builder = builder.config(k, v)
     session = builder.getOrCreate()

@@ -37,7 +37,7 @@ from spark_runtime.checkpoint import read_offsets
 from spark_runtime.layout import ShardPaths
 from spark_runtime.protocol import HandoverMode, parse_note_name
 from spark_runtime.sources import make_source
-from tests.jvm import DRIVER_JVM_CONF
+from tests.jvm import integration_jvm_conf
 
 from .test_kafka_handovers import merge_from
 from .test_kafka_s3_shards import Reference, Running, Setup, _nested_source, _own, check_results, make_events
@@ -348,7 +348,7 @@ def shard_config(
 ) -> Any:
     """A shard's config: batches of up to 2000 records (fewer batches to catch up); ``jvm``: for a subprocess
     runner (its driver JVM with the test bed's JIT options)."""
-    conf = {**(DRIVER_JVM_CONF if jvm else {}), "spark.taskshard.maxRecordsPerTrigger": "2000"}
+    conf = {**(integration_jvm_conf() if jvm else {}), "spark.taskshard.maxRecordsPerTrigger": "2000"}
     return setup.config(shard, start, end, restore, spark={"triggerInterval": "500 milliseconds", "conf": conf}, **over)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from spark_runtime.storage import StorageProblem, check_storage, location, s3_settings_from
-from tests.jvm import DRIVER_JVM_CONF
+from tests.jvm import integration_jvm_conf
 
 from .test_kafka_s3_shards import Reference, Running, Setup, _nested_source, _own, check_results, make_events
 
@@ -279,7 +279,7 @@ def test_a_zombie_paused_mid_batch_across_its_successors_claim_writes_nothing_th
         sink={"directory": {"path": str(sink)}},
         spark={
             "triggerInterval": "500 milliseconds",
-            "conf": {**DRIVER_JVM_CONF, "spark.taskshard.maxRecordsPerTrigger": "300"},
+            "conf": {**integration_jvm_conf(), "spark.taskshard.maxRecordsPerTrigger": "300"},
         },
     )
     first = make_events(900, rng, invalid_every=0)

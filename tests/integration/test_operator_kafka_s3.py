@@ -21,7 +21,7 @@ from spark_runtime.results import final_results_from_records, read_lineage
 from spark_runtime.storage import S3Settings, location
 from tests.cluster.conftest import kube_cluster, kubectl, namespace  # noqa: F401 - fixtures
 from tests.cluster.operator_fixtures import apply, operator_crds, operator_process, wait_phases  # noqa: F401
-from tests.jvm import DRIVER_JVM_CONF
+from tests.jvm import integration_jvm_conf
 from tests.waiting import get_json, wait_for
 
 pytestmark = pytest.mark.integration
@@ -76,7 +76,11 @@ def test_operator_splits_a_kafka_to_kafka_task_with_state_on_s3(
                 },
                 "spark": {
                     "image": "taskshard/shard:test",
-                    "conf": {**DRIVER_JVM_CONF, "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+                    "conf": {
+                        **integration_jvm_conf(),
+                        "spark.sql.shuffle.partitions": "2",
+                        "spark.ui.enabled": "false",
+                    },
                     "env": [{"name": "TASKSHARD_EXTRA_JARS", "value": os.pathsep.join(map(str, spark_jars))}],
                     "triggerInterval": "1 second",
                 },

@@ -126,7 +126,9 @@ def test_a_processing_time_timer_fires_without_new_input_once_across_a_split(mak
     from spark_runtime.shard import ShardRunner
 
     env = make_task(
-        processor={"python": "tests.spark.time_processors:SilenceAlert", "parameters": {"silenceSeconds": 10}},
+        # 30 s of silence: the parent's catch-up and drain must end before any timer fires, and on a loaded 2-core
+        # machine they took more than 10 s.
+        processor={"python": "tests.spark.time_processors:SilenceAlert", "parameters": {"silenceSeconds": 30}},
         trigger="1 second",  # a batch every trigger, with room between them for the drain's batch boundary
     )
     keys = [f"s{i}" for i in range(8)]
@@ -134,7 +136,7 @@ def test_a_processing_time_timer_fires_without_new_input_once_across_a_split(mak
     parent.start()
     env.produce([{"key": k} for k in keys])
     wait_caught_up(env, [parent])
-    summary = parent.drain()  # within the 10 s of silence: every timer is pending in the final snapshot
+    summary = parent.drain()  # within the 30 s of silence: every timer is pending in the final snapshot
     assert emitted(env) == [], "the parent drained after the silence; the test needs it to drain before"
     restore = {"parent": "orders-0-16", "manifest": summary["manifest"]}
     children = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in [(0, 8), (8, 16)]]
