@@ -7,6 +7,8 @@ docs/design-contracts.md::
         checkpoint/                     Spark checkpoint = the shard's recovery log (offsets, commits, state)
         progress.json                   last committed batch: id, time, source positions, counts
         lineage.json                    range, parent and restore manifest (written at start)
+        restore-plan.json               a split or merged child's verified restore plan (before its first batch;
+                                        every start after its first commit reads it instead of its parents')
         standby.json                    a split child's standby: when it began, was warm, saw the parent drained
         start-positions.json            a fresh shard's concrete start positions (Kafka earliest/latest resolved
                                         once, before its first query; written once, read on every start)
@@ -180,6 +182,12 @@ class ShardPaths:
     @property
     def start_positions(self) -> Loc:
         return self.shard_dir / "start-positions.json"
+
+    @property
+    def restore_plan(self) -> Loc:
+        """``restore-plan.json``: a split or merged child's verified restore plan, recorded before its first batch
+        (:func:`spark_runtime.snapshot.restore.recorded_plan`); every start after its first commit uses it."""
+        return self.shard_dir / "restore-plan.json"
 
     @property
     def restore_report_dir(self) -> Loc:

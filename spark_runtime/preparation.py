@@ -5,8 +5,8 @@ each step over the shard's typed state (:mod:`spark_runtime.shard_state`):
 - :func:`check_recovery_log`: a shard the operator saw commit refuses a recovery log that ends earlier;
 - :func:`check_state_committed`: a recovery log whose last committed batch has no state is refused at every query
   start (``CheckpointInconsistent``), never resumed into a crash loop;
-- :func:`settle_restore`: a split or merged child's verified restore plan, its start positions and its
-  watermark floor;
+- :func:`settle_restore`: a split or merged child's verified restore plan (recorded before its first batch; after
+  it, read from the record, never from its parents' storage again), its start positions and its watermark floor;
 - :func:`settle_state_schema` and :func:`settle_time_mode`: a Python processor's state schema and Spark time mode,
   checked against what its state was written with, and recorded; :func:`settle_record_layout`: its state layout;
 - :func:`write_lineage`: ``lineage.json``, where the shard came from and where it writes;
@@ -27,7 +27,7 @@ from spark_runtime.problems import EnvironmentProblem, TemplateRefused
 from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE, TIME_MODE_CHANGED, MergeCatchUpState
 from spark_runtime.sink import DirectorySinkWriter
 from spark_runtime.snapshot import utc_now
-from spark_runtime.snapshot.restore import plan_restore
+from spark_runtime.snapshot.restore import plan_restore, recorded_plan
 from spark_runtime.snapshot.retention import prune_own_snapshots
 from spark_runtime.sources import SourceContext
 
@@ -123,19 +123,32 @@ def check_state_committed(io: ShardIO) -> None:
 def settle_restore(io: ShardIO, run: RunState, child: ChildHandover | MergeHandover | None) -> None:
     """A split or merged child's restore (its parents' manifests, slices and positions, verified:
     :func:`spark_runtime.snapshot.restore.plan_restore`; on standby until the parents answer), its start positions,
-    and a watermark floor no lower than the parents' final watermark; nothing for any other shard."""
+    and a watermark floor no lower than the parents' final watermark; nothing for any other shard. The plan is
+    recorded (fence-checked) in the shard's ``restore-plan.json``; a start after the shard's first commit takes it
+    from there (:func:`spark_runtime.snapshot.restore.recorded_plan`), so a successor whose parents' snapshots
+    were pruned by history retention still resumes."""
     run.restore = None
     if child is None:
         return
-    restore = plan_restore(
-        io.config,
-        run.plan,
-        io.source,
-        child.manifests(),
-        io.s3,
-        io.paths.restore_report_dir,
-        resumed=last_committed_batch(io.paths.checkpoint) >= 0,
-    )
+    committed = last_committed_batch(io.paths.checkpoint)
+    record = io.paths.restore_plan
+    manifests = child.manifests()  # on standby until the parents answer; a resumed catch-up's own state
+    restore = recorded_plan(record, committed, manifests, io.s3, io.paths.restore_report_dir)
+    if restore is not None:
+        log.info("shard %s: resuming with the restore plan it recorded at its first start", io.config.shard)
+    else:
+        restore = plan_restore(
+            io.config,
+            run.plan,
+            io.source,
+            manifests,
+            io.s3,
+            io.paths.restore_report_dir,
+            resumed=committed >= 0,
+        )
+        if not record.exists() or record.read_json() != restore.to_json():
+            io.fence.check("recording its restore plan")
+            record.write_json(restore.to_json())
     run.restore = restore
     run.start_positions = restore.start_positions
     if run.plan.event_time is not None:

@@ -12,6 +12,9 @@ exit 2, the reason on the TaskShard):
 - positions its source cannot start from (the source's ``validate_positions``);
 - a slice whose files differ from what the manifest lists (:func:`~spark_runtime.snapshot.manifest.verify_snapshot`).
 
+The verified plan is recorded in the child's own storage (``restore-plan.json``, :func:`recorded_plan`); once the
+child has committed a batch, every later start uses the record and never reads its parents' storage again.
+
 Then the child's query starts at its parent's positions (only the partitions it reads; for a merge, the lower
 of the two parents' positions with a :class:`~spark_runtime.protocol.SkipRule` for the rows one parent already
 counted) and its first batch seeds its state store with the slices (:mod:`spark_runtime.sources.seed`).
@@ -29,7 +32,7 @@ from spark_runtime.snapshot.manifest import RestoreError, check_restore, load_ma
 from spark_runtime.sources import GainsPartitions
 from spark_runtime.storage import Loc, S3Settings, location
 
-__all__ = ["ParentSlice", "RestorePlan", "counted_up_to", "plan_restore", "start_and_skip"]
+__all__ = ["ParentSlice", "RestorePlan", "counted_up_to", "plan_restore", "recorded_plan", "start_and_skip"]
 
 log = logging.getLogger("taskshard.shard")
 
@@ -69,6 +72,74 @@ class RestorePlan:
     @property
     def manifest_uri(self) -> str:
         return self.slices[0].manifest_uri if len(self.slices) == 1 else ", ".join(s.manifest_uri for s in self.slices)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record a successor keeps in its own storage (``restore-plan.json``, :func:`recorded_plan`)."""
+        return {
+            "version": PLAN_RECORD_VERSION,
+            "slices": [
+                {
+                    "parent": p.parent,
+                    "manifestUri": p.manifest_uri,
+                    "manifest": p.manifest,
+                    "start": p.start,
+                    "end": p.end,
+                }
+                for p in self.slices
+            ],
+            "startPositions": self.start_positions,
+            "seedSlices": [[d.uri(), int(a), int(b)] for d, a, b in self.seed_options["slices"]],
+            "skip": self.skip.to_json() if self.skip is not None else None,
+            "schema": self.schema.to_json() if self.schema is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], s3: S3Settings | None, report_dir: Loc) -> RestorePlan:
+        if data.get("version") != PLAN_RECORD_VERSION:
+            raise ValueError(f"restore-plan.json: version {data.get('version')!r}, expected {PLAN_RECORD_VERSION}")
+        slices = [
+            ParentSlice(s["parent"], s["manifestUri"], s["manifest"], int(s["start"]), int(s["end"]))
+            for s in data["slices"]
+        ]
+        seeds = [(location(uri, s3), int(a), int(b)) for uri, a, b in data["seedSlices"]]
+        schema = None
+        if data.get("schema") is not None:
+            from spark_runtime.engine.schema import StateSchema
+
+            schema = StateSchema.from_json(data["schema"])
+        skip = SkipRule.from_json(data["skip"]) if data.get("skip") else None
+        return cls(slices, dict(data["startPositions"]), {"slices": seeds, "report_dir": report_dir}, skip, schema)
+
+
+PLAN_RECORD_VERSION = 1
+"""The version of ``restore-plan.json`` (:meth:`RestorePlan.to_json`)."""
+
+
+def recorded_plan(
+    record: Loc, committed: int, manifests: list[tuple[str, Loc]], s3: S3Settings | None, report_dir: Loc
+) -> RestorePlan | None:
+    """The restore plan a successor recorded at its first start from the same ``manifests`` (``(parent,
+    manifest)``, as :func:`plan_restore` takes them), once it has committed a batch of its own (``committed >=
+    0``): from then on its state is in its own recovery log, and its start positions, skip rule, watermark floor,
+    evolved schema and its parents' manifests' facts are all in the record, so a later start (a restart, a
+    template roll, an eviction) never reads its parents' snapshots again: history retention may have removed them.
+    None before the first commit (the parents' manifests are checked and the seed verified again), without a
+    record (a successor started by a runtime that kept none: it plans from its parents, and records), or when the
+    record was planned from other manifests."""
+    if committed < 0 or not record.exists():
+        return None
+    try:
+        plan = RestorePlan.from_json(record.read_json(), s3, report_dir)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RestoreError(
+            f"{record.uri()}: the restore plan this shard recorded at its first start is unreadable ({exc}); it "
+            "has committed batches of its own, so its parents' snapshots may be gone: restore the file from a "
+            "backup of the shard's storage",
+            reason="RestorePlanUnreadable",
+        ) from None
+    if {(s.parent, s.manifest_uri) for s in plan.slices} != {(parent, uri.uri()) for parent, uri in manifests}:
+        return None
+    return plan
 
 
 def plan_restore(

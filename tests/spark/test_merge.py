@@ -23,7 +23,7 @@ from spark_runtime.drain import wait_until
 from spark_runtime.produce import generate_events
 
 from .conftest import TaskEnv, wait_caught_up
-from .test_split import PROCESSORS, restore_report, snapshot_files, task_with_reference
+from .test_split import PROCESSORS, restart_after_pruning, restore_report, snapshot_files, task_with_reference
 from .test_standby import InThread, release, shard_dir
 
 pytestmark = pytest.mark.spark
@@ -85,7 +85,7 @@ def test_a_merge_of_parents_stopped_at_different_positions_is_exact(kind, make_t
         (8, tuple(sorted((int(p[1:].split(".")[0]), o) for p, o in f_left.items()))),
         (16, ()),
     ), "the left parent's key groups skip what it counted; the right parent's skip nothing"
-    produce(events[700:])
+    produce(events[700:850])
     wait_caught_up(env, [merged])
     assert env.results() == ref.results, "no event lost, none counted twice"
 
@@ -101,13 +101,34 @@ def test_a_merge_of_parents_stopped_at_different_positions_is_exact(kind, make_t
         letters = dead_letters(env)
         positions = [(p, o) for _, p, o in letters]
         assert len(positions) == len(set(positions)), "a dead letter written twice"
-        assert len(letters) == len(range(0, len(events), 37))
+        assert len(letters) == len(range(0, 850, 37)), "the events produced so far"
         assert {s for s, _, _ in letters} >= {"orders-0-8", "orders-8-16", "orders-0-16-m1"}
+    # History retention prunes both parents; a restart of the merged shard resumes from its own recovery log and
+    # the plan (start positions, skip rule) it recorded, never from the pruned snapshots.
+    merged = restart_after_pruning(env, merged, ["orders-0-8", "orders-8-16"], shard_spark)
+    assert merged.restore.skip == restore.skip, "the recorded skip rule"
+    produce(events[850:])
+    wait_caught_up(env, [merged])
+    assert env.results() == ref.results, "the merged shard restarted after its parents were pruned is exact"
     summary = merged.drain()
     assert summary["event"] == "drained"
     manifest = json.loads(Path(summary["manifest"]).read_text())
     assert [p["shard"] for p in manifest["parents"]] == ["orders-0-8", "orders-8-16"]
     assert manifest["skip"] == restore.skip.to_json(), "its children inherit the rule"
+
+    # The merged shard's own successor (over its whole range) inherits the rule, commits, and resumes exactly
+    # after the merged shard is pruned too.
+    successor_restore = {"parent": "orders-0-16-m1", "manifest": summary["manifest"]}
+    successor = ShardRunner(env.config(0, 16, successor_restore), shard_spark)
+    successor.start()
+    more = with_bad_amounts(list(generate_events(300, 64, seed=18)), every=37)
+    produce(more[:150])
+    wait_caught_up(env, [successor])
+    successor = restart_after_pruning(env, successor, ["orders-0-16-m1"], shard_spark)
+    produce(more[150:])
+    wait_caught_up(env, [successor])
+    assert env.results() == ref.results, "the merged shard's successor restarted after its pruning is exact"
+    successor.stop()
 
 
 def test_a_merged_child_drained_before_its_first_batch_hands_its_rule_on(make_task, shard_spark):

@@ -105,6 +105,12 @@ def test_split_twice_equals_reference(kind, make_task, shard_spark):
     assert env.results() == ref.results
     for child, (a, b) in [(left, (0, 8)), (right, (8, 16))]:
         check_child_read_only_its_slice(env, root_manifest, child.config.shard, a, b)
+    # History retention prunes the root (its recovery log and snapshots); a restart of a child (a template roll,
+    # an eviction) resumes from its own recovery log and the plan it recorded, never from the pruned snapshot.
+    right = restart_after_pruning(env, right, ["orders-0-16"], shard_spark)
+    produce(events[1000:1100])
+    wait_caught_up(env, [left, right])
+    assert env.results() == ref.results, "a child restarted after its parent was pruned resumes exactly"
 
     # Phase 3: split the left child again: three active shards [0, 4), [4, 8), [8, 16).
     left_summary = left.drain()
@@ -113,7 +119,7 @@ def test_split_twice_equals_reference(kind, make_task, shard_spark):
     grand = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in [(0, 4), (4, 8)]]
     for g in grand:
         g.start()
-    produce(events[1000:])
+    produce(events[1100:])
     wait_caught_up(env, [*grand, right])
     for g, (a, b) in zip(grand, [(0, 4), (4, 8)], strict=True):
         check_child_read_only_its_slice(env, left_manifest, g.config.shard, a, b)
@@ -123,6 +129,25 @@ def test_split_twice_equals_reference(kind, make_task, shard_spark):
     assert list(env.sink.glob(f"shard=*/batch-*.{sink_format}")), f"the sink wrote {sink_format} files"
     # The active shards' final states partition the keys: every key in exactly one shard, rows add up.
     assert sum(s["stateRows"] for s in summaries) == len(ref.results)
+
+
+def restart_after_pruning(env: TaskEnv, runner, pruned: list[str], spark):
+    """Prune ``pruned`` (retired shards) as the prune pod does, then stop ``runner`` (a successor that committed
+    batches of its own) and start it again from the same config; the new runner."""
+    from spark_runtime.identity import prune_retired_shards
+    from spark_runtime.shard import ShardRunner
+
+    assert runner.last_committed >= 0, "retention prunes only parents whose successors committed"
+    print(prune_retired_shards(str(env.storage / env.task), None, pruned))
+    for shard in pruned:
+        assert not (env.storage / env.task / "shards" / shard / "snapshots").exists()
+    runner.stop()
+    again = ShardRunner(runner.config, spark)
+    again.start()
+    assert again.restore is not None and [s.parent for s in again.restore.slices] == [
+        s.parent for s in runner.restore.slices
+    ], "the restart keeps its restore plan (from its record)"
+    return again
 
 
 def reference_at(ref: Reference, manifest: dict, env: TaskEnv) -> dict:
