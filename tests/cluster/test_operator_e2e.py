@@ -181,15 +181,18 @@ def assert_live_status(kubectl, op, shard: str, rows: int) -> None:
     """A running, caught-up shard: its driver's endpoint counts exactly the rows it processed, lag 0; the operator
     mirrors it into status.live (the RATE, LAG and LAST BATCH columns) and counted its scrapes."""
 
-    # The journal's lag is measured at the runtime's poll (at most once a second): it reaches 0 soon after the
-    # results are complete.
-    def lag_zero() -> bool:
+    # The lag and the input-row count are both updated at the runtime's poll (at most once a second), which can run
+    # just after the sink published the batch's results: they reach 0 and ``rows`` soon after the results are
+    # complete (a count past ``rows`` would never come back: the wait fails then too).
+    def caught_up() -> bool:
         try:
-            return scrape_shard(kubectl, shard).get("taskshard_shard_lag") == 0
+            scraped = scrape_shard(kubectl, shard)
         except OSError:  # the endpoint between two polls of a busy driver: ask again
             return False
+        lag, emitting = scraped.get("taskshard_shard_lag"), scraped.get("taskshard_shard_emitting")
+        return lag == 0 and emitting == 1 and scraped.get("taskshard_shard_rows_total") == rows
 
-    wait_for(lag_zero, 60, f"{shard}'s lag 0")
+    wait_for(caught_up, 60, f"{shard}'s lag 0, emitting, and {rows} input rows")
     scraped = scrape_shard(kubectl, shard)
     assert scraped["taskshard_shard_rows_total"] == rows, scraped
     assert scraped["taskshard_shard_lag"] == 0 and scraped["taskshard_shard_emitting"] == 1, scraped
