@@ -55,8 +55,10 @@ def _driver_jvm_conf(classpath: str) -> dict[str, str]:
     return {"spark.driver.extraJavaOptions": BASE_DRIVER_JVM_OPTIONS + shared}
 
 
+@functools.cache
 def integration_jvm_conf() -> dict[str, str]:
-    """:func:`driver_jvm_conf` for the integration tier's drivers (Spark's Kafka connector and s3a jars first)."""
+    """:func:`driver_jvm_conf` for the integration tier's drivers (Spark's Kafka connector and s3a jars first); the
+    jar cache is looked up once per process, not per shard config."""
     from testinfra.jars import spark_jars  # the integration tier's jar cache (fetched once, then cached)
 
     return driver_jvm_conf(spark_jars())
