@@ -17,7 +17,7 @@ config); the first start of any shard of the Task writes ``identity.json`` ``{"u
 The operator's cleanup pod (``checkpointRetention: Delete``) removes a task's directory only when it holds no
 identity or this Task's (:func:`remove_task_state`), so deleting one Task never deletes another's state; its prune
 pod (``spec.history.retiredShards``) removes retired shards' recovery logs and snapshots on the same condition
-(:func:`prune_retired_shards`).
+(:func:`spark_runtime.history.prune_retired_shards`).
 A config without ``taskUid`` (the runtime run by hand, the tests' own shards) skips the check.
 """
 
@@ -33,18 +33,14 @@ from spark_runtime.storage import Loc, location, remove_tree, s3_settings_from
 
 __all__ = [
     "IDENTITY_FILE",
-    "RETIRED_SHARD_BULK",
     "StorageOwnedByAnotherTask",
     "claim_task_storage",
-    "prune_retired_shards",
+    "owned_by_another",
     "remove_task_state",
+    "task_dir_location",
 ]
 
 IDENTITY_FILE = "identity.json"
-RETIRED_SHARD_BULK = ("checkpoint", "snapshots", "handover", "restore")
-"""What :func:`prune_retired_shards` removes of a retired shard's directory: its recovery log, its snapshots, its
-hand-over notes and its restore reports. Its small records stay (``lineage.json`` and ``drained.json``, which the
-final results read, ``epochs/``, progress and standby records, late records' dead letters)."""
 
 
 class StorageOwnedByAnotherTask(EnvironmentProblem):
@@ -101,13 +97,15 @@ def claim_task_storage(task_dir: Loc, *, task: str, namespace: str, uid: str | N
     return found
 
 
-def _task_dir(uri: str, endpoint: str | None) -> Loc:
+def task_dir_location(uri: str, endpoint: str | None) -> Loc:
+    """The task directory ``uri`` (a local path or ``s3a://``), with ``endpoint`` for S3 (the pod's env gives the
+    credentials)."""
     return location(
         uri, s3_settings_from(None, {**os.environ, **({"TASKSHARD_S3_ENDPOINT": endpoint} if endpoint else {})})
     )
 
 
-def _owned_by_another(loc: Loc, uid: str | None) -> str | None:
+def owned_by_another(loc: Loc, uid: str | None) -> str | None:
     """Why ``loc`` (a task directory) must be kept: its ``identity.json`` names another UID than ``uid``."""
     identity = loc / IDENTITY_FILE
     if uid and identity.exists():
@@ -122,26 +120,5 @@ def _owned_by_another(loc: Loc, uid: str | None) -> str | None:
 def remove_task_state(uri: str, uid: str | None, endpoint: str | None = None) -> str:
     """The cleanup pod's job: delete the task directory ``uri`` (local path or ``s3a://``) unless its
     ``identity.json`` names another UID, in which case nothing is deleted. Returns what was done, for the log."""
-    kept = _owned_by_another(_task_dir(uri, endpoint), uid)
+    kept = owned_by_another(task_dir_location(uri, endpoint), uid)
     return kept if kept is not None else f"removed {remove_tree(uri, endpoint)}"
-
-
-def prune_retired_shards(uri: str, uid: str | None, shards: list[str], endpoint: str | None = None) -> str:
-    """The prune pod's job (history retention): remove the bulk of each retired shard in ``shards`` from the task
-    directory ``uri`` (:data:`RETIRED_SHARD_BULK`), unless the directory holds another Task's state. The operator
-    names only retired shards whose successors all committed batches of their own, so nothing restores from what
-    goes. Idempotent (a retry finds less); returns what was done, for the log."""
-    loc = _task_dir(uri, endpoint)
-    kept = _owned_by_another(loc, uid)
-    if kept is not None:
-        return kept
-    removed = []
-    for shard in shards:
-        if not shard or "/" in shard or shard in (".", ".."):
-            raise ValueError(f"{shard!r} is not a shard name")
-        for name in RETIRED_SHARD_BULK:
-            target = loc / "shards" / shard / name
-            if target.exists():
-                target.rmtree()
-                removed.append(f"{shard}/{name}")
-    return f"pruned {loc.uri()}: {', '.join(removed) or 'nothing left to remove'}"

@@ -59,6 +59,7 @@ __all__ = [
     "POD_UID_ENV",
     "MergeAbortOutcome",
     "MergeAbortSummary",
+    "PruneSummary",
     "StandbyStopSummary",
     "WriterEpoch",
     "epoch_name",
@@ -211,6 +212,9 @@ class SummaryEvent(StrEnum):
     """A split undone before the hand-over (:class:`SplitAbortSummary`): the shard keeps its range and resumes."""
     MERGE_ABORT = "merge-abort"
     """A merged shard's abort pod fenced it and found whether a parent drained (:class:`MergeAbortSummary`)."""
+    PRUNED = "pruned"
+    """A Task's prune pod finished (:class:`PruneSummary`): which retired shards' storage it removed, which it
+    kept and why."""
     REFUSED = "refused"
     """The runtime refused to run this template before processing anything (:class:`FailureSummary`; e.g. reason
     ``StateSchemaIncompatible``) and exited 0: a restart of the same template would refuse again, so the operator
@@ -275,6 +279,38 @@ class FailureSummary:
             pod=text("pod"),
             pod_uid=text("podUid"),
             writer_epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
+        )
+
+
+PRUNE_REASON_LIMIT = 300
+"""At most this many characters of why a retired shard was kept go into a :class:`PruneSummary` (ten of them fit
+a termination message)."""
+
+
+@dataclass(frozen=True)
+class PruneSummary:
+    """The termination message of a Task's prune pod (history retention, :mod:`spark_runtime.history`): the
+    retired shards whose recovery logs and snapshots are gone (``pruned``: the operator deletes their TaskShards)
+    and those it kept (``kept``: shard and why, from storage: a successor that has not committed a batch of its
+    own with a recorded restore plan; the operator keeps their TaskShards and tries again later)."""
+
+    pruned: tuple[str, ...]
+    kept: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event": str(SummaryEvent.PRUNED),
+            "pruned": list(self.pruned),
+            "kept": [{"shard": s, "why": why[:PRUNE_REASON_LIMIT]} for s, why in self.kept],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PruneSummary:
+        if data.get("event") != SummaryEvent.PRUNED:
+            raise ValueError(f"event: {data.get('event')!r} is not {SummaryEvent.PRUNED!r}")
+        return cls(
+            pruned=tuple(str(s) for s in data.get("pruned") or ()),
+            kept=tuple((str(k["shard"]), str(k.get("why") or "")) for k in data.get("kept") or ()),
         )
 
 

@@ -22,7 +22,7 @@ import datetime
 import hashlib
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from spark_runtime import kafka_client, live, protocol
@@ -662,21 +662,30 @@ def build_cleanup_pod(*, task: str, spec: TaskSpec, task_uid: str | None = None)
 
 
 def build_prune_pod(
-    *, task: str, spec: TaskSpec, shards: list[str], task_uid: str | None = None
+    *,
+    task: str,
+    spec: TaskSpec,
+    shards: list[str],
+    successors: Mapping[str, list[str]],
+    task_uid: str | None = None,
 ) -> dict[str, Any] | None:
-    """A one-shot pod that removes the recovery logs and snapshots of retired ``shards`` (history retention,
-    ``spark_runtime.identity.prune_retired_shards``: never in a directory whose ``identity.json`` names another
-    Task's UID than ``task_uid``); the shards it prunes are in its annotation ``naming.ANNOTATION_PRUNE_SHARDS``.
-    None when the storage is a filesystem path without a volume (nothing the operator can mount)."""
+    """A one-shot pod that removes the recovery logs and snapshots of those retired ``shards`` whose successors
+    (``successors``: by retired shard, the operator's view; storage adds the ones it names) no longer need them by
+    storage facts (history retention, ``spark_runtime.history.prune_pod_main``: never in a directory whose
+    ``identity.json`` names another Task's UID than ``task_uid``). Its termination message says what it pruned and
+    kept (``spark_runtime.protocol.PruneSummary``); the shards it was given are in its annotation
+    ``naming.ANNOTATION_PRUNE_SHARDS``. None when the storage is a filesystem path without a volume (nothing the
+    operator can mount)."""
     target = task_storage_uri(task, spec)
+    after = {s: sorted(successors.get(s) or ()) for s in shards}
     pod = _storage_pod(
         task,
         spec,
         naming.prune_pod_name(task),
         naming.COMPONENT_PRUNE,
         lambda endpoint: (
-            f"from spark_runtime.identity import prune_retired_shards; "
-            f"print(prune_retired_shards({target!r}, {task_uid!r}, {list(shards)!r}, {endpoint!r}))"
+            f"from spark_runtime.history import prune_pod_main; "
+            f"prune_pod_main({target!r}, {task_uid!r}, {list(shards)!r}, {endpoint!r}, {after!r})"
         ),
     )
     if pod is not None:

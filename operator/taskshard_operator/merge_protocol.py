@@ -527,7 +527,7 @@ def _left_let_go(ctx: ShardContext) -> bool:
 def _stall_check(ctx: ShardContext) -> None:
     """Degraded=True reason MergeStalled once the merge was accepted longer ago than the Task's bound, naming what
     it waits for; else a pass when the bound passes."""
-    accepted = _parse_time((ctx.status.get("merge") or {}).get("acceptedTime"))
+    accepted = st.parse_time((ctx.status.get("merge") or {}).get("acceptedTime"))
     if accepted is None:
         return
     bound = ctx.spec.handover.merge_stall_seconds if ctx.spec and ctx.spec.handover else MERGE_STALL_SECONDS
@@ -538,9 +538,9 @@ def _stall_check(ctx: ShardContext) -> None:
     waits = _waits_for(ctx)
     message = f"the merge into {ctx.status['merge']['into']} was accepted {elapsed:.0f}s ago (bound {bound}s): {waits}"
     shown = st.get_condition((ctx.shard.get("status") or {}).get("conditions"), st.DEGRADED) or {}
-    if shown.get("reason") != "MergeStalled":
-        ctx.event("Warning", "MergeStalled", message)
-    ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, "MergeStalled", f"{message}")]})
+    if shown.get("reason") != st.MERGE_STALLED:
+        ctx.event("Warning", st.MERGE_STALLED, message)
+    ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, st.MERGE_STALLED, message)]})
 
 
 def _waits_for(ctx: ShardContext) -> str:
@@ -561,15 +561,6 @@ def _waits_for(ctx: ShardContext) -> str:
         parts.append(f"{merge['into']} is not running on standby (its driver pod: {state})")
     parts.append('withdraw it with kubectl patch taskshard ... -p \'{"spec":{"merge":null}}\' while no parent drained')
     return "; ".join(parts)
-
-
-def _parse_time(value: Any) -> dt.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 # ---------------------------------------------------------------- Merged (terminal)

@@ -405,6 +405,8 @@ class _Groups:
     suspending: list[str]
     stalled: list[str]
     """Shards whose merge takes longer than the Task's bound (Degraded reason MergeStalled)."""
+    split_stalled: list[str]
+    """Split parents that have not drained within the Task's bound (Degraded reason SplitStalled)."""
     no_progress: list[str]
     """Running shards whose batch in flight has not committed within ``spec.noProgressSeconds`` (NoProgress)."""
     held: planner.ShardView | None = None
@@ -428,7 +430,8 @@ def _summarise(decision, views, plan, spec, target, cond, generation, scaled) ->
         failed=[v.name for v in active if v.phase == ShardPhase.FAILED],
         not_running=[v.name for v in active if v.phase != ShardPhase.RUNNING] + creating,
         suspending=[v.name for v in active if spec.suspend and v.phase != ShardPhase.SUSPENDED],
-        stalled=[v.name for v in views if v.degraded_reason == "MergeStalled"],
+        stalled=[v.name for v in views if v.degraded_reason == st.MERGE_STALLED],
+        split_stalled=[v.name for v in views if v.degraded_reason == st.SPLIT_STALLED],
         no_progress=[v.name for v in active if v.degraded_reason == st.NO_PROGRESS],
         held=planner.roll_held(target, views),
     )
@@ -520,7 +523,10 @@ def _prune_history(decision: Decision, observed: Observed, task: dict[str, Any],
     if not names:
         return
     task_uid = task["metadata"].get("uid")
-    pod = builders.build_prune_pod(task=decision.name, spec=spec, shards=names, task_uid=task_uid)
+    successors = retention.successors_by_parent(shards)
+    pod = builders.build_prune_pod(
+        task=decision.name, spec=spec, shards=names, successors=successors, task_uid=task_uid
+    )
     if pod is None:  # a path without a volume: the operator cannot reach the storage, which stays
         _delete_retired(decision, shards, names, keep, "their storage directories stay: no spec.storage.volume")
         return
@@ -533,14 +539,23 @@ def _finish_prune(
     decision: Decision, pod: retention.PrunePodView, shards: list[dict[str, Any]], keep: int, unheld: set[str]
 ) -> None:
     """The Task's prune pod exists: once it succeeded, delete the retired TaskShards whose storage it pruned (those
-    still there) and the pod; a failed one is deleted (the next pass starts another); else look again soon. A
-    shard whose counts the Task's ``status.live.counters`` does not hold yet waits for them (and the pod with it)."""
+    still there) and the pod; a pod that kept shards (storage showed a successor still needs them) stays
+    ``retention.PRUNE_RETRY_SECONDS``, then goes with a Normal event HistoryPruneWaiting saying why, and the next
+    pass tries them again; a failed one is deleted (the next pass starts another); else look again soon. A shard
+    whose counts the Task's ``status.live.counters`` does not hold yet waits for them (and the pod with it)."""
     if pod.deleting:
         decision.again_in(PRUNE_LOOK_SECONDS)
-    elif pod.phase == "Succeeded" and unheld & set(pod.shards):
+    elif pod.phase == "Succeeded" and unheld & set(pod.pruned):
         decision.again_in(PRUNE_LOOK_SECONDS)
     elif pod.phase == "Succeeded":
-        _delete_retired(decision, shards, list(pod.shards), keep, "their recovery logs and snapshots removed")
+        _delete_retired(decision, shards, list(pod.pruned), keep, "their recovery logs and snapshots removed")
+        wait = pod.retry_in(time.time()) if pod.kept else 0.0
+        if wait > 0:
+            decision.again_in(wait)
+            return
+        if pod.kept:
+            kept = "; ".join(f"{shard}: {why}" for shard, why in pod.kept)
+            decision.events.append(Event("Normal", "HistoryPruneWaiting", f"kept (storage still needed) {kept}"))
         decision.actions.append(Delete("pods", pod.name, uid=pod.uid, grace=0))
     elif pod.phase == "Failed":
         message = f"the prune pod {pod.name} failed (see its log); it runs again: {_names(list(pod.shards))}"
@@ -581,8 +596,8 @@ def _sum_live(decision: Decision, observed: Observed, active: set[str], *, every
 
 
 def _degraded(cond, tiling_error: str | None, g: _Groups) -> dict[str, Any]:
-    """Degraded: failed shards first, then shards without progress, broken tiling, stalled merges (each names the
-    shards)."""
+    """Degraded: failed shards first, then shards without progress, broken tiling, stalled merges, stalled splits
+    (each names the shards)."""
     if g.failed:
         return cond(st.DEGRADED, True, "ShardsFailed", f"failed: {_names(g.failed)}")
     if g.no_progress:
@@ -592,7 +607,10 @@ def _degraded(cond, tiling_error: str | None, g: _Groups) -> dict[str, Any]:
         return cond(st.DEGRADED, True, "TilingBroken", tiling_error)
     if g.stalled:
         message = f"merge stalled: {_names(g.stalled)} (see their Degraded condition for what it waits for)"
-        return cond(st.DEGRADED, True, "MergeStalled", message)
+        return cond(st.DEGRADED, True, st.MERGE_STALLED, message)
+    if g.split_stalled:
+        message = f"split stalled: {_names(g.split_stalled)} (see their Degraded condition for what it waits for)"
+        return cond(st.DEGRADED, True, st.SPLIT_STALLED, message)
     return cond(st.DEGRADED, False, "Healthy", "")
 
 

@@ -56,6 +56,7 @@ The pass that calls these steps is :func:`taskshard_operator.reconcile_shard.dec
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import kopf
@@ -66,6 +67,7 @@ from taskshard_operator import status as st
 from taskshard_operator.act import Create, Delete, Event
 from taskshard_operator.handover import await_drain, drained_status, split_waits
 from taskshard_operator.models.shard import ShardPhase, SplitBy
+from taskshard_operator.models.task import SPLIT_STALL_SECONDS
 from taskshard_operator.shard_context import ShardContext, create_pod, remove_own_pod
 
 P = ShardPhase
@@ -253,10 +255,57 @@ def step_request_drain(ctx: ShardContext) -> None:
 
 def step_await_drain(ctx: ShardContext) -> None:
     """Step 3: Draining -> Drained once the container exited 0 with a manifest (a child deleted meanwhile is
-    created again: it resumes its catch-up from its storage)."""
+    created again: it resumes its catch-up from its storage); a split accepted longer ago than the Task's bound
+    shows Degraded reason SplitStalled (:func:`_stall_check`)."""
     if _split_request_changed(ctx) or _ensure_children(ctx) is None:
         return
     await_drain(ctx, lambda term: _record_drained(ctx, term))
+    if ctx.pod.terminated is None or not ctx.pod.terminated.drained:
+        _stall_check(ctx)
+
+
+def _stall_check(ctx: ShardContext) -> None:
+    """Degraded=True reason SplitStalled (and one Warning event) once the split was accepted longer ago than
+    ``spec.handover.splitStallSeconds`` and the parent has not drained, naming what it waits for (each child's
+    state, the parent's) and the way out (withdraw the split: the parent keeps its range); else a pass when the
+    bound passes. A saturated parent whose children never catch up would otherwise stay Draining for ever."""
+    accepted = st.parse_time((ctx.status.get("split") or {}).get("acceptedTime"))
+    if accepted is None:
+        return
+    bound = ctx.spec.handover.split_stall_seconds if ctx.spec and ctx.spec.handover else SPLIT_STALL_SECONDS
+    elapsed = (dt.datetime.now(dt.UTC) - accepted).total_seconds()
+    if elapsed < bound:
+        ctx.decision.again_in(bound - elapsed + 1)
+        return
+    message = (
+        f"the split was accepted {elapsed:.0f}s ago (bound {bound}s) and {ctx.name} has not drained: {_waits_for(ctx)}"
+    )
+    shown = st.get_condition((ctx.shard.get("status") or {}).get("conditions"), st.DEGRADED) or {}
+    if shown.get("reason") != st.SPLIT_STALLED:
+        ctx.event("Warning", st.SPLIT_STALLED, message)
+    ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, st.SPLIT_STALLED, message)]})
+
+
+def _waits_for(ctx: ShardContext) -> str:
+    """What a Draining parent waits for: each child not yet ready to take over, in its own words (its Ready
+    condition, or its driver pod's state), then the parent's pod and the way out."""
+    parts = []
+    for child in _split_children(ctx):
+        shard = ctx.observed.shard(ctx.namespace, child)
+        ready = st.get_condition(((shard or {}).get("status") or {}).get("conditions"), st.READY) or {}
+        pod = ctx.observed.pod(ctx.namespace, child)
+        state = "no pod" if not pod.exists else (pod.waiting_reason or pod.phase or "starting")
+        said = f"{ready.get('reason')}: {st.truncate(str(ready.get('message') or ''), 200)}" if ready else "no status"
+        parts.append(f"child {child} ({said}; its driver pod: {state})")
+    pod = ctx.pod
+    state = "no pod" if not pod.exists else (pod.waiting_reason or pod.phase or "starting")
+    lag = (ctx.status.get("live") or {}).get("lagSeconds")
+    parts.append(f"the parent's driver pod: {state}" + (f", lag {lag}s" if lag is not None else ""))
+    parts.append(
+        f'withdraw it with kubectl patch taskshard {ctx.name} --type=merge -p \'{{"spec":{{"split":null}}}}\' '
+        "(the parent keeps its range) while it has not drained"
+    )
+    return "; ".join(parts)
 
 
 def _record_drained(ctx: ShardContext, term: st.Termination, *, note: str = "") -> None:

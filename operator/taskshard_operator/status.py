@@ -53,6 +53,11 @@ EXECUTORS_READY = ConditionType.EXECUTORS_READY.value
 NO_PROGRESS = "NoProgress"
 """Ready=False and Degraded=True on a running shard whose batch in flight has run ``spec.noProgressSeconds`` without
 committing (and Degraded on its Task, naming it)."""
+MERGE_STALLED = "MergeStalled"
+"""Degraded=True on a merge's shards accepted longer ago than ``spec.handover.mergeStallSeconds`` (and on the Task)."""
+SPLIT_STALLED = "SplitStalled"
+"""Degraded=True on a split parent accepted longer ago than ``spec.handover.splitStallSeconds`` that has not drained
+(and on the Task), naming what it waits for."""
 
 
 RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
@@ -70,6 +75,16 @@ def rfc3339(at: float | dt.datetime | None = None) -> str:
 
 def now() -> str:
     return rfc3339()
+
+
+def parse_time(value: Any) -> dt.datetime | None:
+    """An RFC 3339 time of a status field as an aware datetime; None when missing or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def condition(

@@ -3,7 +3,7 @@
 A shard writes a snapshot of its own state at each SIGTERM stop (a savepoint: a template roll, a node drain, an
 eviction) and for each split it hands over (the pre-copy); neither is removed by the hand-over. Without pruning a
 long-lived shard keeps one full copy of its state per pod restart. Retired shards (split parents, merged-away
-shards) are the history retention's (the operator's prune pod, :func:`spark_runtime.identity.prune_retired_shards`);
+shards) are the history retention's (the operator's prune pod, :func:`spark_runtime.history.prune_retired_shards`);
 this module is about shards that still run.
 
 At its start, after it claimed its writer epoch (an older runtime of the shard still alive can write nothing that

@@ -367,6 +367,14 @@ def test_demo_splits_pod_kill_bad_requests_suspend_resume(kubectl, operator_proc
         assert (shards_dir / "demo-0-8" / "checkpoint").is_dir(), "the kept retired shard keeps its storage"
         assert not [p for p in get_json(kubectl, "pods")["items"] if p["metadata"]["name"] == "demo-prune"]
         assert actual_counts(data, "demo") == expected, "the final results read the same after pruning"
+        # A successor restarted after its parent and grandparent were pruned (an eviction, a template roll)
+        # resumes from its own recovery log and the restore plan it recorded, never from their storage.
+        restarts = status(kubectl, "taskshard", "demo-8-12").get("restarts", 0)
+        kubectl("delete", "pod", "demo-8-12-driver", "--grace-period=0", "--force")
+        wait_for(lambda: status(kubectl, "taskshard", "demo-8-12").get("restarts", 0) > restarts, START, "a new pod")
+        write_events(data, "demo", start=1200, count=100)
+        wait_phases(kubectl, {"demo-8-12": "Running"}, START, op)
+        assert sum(wait_results(data, "demo", START).values()) == 1300
     finally:
         watcher.stop()
     assert watcher.samples > 10

@@ -132,13 +132,15 @@ def test_split_twice_equals_reference(kind, make_task, shard_spark):
 
 
 def restart_after_pruning(env: TaskEnv, runner, pruned: list[str], spark):
-    """Prune ``pruned`` (retired shards) as the prune pod does, then stop ``runner`` (a successor that committed
+    """Prune ``pruned`` (retired shards) as the prune pod does (its decision from storage facts: every successor
+    committed a batch with a recorded restore plan, or retired), then stop ``runner`` (a successor that committed
     batches of its own) and start it again from the same config; the new runner."""
-    from spark_runtime.identity import prune_retired_shards
+    from spark_runtime.history import prune_retired_shards
     from spark_runtime.shard import ShardRunner
 
     assert runner.last_committed >= 0, "retention prunes only parents whose successors committed"
-    print(prune_retired_shards(str(env.storage / env.task), None, pruned))
+    summary = prune_retired_shards(str(env.storage / env.task), None, pruned, None, {})
+    assert summary.pruned == tuple(pruned), f"storage shows every successor settled: {summary}"
     for shard in pruned:
         assert not (env.storage / env.task / "shards" / shard / "snapshots").exists()
     runner.stop()

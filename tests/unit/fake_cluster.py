@@ -14,7 +14,14 @@ import json
 from typing import Any
 
 from spark_runtime.keygroups import KeyGroupRange
-from spark_runtime.protocol import DrainSummary, MergeAbortOutcome, MergeAbortSummary, SummaryEvent
+from spark_runtime.protocol import (
+    DrainSummary,
+    MergeAbortOutcome,
+    MergeAbortSummary,
+    PruneSummary,
+    SplitAbortSummary,
+    SummaryEvent,
+)
 from taskshard_operator import naming
 from taskshard_operator import status as st
 from taskshard_operator.cache import data_digest, parse_task
@@ -67,9 +74,11 @@ class FakeKube:
         self.successors: dict[str, list[str]] = {}
         """The successors each drained shard's summary names."""
         self.fenced: set[str] = set()
+        """Merged shards whose latest writer epoch is an abort's barrier (their ready notes are void)."""
         self.pruned: set[str] = set()
         """Retired shards whose storage a prune pod removed."""
-        """Merged shards whose latest writer epoch is an abort's barrier (their ready notes are void)."""
+        self.storage_keeps: dict[str, str] = {}
+        """Retired shards a prune pod keeps, with why (its storage shows a successor still needs them)."""
         self.scrapes: dict[str, Any] = {}
         """The live store's last scrape per shard (``taskshard_operator.live.Scraped``): none unless a test sets it."""
         self.pod_patches: list[tuple[str, dict]] = []
@@ -288,12 +297,22 @@ def children_ready(kube: FakeKube, shard: str) -> bool:
 def world_step(kube: FakeKube, batch: dict[str, int], *, hand_over: bool = True) -> None:
     """What the kubelet and the runtime do between operator passes: a running parent whose successors are ready
     stops by itself with a drain summary naming them (``hand_over=False``: it keeps running, a hand-over in
-    progress); a pod started to abort a merge fences the merged shard and reports whether a parent drained."""
+    progress); a pod started to abort a merge fences the merged shard and reports whether a parent drained; one
+    started to abort a split reports it undone; a prune pod prunes what storage allows (``storage_keeps``)."""
     for _name, pod in kube.pods().items():
         status = pod.setdefault("status", {})
         if pod["metadata"]["labels"].get(naming.LABEL_COMPONENT) == naming.COMPONENT_PRUNE:
-            status["phase"] = "Succeeded"  # it removed the retired shards' storage and exited
-            kube.pruned.update((pod["metadata"].get("annotations") or {})[naming.ANNOTATION_PRUNE_SHARDS].split(","))
+            if status.get("phase") == "Succeeded":
+                continue
+            given = (pod["metadata"].get("annotations") or {})[naming.ANNOTATION_PRUNE_SHARDS].split(",")
+            summary = PruneSummary(
+                pruned=tuple(s for s in given if s not in kube.storage_keeps),
+                kept=tuple((s, kube.storage_keeps[s]) for s in given if s in kube.storage_keeps),
+            )  # it removed the storage of those storage showed unneeded, and exited
+            status["phase"] = "Succeeded"
+            terminated = {"exitCode": 0, "message": json.dumps(summary.to_json()), "finishedAt": st.rfc3339()}
+            status["containerStatuses"] = [{"name": "prune", "state": {"terminated": terminated}}]
+            kube.pruned.update(summary.pruned)
             continue
         state = (status.get("containerStatuses") or [{}])[0].get("state", {})
         shard = pod["metadata"]["labels"][naming.LABEL_SHARD]
@@ -306,6 +325,9 @@ def world_step(kube: FakeKube, batch: dict[str, int], *, hand_over: bool = True)
                 kube.fenced.add(shard)  # the abort claimed a barrier epoch: the merged shard's notes are void
             else:
                 kube.fenced.discard(shard)  # a new runtime: new epoch, new notes
+        elif "running" in state and (pod["metadata"].get("annotations") or {}).get(naming.ANNOTATION_ABORT_SPLIT):
+            children = tuple(pod["metadata"]["annotations"][naming.ANNOTATION_ABORT_SPLIT].split(","))
+            _terminate(status, SplitAbortSummary("t", shard, batch.get(shard, 0), children).to_json())  # undone
         elif _runs(kube, shard, aborting=True):
             drained = [p for p in merge_parents(kube.shards()[shard]) if p in kube.drained]
             outcome = MergeAbortOutcome.TOO_LATE if drained else MergeAbortOutcome.ABORTED

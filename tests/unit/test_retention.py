@@ -4,6 +4,8 @@ stay."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from taskshard_operator.retention import PRUNE_PER_PASS, prunable
@@ -146,7 +148,8 @@ def test_a_retired_shard_stays_while_its_prune_pod_runs_and_a_failed_one_is_retr
     assert pod["metadata"]["ownerReferences"][0]["kind"] == "Task", "goes with its Task"
     command = " ".join(pod["spec"]["containers"][0]["command"])
     uid = kube.objects[("tasks", "t")]["metadata"]["uid"]
-    assert f"prune_retired_shards('/data/state/t', '{uid}', ['t-0-16'], None)" in command, command
+    expected = f"prune_pod_main('/data/state/t', '{uid}', ['t-0-16'], None, {{'t-0-16': ['t-0-4', 't-4-16']}})"
+    assert expected in command, command
     pod["status"] = {"phase": "Running"}
     reconcile_task(kube, kube, NS, "t", emit=emit)
     assert "t-0-16" in phases(kube), "kept while its storage is being pruned"
@@ -166,3 +169,29 @@ def test_storage_the_operator_cannot_mount_stays_and_says_so():
     assert "t-0-16" not in phases(kube) and not kube.pruned
     (pruned,) = [e for e in events if e[2] == "HistoryPruned"]
     assert "their storage directories stay: no spec.storage.volume" in pruned[3]
+
+
+def test_a_shard_storage_still_needs_stays_and_its_prune_pod_is_the_clock_of_the_next_try():
+    """The prune pod decides again from storage (``spark_runtime.history``): a shard it kept keeps its TaskShard;
+    the pod stays ``PRUNE_RETRY_SECONDS`` after it finished, then goes with a Normal event HistoryPruneWaiting
+    naming the shard and why; the next pod prunes it once storage agrees."""
+    from taskshard_operator import status as st
+    from taskshard_operator.retention import PRUNE_RETRY_SECONDS
+
+    kube, events = _split_with_settled_children(SPEC)
+    why = "successor t-4-16 has not committed a batch of its own (on standby, or not started)"
+    kube.storage_keeps["t-0-16"] = why
+    converge(kube, events)
+    assert "t-0-16" in phases(kube) and not kube.pruned, "kept: its TaskShard stays"
+    pod = kube.pods()["t-prune"]
+    assert pod["status"]["phase"] == "Succeeded", "kept while the pod is the clock"
+    assert not [e for e in events if e[2] in ("HistoryPruned", "HistoryPruneWaiting")]
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    terminated["finishedAt"] = st.rfc3339(time.time() - PRUNE_RETRY_SECONDS - 1)
+    kube._mutated()
+    del kube.storage_keeps["t-0-16"]
+    converge(kube, events)
+    (waiting,) = [e for e in events if e[2] == "HistoryPruneWaiting"]
+    assert waiting[3] == f"kept (storage still needed) t-0-16: {why}", waiting
+    assert "t-0-16" not in phases(kube) and kube.pruned == {"t-0-16"}, "the next pod pruned it"
+    assert "t-prune" not in kube.pods()

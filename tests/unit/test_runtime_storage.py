@@ -161,29 +161,59 @@ def test_a_task_directory_belongs_to_one_task_uid(tmp_path):
     assert not (tmp_path / "state" / "orders").exists()
 
 
-def test_pruning_a_retired_shard_removes_its_recovery_log_and_snapshots_and_keeps_its_records(tmp_path):
-    """History retention's prune pod (``spec.history.retiredShards``): each named retired shard loses its bulk
-    (recovery log, snapshots, hand-over notes, restore reports) and keeps the records the final results read; a
-    directory of another Task is left alone; a name that is not a shard's is refused; a retry finds less."""
-    from spark_runtime.identity import claim_task_storage, prune_retired_shards
+def test_pruning_a_retired_shard_removes_its_bulk_only_once_storage_shows_no_successor_needs_it(tmp_path):
+    """History retention's prune pod (``spec.history.retiredShards``) decides from storage facts: a retired shard
+    loses its bulk (recovery log, snapshots, hand-over notes, restore reports) and keeps the records the final
+    results read only when every successor (the operator's and those whose ``lineage.json`` names it) retired or
+    committed a batch with a recorded restore plan; otherwise it is kept, with the reason. A directory of another
+    Task is left alone; a name that is not a shard's is refused; a retry finds less."""
+    import json
+
+    from spark_runtime.history import prune_pod_main, prune_retired_shards
+    from spark_runtime.identity import claim_task_storage
+    from spark_runtime.protocol import PruneSummary
 
     task_dir = tmp_path / "state" / "orders"
+    shards = task_dir / "shards"
     claim_task_storage(location(task_dir), task="orders", namespace="ns", uid="uid-a")
-    for shard in ("orders-0-16", "orders-0-8"):
-        root = task_dir / "shards" / shard
+    for shard in ("orders-0-16", "orders-0-8", "orders-lone"):
+        root = shards / shard
         for bulky in ("checkpoint/commits", "snapshots/batch-3.1/state", "handover", "restore"):
             (root / bulky).mkdir(parents=True)
             (root / bulky / "f").write_text("x")
         for small in ("lineage.json", "drained.json", "progress.json"):
             (root / small).write_text("{}")
-    uri = str(task_dir)
-    assert prune_retired_shards(uri, "uid-b", ["orders-0-16"]).startswith("kept")
-    assert (task_dir / "shards" / "orders-0-16" / "checkpoint").is_dir()
-    done = prune_retired_shards(uri, "uid-a", ["orders-0-16"])
-    assert "orders-0-16/checkpoint" in done and "orders-0-16/snapshots" in done, done
-    pruned = task_dir / "shards" / "orders-0-16"
-    assert sorted(p.name for p in pruned.iterdir()) == ["drained.json", "lineage.json", "progress.json"]
-    assert (task_dir / "shards" / "orders-0-8" / "checkpoint" / "commits" / "f").exists(), "only the named shard"
-    assert prune_retired_shards(uri, "uid-a", ["orders-0-16"]).endswith("nothing left to remove")
+    (shards / "orders-0-8" / "lineage.json").write_text(json.dumps({"parent": "orders-0-16"}))  # it split again
+    standby = shards / "orders-8-16"
+    (standby / "checkpoint").mkdir(parents=True)
+    (standby / "lineage.json").write_text(json.dumps({"parent": "orders-0-16", "parents": []}))
+    uri, operator_view = str(task_dir), {"orders-0-16": ["orders-0-8"]}  # the operator has not seen orders-8-16
+
+    assert prune_retired_shards(uri, "uid-b", ["orders-0-16"], None, operator_view).pruned == ()
+    assert (shards / "orders-0-16" / "checkpoint").is_dir()
+
+    kept = prune_retired_shards(uri, "uid-a", ["orders-0-16", "orders-lone"], None, operator_view)
+    assert kept.pruned == () and dict(kept.kept).keys() == {"orders-0-16", "orders-lone"}, kept
+    assert "successor orders-8-16 has not committed a batch of its own" in dict(kept.kept)["orders-0-16"]
+    assert "no successor of orders-lone" in dict(kept.kept)["orders-lone"]
+    assert (shards / "orders-0-16" / "snapshots" / "batch-3.1" / "state" / "f").exists(), "kept: nothing removed"
+
+    (standby / "checkpoint" / "commits").mkdir()
+    (standby / "checkpoint" / "commits" / "0").write_text("v1")
+    why = dict(prune_retired_shards(uri, "uid-a", ["orders-0-16"], None, operator_view).kept)["orders-0-16"]
+    assert "orders-8-16 committed batch 0 but recorded no restore plan" in why, why
+
+    (standby / "restore-plan.json").write_text("{}")
+    message = tmp_path / "termination-log"
+    done = prune_pod_main(uri, "uid-a", ["orders-0-16"], None, operator_view, termination_log=str(message))
+    assert done == PruneSummary(pruned=("orders-0-16",)), done
+    assert PruneSummary.from_json(json.loads(message.read_text())) == done, "the operator reads it there"
+    assert sorted(p.name for p in (shards / "orders-0-16").iterdir()) == [
+        "drained.json",
+        "lineage.json",
+        "progress.json",
+    ]
+    assert (shards / "orders-0-8" / "checkpoint" / "commits" / "f").exists(), "only the named shard"
+    assert prune_retired_shards(uri, "uid-a", ["orders-0-16"], None, operator_view).pruned == ("orders-0-16",)
     with pytest.raises(ValueError, match="not a shard name"):
         prune_retired_shards(uri, "uid-a", [".."])

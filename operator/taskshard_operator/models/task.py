@@ -772,6 +772,7 @@ class AutoscaleSpec(K8sModel):
 
 
 MERGE_STALL_SECONDS = 600
+SPLIT_STALL_SECONDS = 900
 NO_PROGRESS_SECONDS = 300
 
 
@@ -786,6 +787,15 @@ class HandoverSpec(K8sModel):
         "MergeStalled, naming what it waits for (default 600). While one parent has drained and the other has "
         "not, the first one's range has no output; with Kafka retention a merge that never ends loses input. A "
         "merge stays withdrawable (remove spec.merge) until a parent has drained.",
+    )
+    split_stall_seconds: int = Field(
+        default=SPLIT_STALL_SECONDS,
+        ge=30,
+        le=AUTOSCALE_SECONDS_LIMIT,
+        description="How long an accepted split may go without its parent draining before the parent and the Task "
+        "show Degraded=True, reason SplitStalled, naming what it waits for (default 900): children that cannot "
+        "start, or that never catch up with a saturated parent. A split stays withdrawable (remove spec.split: "
+        "the parent keeps its range) until the parent has drained.",
     )
 
 
