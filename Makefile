@@ -2,6 +2,7 @@
 #   make demo          the main job: local control plane + (once the operator lands) a Task that splits
 #   make test          every tier that runs on this machine (unit, spark, cluster, integration)
 #   make test-unit | test-spark | test-cluster | test-integration | test-kind
+#   make soak SEED=<n> OPS=<n>  a long nemesis run: one Task's seeded random life, checked as its consumer reads it
 #   make test-node     docs/install.md on a real kubelet with the built images (root; ~18 min cold, ~5 min warm)
 #   make test-image    build both images from a debootstrap'ed bookworm base and check them (root; ~10 min cold)
 #   make images        docker build both targets with the Kafka and S3 jars (IMAGE_REPO/operator|shard:IMAGE_TAG)
@@ -18,7 +19,7 @@ PYTEST := bash hack/run-pytest.sh
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_REPO ?= taskshard
 
-.PHONY: venv binaries demo test test-unit test-spark test-cluster test-integration test-kind test-node test-image image-jars images push-images bench lint clean
+.PHONY: venv binaries demo test soak test-unit test-spark test-cluster test-integration test-kind test-node test-image image-jars images push-images bench lint clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -39,6 +40,11 @@ demo: venv binaries
 test: venv binaries
 	$(PYTEST) --require-tests --durations=25 -m "not kind and not integration and not image and not node"
 	$(PYTEST) --require-tests --durations=10 -m integration
+
+SEED ?= 6
+OPS ?= 40
+soak: venv binaries
+	TASKSHARD_NEMESIS_SEED=$(SEED) TASKSHARD_NEMESIS_OPS=$(OPS) $(PYTEST) --require-tests -m nemesis -s --timeout 0
 
 test-unit: venv
 	$(PYTEST) -m unit

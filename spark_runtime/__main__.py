@@ -63,6 +63,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    if config.heartbeat_file:  # a previous container's (an emptyDir outlives it) would fail the liveness probe
+        Path(config.heartbeat_file).unlink(missing_ok=True)
     # A SIGTERM from now on means "stop at a batch boundary" (a resumable stop; a final drain already begun
     # stays final), even one that arrives while Spark is still starting.
     early_sigterm: list[bool] = []

@@ -647,6 +647,11 @@ class ShardConfig(_Model):
     ready_file: str | None = Field(default=None, min_length=1, max_length=4096)
     """Created once the shard writes to its sink (a split child: once it took over from its parent) and removed
     at start; the pod's readiness probe tests it. None: no such file."""
+    heartbeat_file: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Touched at least every :data:`spark_runtime.shard.HEARTBEAT_SECONDS` while the runtime's poll loop runs,
+    removed when a drain or stop begins (a long export is bounded by the pod's grace period, not this); the pod's
+    liveness probe restarts a driver whose loop stopped (blocked in a storage call, a hung driver thread). None: no
+    such file."""
     allow_fresh_start: bool = False
     """The user's decision (TaskShard annotation ``taskshard.io/allow-fresh-start: "true"``) to start a shard
     whose recovery log is missing or older than ``expectedBatch`` over from its source's start positions."""

@@ -46,6 +46,9 @@ series carries the labels ``task`` and ``shard``. Names (:class:`Metric`):
                                                             state map (only with :data:`KEY_GROUP_METRICS_CONF`)
 ``taskshard_shard_state_map_batch``               gauge     the committed batch the state map counts (absent: none)
 ``taskshard_shard_writer_epoch``                  gauge     this runtime's writer epoch (0: none claimed yet)
+``taskshard_shard_heartbeat_timestamp_seconds``   gauge     when the runtime's poll loop last ran (Unix time; 0: not
+                                                            yet): a loop blocked in a storage call shows here while
+                                                            the endpoint still answers (the operator's NoProgress)
 ================================================  ========  ==========================================================
 """
 
@@ -180,6 +183,7 @@ class Metric(StrEnum):
     KEY_GROUP_ROWS = "taskshard_shard_key_group_rows"  # counter, label key_groups="<start>-<end>"
     KEY_GROUP_STATE_ROWS = "taskshard_shard_key_group_state_rows"  # gauge, label key_groups="<start>-<end>"
     STATE_MAP_BATCH = "taskshard_shard_state_map_batch"
+    HEARTBEAT = "taskshard_shard_heartbeat_timestamp_seconds"
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,8 @@ class LiveStats:
     """The event-time watermark (Unix time; None: no event time)."""
     late_records: int | None = None
     """Late records so far (None: no event time)."""
+    heartbeat: float | None = None
+    """Unix time the runtime's poll loop last ran (None: not yet, or a runtime that does not say)."""
 
     def to_status(self, *, observed_at: str) -> dict[str, Any]:
         """The ``status.live`` object; ``rate`` rounded to 0.1 rows/s so that noise does not cause writes."""
@@ -295,4 +301,5 @@ def live_stats(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> LiveS
         batch_running=float(values.get(Metric.BATCH_RUNNING, 0.0)),
         watermark=watermark,
         late_records=int(late) if late is not None else None,
+        heartbeat=values.get(Metric.HEARTBEAT) or None,
     )

@@ -179,6 +179,8 @@ class ShardMetrics:
         self._emitting.set(0)
         self._epoch = gauge(Metric.WRITER_EPOCH, "This runtime's writer epoch (0: none claimed yet).").labels(*own)
         self._epoch.set(0)
+        self._heartbeat = gauge(Metric.HEARTBEAT, "When the runtime's poll loop last ran (Unix time; 0: not yet).")
+        self._heartbeat.labels(*own).set(0)
         self._register_key_group_maps()
         self._register_time_series(gauge, counter)
 
@@ -307,6 +309,10 @@ class ShardMetrics:
                 self._last_time.set(committed_at)
             if known:
                 self._committed_at = self._clock()
+
+    def beat(self, at: float) -> None:
+        """The runtime's poll loop ran at ``at`` (Unix time)."""
+        self._heartbeat.labels(self.task, self.shard).set(at)
 
     def on_trigger(self, active: bool, *, idle_kafka: bool = False) -> None:
         """Whether Spark's query has a trigger in flight now (``query.status['isTriggerActive']``). ``idle_kafka``:

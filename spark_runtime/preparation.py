@@ -65,8 +65,9 @@ def claim_shard(io: ShardIO) -> None:
     if isinstance(io.sink, DirectorySinkWriter):
         io.sink.epoch = io.fence.epoch
     check_recovery_log(io)
-    if cfg.ready_file:
-        Path(cfg.ready_file).unlink(missing_ok=True)
+    for stale in (cfg.ready_file, cfg.heartbeat_file):
+        if stale:
+            Path(stale).unlink(missing_ok=True)
     io.paths.shard_dir.mkdir()
     marker = io.paths.drain_marker
     if marker.exists() and marker.read_text().startswith("stop"):

@@ -42,6 +42,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from spark_runtime import preparation
@@ -71,6 +72,8 @@ __all__ = ["ShardFailed", "ShardRunner", "StandbyStopped", "summary_message"]
 log = logging.getLogger("taskshard.shard")
 
 RESTART_BACKOFF_SECONDS = 2.0
+HEARTBEAT_SECONDS = 5.0
+"""The heartbeat file (``heartbeatFile``) is touched at most this often while the poll loop runs."""
 IN_PROCESS_RESTARTS = 3
 """How often a failed query is restarted in-process (from its checkpoint) before the shard gives up (exit 1)."""
 FENCE_POLL_SECONDS = 1.0
@@ -185,6 +188,7 @@ class ShardRunner:
         self._query_name = f"taskshard-{config.shard}-{uuid.uuid4().hex[:6]}"
         self._checked = False
         self._fence_polled_at = time.monotonic()
+        self._beat_at = 0.0
         self._wire(drain_timeout, catch_up)
 
     def _wire(self, drain_timeout: float, catch_up: bool | None) -> None:
@@ -443,6 +447,7 @@ class ShardRunner:
             return self.summary
         set_log_phase("running")
         while True:
+            self._beat()
             # A requested drain comes first: it needs no healthy query (it exports the last committed batch).
             if not self.drain_requested():
                 self.poll()
@@ -453,11 +458,30 @@ class ShardRunner:
                     self.poll()
                     self.request_drain("caught up (availableNow)")
             if self.drain_requested():
+                self._end_heartbeat()  # a drain's export is bounded by the pod's grace period, not the probe
                 summary = self.drain()
                 if summary is not None:
                     return summary
                 set_log_phase("running")  # the drain backed out (a successor was fenced): go on
             time.sleep(poll_interval)
+
+    def _beat(self) -> None:
+        """The poll loop runs: the heartbeat gauge now, the heartbeat file (``heartbeatFile``, the liveness probe's)
+        at most every :data:`HEARTBEAT_SECONDS`."""
+        now = time.time()
+        self.metrics.beat(now)
+        path = self.config.heartbeat_file
+        if path and now - self._beat_at >= HEARTBEAT_SECONDS:
+            self._beat_at = now
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).touch()
+
+    def _end_heartbeat(self) -> None:
+        """A drain or stop begins: no heartbeat file (the liveness probe passes without one), so a long export is
+        never restarted mid-way; the next beat, should the drain back out, writes it again."""
+        self._beat_at = 0.0
+        if self.config.heartbeat_file:
+            Path(self.config.heartbeat_file).unlink(missing_ok=True)
 
     def follow_split(self) -> None:
         """One step of a split in progress (:mod:`spark_runtime.handover`): as a catch-up child, follow the

@@ -192,6 +192,7 @@ def build_shard_config(
         },
         "terminationMessagePath": naming.TERMINATION_MESSAGE_PATH,
         "readyFile": naming.EMITTING_FILE,
+        "heartbeatFile": naming.HEARTBEAT_FILE,
         **_recovery_and_retention(spec, expected_batch, allow_fresh_start),
     }
 
@@ -391,7 +392,8 @@ def _driver_container(
     executors: bool,
 ) -> dict[str, Any]:
     """The driver container: the runtime's command and environment, the readiness probe (the shard emits), the
-    termination message (its summary) and its ports (metrics; the driver's own when executors run)."""
+    liveness probe (its poll loop runs: :data:`LIVENESS_COMMAND`), the termination message (its summary) and its
+    ports (metrics; the driver's own when executors run)."""
     container: dict[str, Any] = {
         "name": naming.CONTAINER_DRIVER,
         "image": spec.spark.image,
@@ -419,6 +421,11 @@ def _driver_container(
             "periodSeconds": naming.READINESS_PERIOD_SECONDS,
             "failureThreshold": 1,
         },
+        "livenessProbe": {
+            "exec": {"command": LIVENESS_COMMAND},
+            "periodSeconds": naming.LIVENESS_PERIOD_SECONDS,
+            "failureThreshold": 1,
+        },
     }
     if spec.spark.image_pull_policy:
         container["imagePullPolicy"] = spec.spark.image_pull_policy
@@ -429,6 +436,16 @@ def _driver_container(
             {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT},
         ]
     return container
+
+
+LIVENESS_COMMAND = [
+    "sh",
+    "-c",
+    f'test ! -e {naming.HEARTBEAT_FILE} || test -n "$(find {naming.HEARTBEAT_FILE} '
+    f'-mmin -{naming.LIVENESS_STALE_MINUTES})"',
+]
+"""The driver's liveness: no heartbeat file (starting, restoring, on standby, draining), or one touched within
+``naming.LIVENESS_STALE_MINUTES`` (the runtime's poll loop runs)."""
 
 
 def build_pod(

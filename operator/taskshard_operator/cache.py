@@ -140,6 +140,11 @@ class Observed(Protocol):
         """The last scrape of the shard's metrics endpoint (``taskshard_operator.live``), None when none."""
         ...
 
+    def scraping(self) -> bool:
+        """The operator scrapes running shards' metrics endpoints (``--live-status-seconds`` above 0): a running
+        driver that never answers is then MetricsUnreachable."""
+        ...
+
     def prune_pod(self, namespace: str, task: str) -> PrunePodView | None:
         """The Task's prune pod (history retention, :mod:`taskshard_operator.retention`), None when none."""
         ...
@@ -282,6 +287,9 @@ class KopfCache:
 
     def live(self, namespace: str, shard: str) -> Scraped | None:
         return self.live_store.get(namespace, shard)
+
+    def scraping(self) -> bool:
+        return self.live_store.enabled
 
     def scrape_targets(self) -> list[ScrapeTarget]:
         """Every shard driver pod that runs and has an IP (what the live-status scraper polls)."""

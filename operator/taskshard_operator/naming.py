@@ -76,6 +76,14 @@ SPARK_AUTH_KEY = "secret"
 SPARK_AUTH_FILE = f"{SPARK_AUTH_DIR}/{SPARK_AUTH_KEY}"
 """The file of the shard's Spark authentication key in the driver and executor containers (a Secret volume)."""
 READINESS_PERIOD_SECONDS = 2
+HEARTBEAT_FILE = "/tmp/taskshard-heartbeat"
+"""Touched by the runtime while its poll loop runs, absent while it starts, restores, waits on standby or drains;
+the driver container's liveness probe fails when it is older than :data:`LIVENESS_STALE_MINUTES`."""
+LIVENESS_STALE_MINUTES = 10
+"""A driver whose poll loop has not run for this long (blocked in a storage call, a hung driver thread) is
+restarted by its liveness probe; it resumes from its recovery log. Twice the default ``spec.noProgressSeconds``,
+which shows it first (Degraded, NoProgress)."""
+LIVENESS_PERIOD_SECONDS = 30
 
 
 TASK_NAME_LIMIT = 63

@@ -26,6 +26,7 @@ import kopf
 from pydantic import ValidationError
 
 from spark_runtime.config import parse_config
+from spark_runtime.live import METRICS_PORT
 from spark_runtime.protocol import SummaryEvent
 from taskshard_operator import builders, cache, executors, naming, planner
 from taskshard_operator import status as st
@@ -82,6 +83,10 @@ __all__ = [
     "validate_shard_config",
 ]
 
+METRICS_UNREACHABLE_SECONDS = 180.0
+"""A running driver whose metrics endpoint has not answered for this long (since it started, or since its last
+answer) is MetricsUnreachable: Ready=False, Degraded=True (a fresh JVM answers within a minute; three scrape
+intervals without an answer already make its last answer stale)."""
 STABLE_SECONDS = 60.0
 """A driver container that ran this long resets the pod replacement back-off."""
 
@@ -533,10 +538,14 @@ def _mirror_running_pod(ctx: ShardContext) -> None:
         _mirror_recovering_pod(ctx)
         return
     stalled = _no_progress(ctx)
+    unreachable = _metrics_unreachable(ctx) if stalled is None else None
     degraded = ctx.cond(st.DEGRADED, False, "Healthy", "")
     if stalled is not None:
         ready = ctx.cond(st.READY, False, st.NO_PROGRESS, stalled)
         degraded = ctx.cond(st.DEGRADED, True, st.NO_PROGRESS, stalled)
+    elif unreachable is not None:
+        ready = ctx.cond(st.READY, False, st.METRICS_UNREACHABLE, unreachable)
+        degraded = ctx.cond(st.DEGRADED, True, st.METRICS_UNREACHABLE, unreachable)
     elif pod.ready:
         ready = ctx.cond(st.READY, True, "Emitting", f"driver pod {pod.name} processes {ctx.key_groups}")
     else:
@@ -571,6 +580,16 @@ def _no_progress(ctx: ShardContext) -> str | None:
     if scraped is None or scraped.stale or scraped.pod_ip != pod.pod_ip:
         return None
     limit = ctx.spec.no_progress_seconds if ctx.spec is not None else NO_PROGRESS_SECONDS
+    if scraped.stats.heartbeat is not None:
+        quiet = time.time() - scraped.stats.heartbeat
+        if quiet >= limit:
+            return (
+                f"the runtime's poll loop in driver pod {pod.name} has not run for {_minutes(quiet)} while its "
+                f"metrics endpoint answers (spec.noProgressSeconds {limit}): blocked in a storage call or a hung "
+                f"driver thread; its liveness probe restarts it after {naming.LIVENESS_STALE_MINUTES} min; see the "
+                "pod's log"
+            )
+        ctx.decision.again_in(limit - quiet + 1)
     running = scraped.stats.batch_running
     if running <= 0:
         return None
@@ -581,6 +600,29 @@ def _no_progress(ctx: ShardContext) -> str | None:
         f"driver pod {pod.name} has run its current batch for {_minutes(running)} without committing it (after "
         f"batch {scraped.stats.batch_id}; spec.noProgressSeconds {limit}): a hung batch, a source it cannot read, "
         "or a processor that does not return; see the pod's log"
+    )
+
+
+def _metrics_unreachable(ctx: ShardContext) -> str | None:
+    """Why the running driver counts as unreachable: the operator scrapes live metrics, yet this pod has not
+    answered for :data:`METRICS_UNREACHABLE_SECONDS` since it started (or since its last answer); else None. A
+    driver that stops answering must not stay Ready on its readiness file alone."""
+    pod = ctx.pod
+    if not ctx.observed.scraping():
+        return None
+    scraped = ctx.observed.live(ctx.namespace, ctx.name)
+    if scraped is not None and not scraped.stale and scraped.pod_ip == pod.pod_ip:
+        return None
+    own = scraped is not None and scraped.pod_ip == pod.pod_ip
+    silent = min(pod.running_for(), time.monotonic() - scraped.scraped_at) if own else pod.running_for()
+    if silent < METRICS_UNREACHABLE_SECONDS:
+        ctx.decision.again_in(METRICS_UNREACHABLE_SECONDS - silent + 1)
+        return None
+    since = f"since its last answer at {scraped.observed_at}" if own else "since it started"
+    return (
+        f"driver pod {pod.name} has not answered on its metrics endpoint (http://{pod.pod_ip}:{METRICS_PORT}"
+        f"/metrics) for {_minutes(silent)} {since}: a driver that stopped answering, or a network policy that keeps "
+        "the operator out; its status.live and the autoscaler's signal are stale"
     )
 
 

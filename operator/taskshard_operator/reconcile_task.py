@@ -409,6 +409,8 @@ class _Groups:
     """Split parents that have not drained within the Task's bound (Degraded reason SplitStalled)."""
     no_progress: list[str]
     """Running shards whose batch in flight has not committed within ``spec.noProgressSeconds`` (NoProgress)."""
+    unreachable: list[str]
+    """Running shards whose metrics endpoint does not answer (MetricsUnreachable)."""
     held: planner.ShardView | None = None
     """The shard the roll stopped at: the new template fails there too (:func:`taskshard_operator.planner.
     roll_held`)."""
@@ -433,6 +435,7 @@ def _summarise(decision, views, plan, spec, target, cond, generation, scaled) ->
         stalled=[v.name for v in views if v.degraded_reason == st.MERGE_STALLED],
         split_stalled=[v.name for v in views if v.degraded_reason == st.SPLIT_STALLED],
         no_progress=[v.name for v in active if v.degraded_reason == st.NO_PROGRESS],
+        unreachable=[v.name for v in active if v.degraded_reason == st.METRICS_UNREACHABLE],
         held=planner.roll_held(target, views),
     )
     phase = planner.task_phase(views, tiling_error=plan.tiling_error, suspended=spec.suspend)
@@ -603,6 +606,9 @@ def _degraded(cond, tiling_error: str | None, g: _Groups) -> dict[str, Any]:
     if g.no_progress:
         message = f"no progress: {_names(g.no_progress)} (see their Degraded condition)"
         return cond(st.DEGRADED, True, st.NO_PROGRESS, message)
+    if g.unreachable:
+        message = f"metrics unreachable: {_names(g.unreachable)} (see their Degraded condition)"
+        return cond(st.DEGRADED, True, st.METRICS_UNREACHABLE, message)
     if tiling_error:
         return cond(st.DEGRADED, True, "TilingBroken", tiling_error)
     if g.stalled:

@@ -53,6 +53,9 @@ EXECUTORS_READY = ConditionType.EXECUTORS_READY.value
 NO_PROGRESS = "NoProgress"
 """Ready=False and Degraded=True on a running shard whose batch in flight has run ``spec.noProgressSeconds`` without
 committing (and Degraded on its Task, naming it)."""
+METRICS_UNREACHABLE = "MetricsUnreachable"
+"""Ready=False and Degraded=True on a running shard whose metrics endpoint has not answered the operator's scrapes
+for ``reconcile_shard.METRICS_UNREACHABLE_SECONDS`` (and Degraded on its Task, naming it)."""
 MERGE_STALLED = "MergeStalled"
 """Degraded=True on a merge's shards accepted longer ago than ``spec.handover.mergeStallSeconds`` (and on the Task)."""
 SPLIT_STALLED = "SplitStalled"

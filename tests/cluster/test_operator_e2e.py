@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -198,6 +199,8 @@ def assert_live_status(kubectl, op, shard: str, rows: int) -> None:
     assert scraped["taskshard_shard_lag"] == 0 and scraped["taskshard_shard_emitting"] == 1, scraped
     batch = int(scraped["taskshard_shard_last_batch"])
     assert batch >= 0
+    beat = scraped["taskshard_shard_heartbeat_timestamp_seconds"]
+    assert time.time() - 30 < beat <= time.time() + 1, f"the poll loop beats: {beat}"
 
     # The journal's lag is measured between batches, so the operator may have mirrored this batch while its lag was
     # still the pre-batch value: wait for the mirror of the scrape above (this batch or later, and lag 0).

@@ -81,6 +81,8 @@ class FakeKube:
         """Retired shards a prune pod keeps, with why (its storage shows a successor still needs them)."""
         self.scrapes: dict[str, Any] = {}
         """The live store's last scrape per shard (``taskshard_operator.live.Scraped``): none unless a test sets it."""
+        self.scraping_on = False
+        """The operator scrapes live metrics (MetricsUnreachable is judged): off unless a test turns it on."""
         self.pod_patches: list[tuple[str, dict]] = []
         """Every patch of a pod (the split protocol makes none: the hand-over goes through storage)."""
         self.versions = itertools.count(1)
@@ -245,6 +247,9 @@ class FakeKube:
 
     def live(self, namespace, shard):
         return self.scrapes.get(shard)
+
+    def scraping(self):
+        return self.scraping_on  # off unless a test turns it on (its pods' start times are made up)
 
     def prune_pod(self, namespace, task):
         pod = self.objects.get(("pods", naming.prune_pod_name(task)))

@@ -41,6 +41,7 @@ class World:
         self.configmaps: dict[str, str] = {}
         self.executor_pods: dict[str, list[dict[str, Any]]] = {}
         self.scrapes: dict[str, Any] = {}
+        self.scraping_on = False
         self.calls: list[tuple] = []
         self.tasks[TASK] = {
             "apiVersion": naming.GROUP_VERSION,
@@ -82,6 +83,9 @@ class World:
 
     def live(self, namespace: str, shard: str):
         return self.scrapes.get(shard)
+
+    def scraping(self):
+        return self.scraping_on  # off unless a test turns it on (its pods' start times are made up)
 
     def prune_pod(self, namespace: str, task: str):
         return None  # the decision tests prune no history

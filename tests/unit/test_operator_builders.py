@@ -104,6 +104,7 @@ def test_build_shard_config_golden_and_valid_for_the_runtime():
         },
         "terminationMessagePath": "/dev/termination-log",
         "readyFile": "/tmp/taskshard-emitting",
+        "heartbeatFile": "/tmp/taskshard-heartbeat",
     }
     validate_shard_config(config)
     config["restoreFrom"] = None
@@ -180,6 +181,18 @@ def test_build_pod_golden():
                     "readinessProbe": {
                         "exec": {"command": ["test", "-e", "/tmp/taskshard-emitting"]},
                         "periodSeconds": 2,
+                        "failureThreshold": 1,
+                    },
+                    "livenessProbe": {
+                        "exec": {
+                            "command": [
+                                "sh",
+                                "-c",
+                                'test ! -e /tmp/taskshard-heartbeat || test -n "$(find /tmp/taskshard-heartbeat '
+                                '-mmin -10)"',
+                            ]
+                        },
+                        "periodSeconds": 30,
                         "failureThreshold": 1,
                     },
                     "ports": [{"name": "metrics", "containerPort": 9108}],

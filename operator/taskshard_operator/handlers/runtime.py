@@ -48,6 +48,7 @@ class Runtime:
         self.context: contextvars.Context | None = None
         if LIVE_SECONDS > 0:
             self.cache.live_store.stale_seconds = STALE_SCRAPES * LIVE_SECONDS
+        self.cache.live_store.enabled = LIVE_SECONDS > 0
         self.live = LiveScraper(
             self.cache.live_store,
             self.cache.scrape_targets,

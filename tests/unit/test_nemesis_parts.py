@@ -1,0 +1,65 @@
+"""The nemesis's two pure halves: the seeded schedule (the same seed gives the same life; steps adapt to the shards
+they find; a printed schedule replays) and the consumer-side verifier (it finds a lost key, a count published
+twice and a count above the input, and ignores hidden paths)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.nemesis.schedule import KINDS, MAX_SHARDS, Step, generate, parse, render
+from tests.nemesis.verifier import verify
+
+pytestmark = pytest.mark.unit
+
+ONE = [("t-0-16", 0, 16)]
+TWO = [("t-0-4", 0, 4), ("t-4-16", 4, 16)]
+
+
+def test_a_seed_is_a_schedule_and_a_printed_schedule_replays():
+    assert generate(6, 30) == generate(6, 30)
+    assert generate(6, 30) != generate(7, 30)
+    steps = generate(6, 200)
+    assert {s.kind for s in steps} == set(KINDS), "a long run draws every kind"
+    assert sum(s.kind == "prune" for s in steps) == 1
+    assert parse(render(steps)) == steps
+    with pytest.raises(ValueError, match="'explode' is not a nemesis step kind"):
+        parse("split:0.1:0.2,explode:0.3:0.4")
+
+
+def test_a_step_resolves_against_the_shards_it_finds():
+    assert Step("split", 0.9, 0.1).resolve(ONE) == "split t-0-16 at 1", "an edge: the first key group"
+    assert Step("split", 0.9, 0.9).resolve(TWO) == "split t-4-16 at 15", "an edge: the last key group"
+    assert Step("split", 0.0, 0.5).resolve(TWO) == "split t-0-4 at 2"
+    assert Step("merge", 0.99, 0.5).resolve(TWO) == "merge t-0-4 with t-4-16", "the last merges with its left"
+    assert Step("merge", 0.5, 0.5).resolve(ONE) == "split t-0-16 at 8", "one shard: a split instead"
+    many = [(f"t-{i}-{i + 1}", i, i + 1) for i in range(MAX_SHARDS)]
+    assert Step("split", 0.1, 0.5).resolve(many) == "merge t-0-1 with t-1-2", "at the cap: a merge instead"
+    assert Step("split-kill", 0.0, 0.5).resolve([("t-0-1", 0, 1)]) == "kill t-0-1", "one key group, one shard"
+
+
+def write(path, lines) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_the_verifier_reads_like_a_consumer_and_finds_lost_and_doubled_keys(tmp_path):
+    journal, sink = tmp_path / "journal", tmp_path / "out"
+    write(journal / "p0.jsonl", [{"key": "a"}, {"key": "a"}, {"key": "b"}])
+    write(journal / "p1.jsonl", [{"key": "a"}])
+    write(sink / "shard=t-0-16" / "batch-0.jsonl", [{"key": "a", "result": 2}, {"key": "b", "result": 1}])
+    write(sink / "shard=t-0-8" / "batch-3.jsonl", [{"key": "a", "result": 3}])
+    write(sink / "shard=t-0-8" / "_pending" / "4" / "batch-4.jsonl", [{"key": "a", "result": 3}])  # hidden
+    verdict = verify(journal, sink)
+    assert verdict.exact and (verdict.expected_records, verdict.published_records) == (4, 3), verdict.summary()
+
+    write(sink / "shard=t-8-16" / "batch-1.jsonl", [{"key": "a", "result": 3}])  # two owners emitted one count
+    assert verify(journal, sink).doubled == {"a": [3]}
+    (sink / "shard=t-8-16" / "batch-1.jsonl").unlink()
+    write(journal / "p1.jsonl", [{"key": "a"}, {"key": "a"}, {"key": "c"}])
+    lost = verify(journal, sink)
+    assert lost.lost == {"a": (4, 3), "c": (1, 0)} and not lost.doubled, lost.summary()
+    write(sink / "shard=t-0-8" / "batch-5.jsonl", [{"key": "a", "result": 5}, {"key": "z", "result": 1}])
+    over = verify(journal, sink)
+    assert over.doubled == {"a": [5]} and over.unknown == ["z"], over.summary()
