@@ -35,11 +35,10 @@ binaries:
 demo: venv binaries
 	$(PY) hack/demo.py
 
-# Two pytest processes: the integration tier's SparkSession must be the first JVM of its process (the Kafka and
-# s3a jars join the classpath only at JVM start).
+# Two pytest processes at once (hack/test-all.sh): the integration tier's SparkSession must be the first JVM of its
+# process (the Kafka and s3a jars join the classpath only at JVM start); it runs beside the unit and Spark tiers.
 test: venv binaries
-	$(PYTEST) --require-tests --durations=25 -m "not kind and not integration and not image and not node"
-	$(PYTEST) --require-tests --durations=10 -m integration
+	bash hack/test-all.sh
 
 SEED ?= 6
 OPS ?= 40

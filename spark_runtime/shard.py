@@ -189,6 +189,7 @@ class ShardRunner:
         self._checked = False
         self._fence_polled_at = time.monotonic()
         self._beat_at = 0.0
+        self._published_through = -1
         self._wire(drain_timeout, catch_up)
 
     def _wire(self, drain_timeout: float, catch_up: bool | None) -> None:
@@ -419,6 +420,9 @@ class ShardRunner:
         self._guard_while_idle()
         catching_up = self.as_child is not None and self.as_child.catching_up
         self.last_committed = self.progress.poll(self.query, self.last_committed, emitting=not catching_up)
+        if isinstance(self.sink, DirectorySinkWriter) and self.last_committed > self._published_through:
+            self.sink.publish_through(self.last_committed)  # visible now, not when the next batch starts
+            self._published_through = self.last_committed
 
     def positions_at(self, batch_id: int) -> dict[str, Any]:
         """The source's end positions of committed ``batch_id`` (the start positions when -1)."""

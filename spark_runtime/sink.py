@@ -49,10 +49,12 @@ offsets, same prior state), so a replay rewrites the same pending file. What a c
   ``foreachBatch`` or stop of the shard;
 - in the middle of a publish: some batches renamed, the rest pending; publishing again is idempotent.
 
-Visibility: a running shard publishes batch ``N`` when batch ``N + 1`` starts or when the shard stops. A plain
-read while shards run sees a committed prefix (a shard's latest committed batch may still be pending); after a
-drain or stop it sees every committed batch. :func:`spark_runtime.results.final_results` given the storage root
-also reads pending batches up to each shard's last commit (from its recovery log), so it is current at once.
+Visibility: a running shard publishes batch ``N`` as soon as its poll loop sees ``N`` in the commit log (at most a
+second after the commit; :meth:`DirectorySinkWriter.publish_through`), else when batch ``N + 1`` starts or the
+shard stops. A plain read while shards run sees a committed prefix (a batch committed within the last poll may
+still be pending); after a drain or stop it sees every committed batch.
+:func:`spark_runtime.results.final_results` given the storage root also reads pending batches up to each shard's
+last commit (from its recovery log), so it is current at once.
 ``query.stop()`` waits for a running ``foreachBatch`` (unless ``spark.sql.streaming.stopTimeout`` is set); one
 that outlived it could only leave a file in ``_pending/``: hidden, and dropped by a resumed shard's first batch.
 """
@@ -64,6 +66,7 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -107,18 +110,45 @@ class DirectorySinkWriter:
         self.epoch = epoch
         self.rows_written = 0
         self._kill_after = faults.kill_after_sink_batch()
+        self._lock = threading.Lock()
+        """Held by ``foreachBatch`` and by :meth:`publish_through` (the runtime's poll thread)."""
 
     def __call__(self, df: Any, batch_id: int) -> None:
         batch_id = int(batch_id)
-        # Step 1: Spark runs batch N only after committing N - 1: publish everything below N.
-        self.publish_committed(batch_id - 1)
-        # Step 2: batch N, pending until it is known committed.
-        if self.fmt == "jsonl":
-            rows = self.write_jsonl(df, batch_id)
-        else:
-            rows = self.write_parquet(df, batch_id)
+        with self._lock:
+            # Step 1: Spark runs batch N only after committing N - 1: publish everything below N.
+            self.publish_committed(batch_id - 1)
+            # Step 2: batch N, pending until it is known committed.
+            if self.fmt == "jsonl":
+                rows = self.write_jsonl(df, batch_id)
+            else:
+                rows = self.write_parquet(df, batch_id)
         self.rows_written += rows
         _maybe_fault(self._kill_after, batch_id)
+
+    def publish_through(self, last_committed: int) -> list[int]:
+        """From the runtime's poll loop, as soon as it sees batch ``last_committed`` in the commit log: publish
+        this writer epoch's pending batches up to it, so a committed batch is visible within a poll, not only
+        when the next batch starts (an idle shard's last batch would stay hidden). Renames only: it never drops a
+        later pending file (``foreachBatch`` may be writing the next batch) nor touches another epoch's directory;
+        ``foreachBatch`` and the stop do the rest as before. Returns the published ids."""
+        with self._lock:
+            pending_dir = self.paths.epoch_pending_dir(self.epoch)
+            try:
+                names = sorted(os.listdir(pending_dir))
+            except FileNotFoundError:
+                return []
+            published = []
+            for name in names:
+                parsed = parse_batch_file_name(name)
+                if parsed is None or parsed[0] > last_committed or self.paths.batch_file(*parsed).exists():
+                    continue
+                try:
+                    os.replace(pending_dir / name, self.paths.batch_file(*parsed))
+                except FileNotFoundError:
+                    continue
+                published.append(parsed[0])
+            return published
 
     def publish_committed(self, last_committed: int) -> list[int]:
         """Publish every pending batch ``<= last_committed`` of this writer epoch and of earlier ones (rename

@@ -80,10 +80,11 @@ def test_writer_publishes_only_committed_batches(fmt, tmp_path, shard_spark):
 
 
 def test_shard_output_read_plainly_equals_the_project_reader(make_task, shard_spark):
-    """A real shard, several micro-batches: while running, the sink shows committed batches only and the
-    project's reader is already current; stopped at batch N with batch N + 1 written but never committed (what a
-    split's drain leaves when it has to stop mid-batch), the plain read and the project's reader agree with the
-    reference, and no file of batch N + 1 remains."""
+    """A real shard, several micro-batches: while running, the sink shows every committed batch and only those
+    (an idle shard's last one too: published within a poll of its commit), and the project's reader agrees;
+    stopped at batch N with batch N + 1 written but never committed (what a split's drain leaves when it has to
+    stop mid-batch), the plain read and the project's reader agree with the reference, and no file of batch N + 1
+    remains."""
     from spark_runtime.checkpoint import last_committed_batch
     from spark_runtime.results import read_sink
     from spark_runtime.shard import ShardRunner
@@ -100,7 +101,10 @@ def test_shard_output_read_plainly_equals_the_project_reader(make_task, shard_sp
     committed = last_committed_batch(runner.paths.checkpoint)
     assert committed >= 1, "several micro-batches"
     visible = {int(r["batch"]) for r in plain_read(shard_spark, env.sink, "jsonl")}
-    assert visible and max(visible) <= committed, "a running shard shows committed batches only"
+    assert visible and max(visible) == committed, "a running shard shows every committed batch, and only those"
+    assert latest_per_key(plain_read(shard_spark, env.sink, "jsonl")) == ref.results, (
+        "an idle shard's last batch is visible to a plain read (published within a poll of its commit)"
+    )
     assert env.results() == ref.results, "the project's reader also sees the committed, unpublished batch"
 
     # The query stops at batch N; batch N + 1 was written by foreachBatch but never committed.
@@ -119,8 +123,13 @@ def test_shard_output_read_plainly_equals_the_project_reader(make_task, shard_sp
     published = {int(f.stem.split("-")[1]) for f in paths.results_dir.glob("batch-*.jsonl")}
     assert {int(r["batch"]) for r in plain} == published and max(published) <= n
     assert len(plain) == len(read_sink(env.sink)), "each published record counted once"
+    assert latest_per_key(plain) == env.results() == ref.results
+
+
+def latest_per_key(records) -> dict:
+    """One shard's output read plainly: a key's latest result is the one of its highest batch."""
     latest: dict[str, tuple[int, int]] = {}
-    for r in plain:  # one shard: a key's latest result is the one of its highest batch
+    for r in records:
         if r["key"] not in latest or r["batch"] > latest[r["key"]][0]:
             latest[r["key"]] = (r["batch"], r["result"])
-    assert {k: v for k, (_, v) in latest.items()} == env.results() == ref.results
+    return {k: v for k, (_, v) in latest.items()}
