@@ -36,7 +36,7 @@ demo: venv binaries
 	$(PY) hack/demo.py
 
 # Two pytest processes at once (hack/test-all.sh): the integration tier's SparkSession must be the first JVM of its
-# process (the Kafka and s3a jars join the classpath only at JVM start); it runs beside the unit and Spark tiers.
+# process (the Kafka and s3a jars join the classpath only at JVM start); it runs beside the Spark and unit tiers.
 test: venv binaries
 	bash hack/test-all.sh
 

@@ -33,7 +33,13 @@ from spark_runtime.layout import ShardPaths
 from spark_runtime.protocol import PruneSummary
 from spark_runtime.storage import Loc
 
-__all__ = ["RETIRED_SHARD_BULK", "prune_pod_main", "prune_retired_shards", "still_needs_parent", "successors_of"]
+__all__ = [
+    "RETIRED_SHARD_BULK",
+    "prune_pod_main",
+    "prune_retired_shards",
+    "still_needs_parent",
+    "successors_in_storage",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +53,17 @@ def _shard_paths(task_dir: Loc, shard: str) -> ShardPaths:
     return ShardPaths(task_dir.parent, task_dir.name, shard)
 
 
-def successors_of(task_dir: Loc, retired: str) -> set[str]:
-    """The shards of the task directory whose ``lineage.json`` names ``retired`` as their parent (a split child's
-    ``parent``, a merged shard's ``parents``)."""
-    found = set()
+def successors_in_storage(task_dir: Loc) -> dict[str, set[str]]:
+    """Each shard's successors by storage (one listing of the task directory): the shards whose ``lineage.json``
+    names it as their parent (a split child's ``parent``, a merged shard's ``parents``)."""
+    found: dict[str, set[str]] = {}
     for shard_dir in (task_dir / "shards").iterdir():
         lineage = shard_dir / "lineage.json"
-        if shard_dir.name == retired or not lineage.exists():
-            continue
-        record = lineage.read_json()
+        record = lineage.read_json() if lineage.exists() else None
         if not isinstance(record, dict):
             continue
-        if record.get("parent") == retired or retired in (record.get("parents") or ()):
-            found.add(shard_dir.name)
+        for parent in {record.get("parent"), *(record.get("parents") or ())} - {None, shard_dir.name}:
+            found.setdefault(str(parent), set()).add(shard_dir.name)
     return found
 
 
@@ -103,8 +107,9 @@ def prune_retired_shards(
     if other is not None:
         return PruneSummary(pruned=(), kept=tuple((s, other) for s in shards))
     pruned, kept = [], []
+    in_storage = successors_in_storage(loc)
     for shard in shards:
-        after = sorted(set((successors or {}).get(shard) or ()) | successors_of(loc, shard))
+        after = sorted(set((successors or {}).get(shard) or ()) | in_storage.get(shard, set()))
         for name in after:
             _check_name(name)
         if not after:

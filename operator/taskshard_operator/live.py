@@ -159,9 +159,9 @@ class LiveStore:
         self._history: dict[tuple[str, str], LoadHistory] = {}
         self.load_window = load_window
         self.stale_seconds = STALE_SCRAPES * LIVE_INTERVAL_SECONDS
+        """An answer older than this is :attr:`Scraped.stale` (the runtime sets it from its scrape interval)."""
         self.enabled = True
         """The scraper runs (the runtime turns it off with ``--live-status-seconds 0``)."""
-        """An answer older than this is :attr:`Scraped.stale` (the runtime sets it from its scrape interval)."""
 
     def put(self, namespace: str, shard: str, scraped: Scraped, *, now: float | None = None) -> None:
         """Keep ``scraped`` as the shard's last answer, with its load map's growth over the window."""

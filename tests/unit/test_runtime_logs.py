@@ -12,6 +12,13 @@ import pytest
 from spark_runtime import logs
 
 
+@pytest.fixture(autouse=True)
+def _format_restored(monkeypatch):
+    """``logs.configure`` sets the process-wide format the SparkSession's JVM options follow (JSON logging adds a
+    log4j option): a later test's session must not inherit a test's JSON."""
+    monkeypatch.setattr(logs, "_format", logs.log_format())
+
+
 def _record(message: str, *, batch: int | None = None, exc: bool = False) -> logging.LogRecord:
     exc_info = None
     if exc:
