@@ -23,6 +23,7 @@ Pure: no API calls; actions are recorded on the pass's decision.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -281,3 +282,21 @@ def drained_status(ctx: ShardContext, term: st.Termination, *, note: str = "") -
         ],
     }
     return patch, message
+
+
+def show_stall(ctx: Any, accepted_time: Any, bound: int, reason: str, describe: Any) -> None:
+    """A hand-over's bound (a split's SplitStalled, a merge's MergeStalled): once it was accepted (``accepted_time``,
+    RFC 3339) longer ago than ``bound`` seconds, Degraded=True with ``reason`` and the message ``describe(elapsed)``,
+    and one Warning event when the condition first shows it; before that, a pass when the bound passes."""
+    accepted = st.parse_time(accepted_time)
+    if accepted is None:
+        return
+    elapsed = (dt.datetime.now(dt.UTC) - accepted).total_seconds()
+    if elapsed < bound:
+        ctx.decision.again_in(bound - elapsed + 1)
+        return
+    message = describe(elapsed)
+    shown = st.get_condition((ctx.shard.get("status") or {}).get("conditions"), st.DEGRADED) or {}
+    if shown.get("reason") != reason:
+        ctx.event("Warning", reason, message)
+    ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, reason, message)]})

@@ -51,7 +51,6 @@ The pass that calls these steps is :func:`taskshard_operator.reconcile_shard.dec
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import kopf
@@ -66,6 +65,7 @@ from taskshard_operator.handover import (
     claim_of,
     claim_patch,
     drained_status,
+    show_stall,
     split_waits,
 )
 from taskshard_operator.models.shard import MergeAbortOutcome, MergeRole, ShardPhase
@@ -527,20 +527,17 @@ def _left_let_go(ctx: ShardContext) -> bool:
 def _stall_check(ctx: ShardContext) -> None:
     """Degraded=True reason MergeStalled once the merge was accepted longer ago than the Task's bound, naming what
     it waits for; else a pass when the bound passes."""
-    accepted = st.parse_time((ctx.status.get("merge") or {}).get("acceptedTime"))
-    if accepted is None:
-        return
     bound = ctx.spec.handover.merge_stall_seconds if ctx.spec and ctx.spec.handover else MERGE_STALL_SECONDS
-    elapsed = (dt.datetime.now(dt.UTC) - accepted).total_seconds()
-    if elapsed < bound:
-        ctx.decision.again_in(bound - elapsed + 1)
-        return
-    waits = _waits_for(ctx)
-    message = f"the merge into {ctx.status['merge']['into']} was accepted {elapsed:.0f}s ago (bound {bound}s): {waits}"
-    shown = st.get_condition((ctx.shard.get("status") or {}).get("conditions"), st.DEGRADED) or {}
-    if shown.get("reason") != st.MERGE_STALLED:
-        ctx.event("Warning", st.MERGE_STALLED, message)
-    ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, st.MERGE_STALLED, message)]})
+    show_stall(
+        ctx,
+        (ctx.status.get("merge") or {}).get("acceptedTime"),
+        bound,
+        st.MERGE_STALLED,
+        lambda elapsed: (
+            f"the merge into {ctx.status['merge']['into']} was accepted {elapsed:.0f}s ago (bound "
+            f"{bound}s): {_waits_for(ctx)}"
+        ),
+    )
 
 
 def _waits_for(ctx: ShardContext) -> str:

@@ -56,7 +56,6 @@ The pass that calls these steps is :func:`taskshard_operator.reconcile_shard.dec
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import kopf
@@ -65,7 +64,7 @@ from spark_runtime.keygroups import KeyGroupRange
 from taskshard_operator import builders, naming, planner
 from taskshard_operator import status as st
 from taskshard_operator.act import Create, Delete, Event
-from taskshard_operator.handover import await_drain, drained_status, split_waits
+from taskshard_operator.handover import await_drain, drained_status, show_stall, split_waits
 from taskshard_operator.models.shard import ShardPhase, SplitBy
 from taskshard_operator.models.task import SPLIT_STALL_SECONDS
 from taskshard_operator.shard_context import ShardContext, create_pod, remove_own_pod
@@ -269,21 +268,17 @@ def _stall_check(ctx: ShardContext) -> None:
     ``spec.handover.splitStallSeconds`` and the parent has not drained, naming what it waits for (each child's
     state, the parent's) and the way out (withdraw the split: the parent keeps its range); else a pass when the
     bound passes. A saturated parent whose children never catch up would otherwise stay Draining for ever."""
-    accepted = st.parse_time((ctx.status.get("split") or {}).get("acceptedTime"))
-    if accepted is None:
-        return
     bound = ctx.spec.handover.split_stall_seconds if ctx.spec and ctx.spec.handover else SPLIT_STALL_SECONDS
-    elapsed = (dt.datetime.now(dt.UTC) - accepted).total_seconds()
-    if elapsed < bound:
-        ctx.decision.again_in(bound - elapsed + 1)
-        return
-    message = (
-        f"the split was accepted {elapsed:.0f}s ago (bound {bound}s) and {ctx.name} has not drained: {_waits_for(ctx)}"
+    show_stall(
+        ctx,
+        (ctx.status.get("split") or {}).get("acceptedTime"),
+        bound,
+        st.SPLIT_STALLED,
+        lambda elapsed: (
+            f"the split was accepted {elapsed:.0f}s ago (bound {bound}s) and {ctx.name} has not "
+            f"drained: {_waits_for(ctx)}"
+        ),
     )
-    shown = st.get_condition((ctx.shard.get("status") or {}).get("conditions"), st.DEGRADED) or {}
-    if shown.get("reason") != st.SPLIT_STALLED:
-        ctx.event("Warning", st.SPLIT_STALLED, message)
-    ctx.write({"conditions": [ctx.cond(st.DEGRADED, True, st.SPLIT_STALLED, message)]})
 
 
 def _waits_for(ctx: ShardContext) -> str:
