@@ -11,7 +11,8 @@ steps 4-7 export the last committed one and the split finishes; the children, ne
 3. Stop the query (nothing is running, so nothing is interrupted); account for batches whose progress event
    the stop cut off (:meth:`Drain.recount_unreported_batches`).
 4. Read the last committed batch ``N`` and its source end positions (concrete) from the checkpoint; the
-   directory sink publishes its batches up to ``N`` and deletes the output of any later, uncommitted one.
+   directory sink publishes its batches up to ``N`` and deletes the output of any later, uncommitted one, and
+   the dead letters such a batch wrote go too (:meth:`Drain.drop_uncommitted_dead_letters`).
 5. Export the state at ``N`` as a key-group-indexed snapshot (:mod:`spark_runtime.snapshot.export`). Skipped by
    a final drain whose children all caught up: they hold the state already, and the summary names the pre-copy
    manifest (:mod:`spark_runtime.handover`).
@@ -193,6 +194,7 @@ class Drain:
             r.sink.publish_committed(batch_id)
         positions = self.progress.positions_at(batch_id)
         r.source.validate_positions(positions)
+        self.drop_uncommitted_dead_letters(batch_id, positions)
         # Steps 5-6: the snapshot and its manifest, unless every child caught up (it has the state already).
         if r.dead_letters is not None:
             r.dead_letters.refresh()
@@ -217,6 +219,25 @@ class Drain:
         set_log_phase(str(summary["event"]))
         log.info("shard %s %s at batch %d: %s", r.config.shard, summary["event"], batch_id, manifest_uri)
         return summary
+
+    def drop_uncommitted_dead_letters(self, batch_id: int, positions: dict[str, Any]) -> None:
+        """Step 4: dead letters exactly once. A batch the drain interrupted (its boundary bound passed, its query
+        failed, a kill during a final drain) wrote its dead letters before it could commit; the successors redo
+        its input from ``positions`` and write their own. So the drain removes the source's files of ranges past
+        them and the late records' files of batches after ``batch_id``, before the summary counts them."""
+        r = self.io
+        dropped = 0
+        if r.dead_letters is not None:
+            dropped += r.dead_letters.drop_uncommitted(positions)
+        if r.late_letters is not None:
+            dropped += r.late_letters.drop_after(batch_id)
+        if dropped:
+            log.warning(
+                "shard %s: removed %d dead letters of a batch after %d that never committed (its successors redo it)",
+                r.config.shard,
+                dropped,
+                batch_id,
+            )
 
     def _mark(self, final: bool, kind: str) -> bool:
         """Step 1: the drain marker. A final drain for successors names them in it and then checks them once

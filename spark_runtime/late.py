@@ -47,6 +47,17 @@ class LateLetters:
         """Late records of this shard, all runs."""
         return sum(self._counted().values())
 
+    def drop_after(self, batch_id: int) -> int:
+        """Remove the files of batches after ``batch_id`` (the last committed one, at a drain): an interrupted
+        batch wrote its file before it could commit, and its successors redo its input. Returns the records
+        dropped."""
+        counted = self._counted()
+        dropped = 0
+        for name in [n for n in counted if int(n[len(LATE_FILE_PREFIX) : -len(".jsonl")]) > batch_id]:
+            (self.directory / name).unlink()
+            dropped += counted.pop(name)
+        return dropped
+
     def write(self, batch_id: int, letters: list[str]) -> None:
         """Write batch ``batch_id``'s late records (JSON lines) all or nothing; count them once."""
         counted = self._counted()

@@ -100,6 +100,15 @@ class Plan:
         return self.event_time is not None or self.timers is not None
 
     @property
+    def hands_over_by_restore(self) -> bool:
+        """Whether the shard's hand-overs must restore (never catch up): event time, timers or a state TTL. Each
+        decides by a clock of the batches that ran (the watermark, the batch timestamp), and a catch-up successor
+        would re-run the parent's records at its own batches' times: it would expire keys the parent kept, keep keys
+        the parent expired, and decide lateness and fire timers at other boundaries (docs/split-protocol.md, "Time
+        across hand-overs")."""
+        return self.uses_time or self.ttl_ms is not None
+
+    @property
     def state_schema(self) -> str:
         """``key string, value bigint``: the snapshot's columns (the manifest records it)."""
         return ", ".join(["key string"] + [f"{n} {t}" for n, t in self.state_columns])

@@ -197,8 +197,8 @@ class ShardRunner:
         io, state = self.io, self.state
         self.progress = Progress(io, state, self.session)
         self.snapshots = SnapshotWriter(io, state, self.progress, self.session)
-        if catch_up is None:  # time needs the restore hand-over (docs/split-protocol.md, "Time across hand-overs")
-            catch_up = io.source.supports_catch_up and not state.plan.uses_time
+        if catch_up is None:  # time and TTL need the restore hand-over (ExecutionPlan.hands_over_by_restore)
+            catch_up = io.source.supports_catch_up and not state.plan.hands_over_by_restore
         self.handover_mode = HandoverMode.CATCH_UP if catch_up else HandoverMode.RESTORE
         """How this shard takes over as a split child (``catch_up`` None: what its source supports)."""
         calls = StandbyCalls(self.warm_up, self.stop_requested, lambda: self.drainer.reason)

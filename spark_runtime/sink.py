@@ -248,6 +248,26 @@ class DeadLetterCounter:
     def total(self) -> int:
         return sum(self.files.values())
 
+    def drop_uncommitted(self, positions: dict[str, int]) -> int:
+        """Remove the journal's dead-letter files of ranges at or past ``positions`` (the shard's last committed
+        positions, at a drain): a batch interrupted by the drain wrote them before it could commit, and the
+        successors that redo its range write their own. Returns how many dead letters were dropped."""
+        from spark_runtime.sources.journal import dead_letter_past
+
+        try:
+            names = [n for n in os.listdir(self.directory) if dead_letter_past(n, positions)]
+        except FileNotFoundError:
+            return 0
+        dropped = 0
+        for name in names:
+            counted = self.files.pop(name, None)
+            if counted is None:
+                with open(self.directory / name, "rb") as fh:
+                    counted = sum(1 for line in fh if line.strip())
+            (self.directory / name).unlink(missing_ok=True)
+            dropped += counted
+        return dropped
+
     def refresh(self) -> int:
         """Scan for new files; return how many new dead letters were found."""
         try:

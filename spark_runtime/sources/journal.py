@@ -93,6 +93,25 @@ def partition_file(index: int) -> str:
     return f"p{index}.jsonl"
 
 
+_DEAD_LETTER_RE = re.compile(r"^p(\d+)-(\d+)-(\d+)\.jsonl$")
+
+
+def dead_letter_file(index: int, start: int, end: int) -> str:
+    """``p0-120-480.jsonl``: the dead letters a shard owns of partition 0's byte range [120, 480)."""
+    return f"p{index}-{start}-{end}.jsonl"
+
+
+def dead_letter_past(name: str, positions: dict[str, int]) -> bool:
+    """Whether dead-letter file ``name`` holds a range that starts at or past ``positions`` (a shard's committed
+    positions): the range of a batch that never committed. A committed batch's ranges all end at or before its
+    positions; a batch after them starts there. False for any other name (late records' files, say)."""
+    m = _DEAD_LETTER_RE.match(name)
+    if m is None:
+        return False
+    at = positions.get(partition_file(int(m.group(1))))
+    return at is not None and int(m.group(2)) >= at
+
+
 def partition_index(name: str) -> int:
     m = _FILE_RE.match(name)
     if not m:
@@ -362,7 +381,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not owned:
             return
         body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in owned).encode("utf-8")
-        write_atomic(self.dead_letter_dir / f"p{piece.index}-{piece.start}-{piece.end}.jsonl", body, fsync=False)
+        write_atomic(self.dead_letter_dir / dead_letter_file(piece.index, piece.start, piece.end), body, fsync=False)
 
 
 class JournalDataSource(DataSource):

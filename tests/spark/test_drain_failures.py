@@ -87,3 +87,75 @@ def test_a_restart_during_a_final_drain_drains_without_processing(make_task, sha
     assert wait_progress(env, "orders-0-16", lambda p: p["batchId"] == 0)
     monkeypatch.delenv(FAIL_BATCH_ENV)
     _children_finish_exactly(env, shard_spark, summary, ref, events)
+
+
+BAD = ["{bad json", '{"key": null, "amount": 1}', '{"key": "k3", "amount": "lots"}']
+"""Three malformed records per partition: the batch that reads them writes their dead letters."""
+
+
+def consumer_dead_letters(env) -> list[dict]:
+    """Every dead letter of the Task, read as its consumer reads them: each line of each file under the sink's
+    ``_dead_letters/`` (every shard's directory, published files only)."""
+    return [
+        json.loads(line)
+        for f in sorted((env.sink / "_dead_letters").glob("shard=*/*.jsonl"))
+        for line in f.read_text().splitlines()
+        if line.strip()
+    ]
+
+
+def test_a_batch_that_failed_after_its_read_leaves_its_dead_letters_once_across_the_split(
+    make_task, shard_spark, monkeypatch
+):
+    """A poison record fails batch 1 after the journal read wrote that batch's dead letters; the split's drain
+    exports batch 0, the children (the template fixed) redo batch 1's input and write its dead letters
+    themselves. Each malformed record is a dead letter once, for the consumer and in the shards' counts (the
+    drain used to leave the failed batch's files: each one counted twice)."""
+    from spark_runtime.produce import append_lines
+    from spark_runtime.shard import ShardRunner
+
+    poison = {"python": "tests.spark.engine_processors:Poison", "parameters": {"failKey": "k7", "failValue": -1.0}}
+    env = make_task(processor=poison, max_key_groups=16)
+    ref, events = Reference("count"), list(generate_events(700, 40, seed=43))
+    root = ShardRunner(env.config(0, 16), shard_spark)
+    env.produce(events[:300])
+    ref.add_all(events[:300])
+    root.start()
+    try:
+        wait_caught_up(env, [root])
+        assert env.progress(root.config.shard)["batchId"] == 0
+        for p in range(env.partitions):
+            append_lines(env.journal, p, BAD)
+        env.produce(events[300:500] + [{"key": "k7", "amount": -1.0, "seq": 500}])
+        ref.add_all(events[300:500] + [{"key": "k7", "amount": -1.0, "seq": 500}])
+        deadline = time.monotonic() + 120
+        while root.query.exception() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert root.query.exception() is not None and "cannot process key 'k7'" in str(root.query.exception())
+        assert len(consumer_dead_letters(env)) == len(BAD) * env.partitions, "the failed batch's read wrote them"
+        assert last_committed(env, root) == 0
+        root.request_drain("split")
+        summary = root.drain()
+    finally:
+        root.stop()
+    assert summary["event"] == "drained" and summary["batchId"] == 0 and summary["deadLetters"] == 0
+    assert consumer_dead_letters(env) == [], "the drain removed the dead letters of the batch that never committed"
+
+    env.processor = {"python": "tests.spark.engine_processors:Poison", "parameters": {}}  # the user's fix
+    restore = {"parent": "orders-0-16", "manifest": summary["manifest"]}
+    children = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in ((0, 8), (8, 16))]
+    for child in children:
+        child.start()
+    env.produce(events[501:])
+    ref.add_all(events[501:])
+    wait_caught_up(env, children)
+    assert env.results() == ref.results
+    letters = consumer_dead_letters(env)
+    assert len(letters) == len(BAD) * env.partitions, f"each malformed record once: {letters}"
+    assert len({(d["partition"], d["offset"]) for d in letters}) == len(letters)
+    summaries = [c.drain() for c in children]
+    assert sum(s["deadLetters"] for s in summaries) + summary["deadLetters"] == len(BAD) * env.partitions
+
+
+def last_committed(env, runner) -> int:
+    return int(env.progress(runner.config.shard)["batchId"])

@@ -132,10 +132,12 @@ def test_state_ttl_forgets_idle_keys_in_state_and_snapshots(make_task, shard_spa
     import pyarrow.parquet as pq
 
     from spark_runtime.checkpoint import batch_metadata
+    from spark_runtime.protocol import HandoverMode
     from spark_runtime.shard import ShardRunner
 
     env = make_task(processor={"python": "tests.spark.engine_processors:Recent"}, max_key_groups=16)
     runner = ShardRunner(env.config(0, 16), shard_spark)
+    assert runner.handover_mode == HandoverMode.RESTORE, "a successor must not re-run the records on its own clock"
     ttl_ms = 2000
     batches: list[tuple[int, list[str]]] = []
     env.produce([{"key": k} for k in ("a", "b", "a")])

@@ -99,7 +99,8 @@ def test_children_catch_up_while_the_parent_runs_then_take_over_exactly(kind, ma
             shadow = [b for b in committed(env, shard) if b not in out]
             assert 0 in shadow and out, f"{shard}: the restore batch emits nothing, later batches do"
             # One hand-over per key group: the parent emitted up to F, the child from F, never both.
-            assert all(_le(env, shard, b, final) for b in shadow[1:]), f"{shard} held nothing past F"
+            held = {b: own_records_past(env, child, b, final) for b in shadow[1:] if not _le(env, shard, b, final)}
+            assert not any(held.values()), f"{shard} held its records past F in batches that emitted nothing: {held}"
             assert_emits_only_past(env, shard, final)
     finally:
         release(children, threads[1:])
@@ -112,6 +113,28 @@ def test_children_catch_up_while_the_parent_runs_then_take_over_exactly(kind, ma
 def _le(env: TaskEnv, shard: str, batch_id: int, bound: dict[str, int]) -> bool:
     """Whether batch ``batch_id`` of ``shard`` ended at or before ``bound`` in every partition."""
     return all(v <= bound[k] for k, v in checkpoint_positions(env, shard, batch_id).items())
+
+
+def own_records_past(env: TaskEnv, runner: Any, batch_id: int, bound: dict[str, int]) -> list[str]:
+    """The keys of ``runner``'s own key groups that batch ``batch_id`` read past ``bound``: the journal lines
+    between the previous batch's end (or ``bound``, if later) and this batch's end, read as a consumer of the
+    journal would. A batch past F that read none of them (only dead letters, or only other shards' keys) has
+    nothing to emit; one that read some and emitted nothing held its input."""
+    from spark_runtime.keygroups import key_group
+
+    start, end = runner.config.key_groups.start, runner.config.key_groups.end
+    before = checkpoint_positions(env, runner.config.shard, batch_id - 1)
+    keys = []
+    for name, stop in checkpoint_positions(env, runner.config.shard, batch_id).items():
+        first = max(before.get(name, 0), bound[name])
+        for line in (env.journal / name).read_bytes()[first:stop].splitlines():
+            try:
+                key = json.loads(line).get("key")
+            except ValueError:
+                continue
+            if key is not None and start <= key_group(key, env.max_key_groups) < end:
+                keys.append(str(key))
+    return keys
 
 
 def assert_emits_only_past(env: TaskEnv, shard: str, final: dict[str, int]) -> list[int]:

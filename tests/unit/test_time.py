@@ -197,3 +197,35 @@ def test_late_letters_are_counted_once_across_replays_and_restarts(tmp_path):
     other = DeadLetterCounter(tmp_path / "dead")
     other.refresh()
     assert other.total == 1, "the other dead letters leave the late ones to their own count"
+
+
+def test_a_drain_drops_the_dead_letters_of_batches_that_never_committed(tmp_path):
+    """Dead letters exactly once across a drain that stopped mid-batch: the files of journal ranges that start at
+    or past the committed positions, and the late records of batches after the committed one, go; the rest stay
+    (spark_runtime.drain: step 4)."""
+    from spark_runtime.late import LateLetters
+    from spark_runtime.sink import DeadLetterCounter
+    from spark_runtime.storage import location
+
+    d = tmp_path / "dead"
+    d.mkdir()
+    for name in ("p0-0-100.jsonl", "p0-100-250.jsonl", "p1-0-80.jsonl", "p1-80-90.jsonl", "p2-5-9.jsonl"):
+        (d / name).write_text('{"reason":"bad_json"}\n{"reason":"bad_json"}\n')
+    late = LateLetters(location(str(d)))
+    for batch in (3, 4, 5):
+        late.write(batch, ['{"key":"a"}'])
+    counter = DeadLetterCounter(d)
+    counter.refresh()
+    assert counter.total == 10 and late.total == 3
+    committed = {"p0.jsonl": 100, "p1.jsonl": 90}  # p2 is not this shard's: its file is left alone
+    assert counter.drop_uncommitted(committed) == 2 and late.drop_after(4) == 1
+    assert sorted(f.name for f in d.iterdir()) == [
+        "late-b3.jsonl",
+        "late-b4.jsonl",
+        "p0-0-100.jsonl",
+        "p1-0-80.jsonl",
+        "p1-80-90.jsonl",
+        "p2-5-9.jsonl",
+    ]
+    assert counter.total == 8 and late.total == 2
+    assert counter.drop_uncommitted(committed) == 0 and late.drop_after(4) == 0, "idempotent"
