@@ -10,12 +10,19 @@ A missing or unreadable file is fetched again from the state store; a failed wri
 from memory). The cache never decides what the state is: the state store's list of runs does. Files of runs a
 compaction replaced are removed by the worker that replaced them; a run written by a batch that Spark retried is
 an orphan that :meth:`RunCache.trim` removes when the directory outgrows its budget.
+
+Bounded on disk: a worker trims the directory back to :data:`BUDGET_BYTES` (least recently written files first)
+each time it has written an eighth of the budget since its last trim, and a driver's directory
+(:func:`process_cache_dir`) goes with its process, including one an earlier run of the same container left behind
+when it was killed (the pod's ``/tmp`` outlives a container restart).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from collections import OrderedDict
@@ -24,9 +31,14 @@ from pathlib import Path
 
 from spark_runtime.engine.runs import Run
 
-__all__ = ["RunCache"]
+__all__ = ["BUDGET_BYTES", "RunCache", "process_cache_dir"]
 
 log = logging.getLogger("taskshard.engine")
+
+BUDGET_BYTES = 4 << 30
+"""Bytes of run copies a cache directory holds before a worker trims it (a copy trimmed is fetched again)."""
+
+DIR_PREFIX = "taskshard-runs-"
 
 OPEN_RUNS = 4096
 """Runs kept open (memory-mapped) per worker; the least recently used beyond this are closed."""
@@ -38,6 +50,8 @@ class RunCache:
     def __init__(self, directory: str, *, budget_bytes: int = 0) -> None:
         self.directory = Path(directory)
         self.budget_bytes = budget_bytes
+        self._written = 0
+        """Bytes this worker stored since its last trim."""
         self._open: OrderedDict[str, Run] = OrderedDict()
         self._lock = threading.Lock()
         self._usable: bool | None = None
@@ -96,6 +110,7 @@ class RunCache:
 
     def trim(self) -> None:
         """Remove the least recently modified files while the directory holds more than the budget (0: no budget)."""
+        self._written = 0
         if not self.budget_bytes or not self._ready():
             return
         files = []
@@ -137,6 +152,10 @@ class RunCache:
             os.replace(tmp, self._path(run_id))
         except OSError as exc:
             log.warning("run cache: %s not kept: %s", run_id, exc)
+            return
+        self._written += len(data)
+        if self.budget_bytes and self._written * 8 >= self.budget_bytes:
+            self.trim()
 
     def _remember(self, run_id: str, run: Run) -> None:
         with self._lock:
@@ -150,8 +169,39 @@ _CACHES: dict[str, RunCache] = {}
 
 
 def run_cache(directory: str) -> RunCache:
-    """The worker's cache for ``directory`` (one per directory per process)."""
+    """The worker's cache for ``directory`` (one per directory per process), trimmed to :data:`BUDGET_BYTES`."""
     cache = _CACHES.get(directory)
     if cache is None:
-        cache = _CACHES[directory] = RunCache(directory)
+        cache = _CACHES[directory] = RunCache(directory, budget_bytes=BUDGET_BYTES)
     return cache
+
+
+_PROCESS_CACHE_DIR: list[str] = []
+
+
+def process_cache_dir(parent: str | None = None) -> str:
+    """The run-cache directory of this (driver) process, ``<tmp>/taskshard-runs-<pid>-<random>``, created on first
+    use and removed at its exit; its Python workers share it (run ids are unique, so shards of one process may
+    share it too). Creating it removes the directories of processes that are gone, and one of this very pid: a
+    process killed without its exit hooks (SIGKILL, an OOM kill) in a container that restarted in place left it."""
+    if not _PROCESS_CACHE_DIR:
+        root = Path(parent or tempfile.gettempdir())
+        for old in root.glob(f"{DIR_PREFIX}*"):
+            pid = old.name[len(DIR_PREFIX) :].partition("-")[0]
+            if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+                shutil.rmtree(old, ignore_errors=True)
+                log.info("run cache: removed %s, left by a process that is gone", old)
+        path = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-", dir=root)
+        atexit.register(shutil.rmtree, path, True)
+        _PROCESS_CACHE_DIR.append(path)
+    return _PROCESS_CACHE_DIR[0]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -19,10 +19,7 @@ anything: the state store does.
 
 from __future__ import annotations
 
-import atexit
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +29,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 
 from spark_runtime.engine.api import cached_processor
 from spark_runtime.engine.packing import unpack_events
-from spark_runtime.engine.run_cache import run_cache
+from spark_runtime.engine.run_cache import process_cache_dir, run_cache
 from spark_runtime.engine.runs import EXPIRES, GROUP, KEY
 from spark_runtime.engine.schema import StateSchema
 from spark_runtime.engine.state_layout import KeyGroupRuns, StateVars
@@ -53,17 +50,9 @@ def bucket_sql(start: int, end: int, buckets: int, column: str = "key_group") ->
     return f"cast(((`{column}` - {start}) * {buckets}) div {end - start} as int)"
 
 
-_PROCESS_CACHE_DIR: list[str] = []
-
-
 def default_cache_dir() -> str:
-    """The run-cache directory of this (driver) process, created on first use and removed at its exit: its Python
-    workers share it; run ids are unique, so shards of one process may share it too."""
-    if not _PROCESS_CACHE_DIR:
-        path = tempfile.mkdtemp(prefix="taskshard-runs-")
-        atexit.register(shutil.rmtree, path, True)
-        _PROCESS_CACHE_DIR.append(path)
-    return _PROCESS_CACHE_DIR[0]
+    """The run-cache directory of this (driver) process (:func:`spark_runtime.engine.run_cache.process_cache_dir`)."""
+    return process_cache_dir()
 
 
 @dataclass(frozen=True)

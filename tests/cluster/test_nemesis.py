@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from spark_runtime.produce import append_lines
 from tests.cluster.operator_fixtures import (  # noqa: F401 - fixtures
     apply,
     operator_crds,
@@ -40,6 +41,11 @@ TASK = "life"
 SETTLE = 420  # seconds: a hand-over (JVM starts, restore, catch-up) and its batches on a loaded 2-core machine
 BATCH = 60  # events written before each step
 SETTLED_PHASES = {"Running", "Split", "Merged"}
+
+
+def malformed(number: int) -> list[str]:
+    """The malformed lines written with step ``number``'s events: each must become one dead letter, once."""
+    return [f"{{not json, step {number}", f'{{"key": null, "seq": "step {number}"}}']
 
 
 def active_shards(kubectl) -> list[tuple[str, int, int]]:
@@ -135,7 +141,7 @@ def check(kubectl, data, what: str) -> Verdict:
     deadline = time.monotonic() + SETTLE
     while True:
         verdict = verify(journal, sink)
-        assert not verdict.doubled and not verdict.unknown, f"{what}: {verdict.summary()}"
+        assert not verdict.broken, f"{what}: {verdict.summary()}"
         try:
             calm = settled(kubectl)
         except Exception:  # noqa: BLE001 - an API read that failed: ask again
@@ -168,6 +174,7 @@ def test_a_random_life_of_a_task_stays_exact_to_its_consumer(kubectl, operator_p
         for number, step in enumerate(steps, 1):
             write_events(data, TASK, start=produced, count=BATCH)
             produced += BATCH
+            append_lines(data / "journal" / TASK, number % 2, malformed(number))
             shards = active_shards(kubectl)
             resolved.append(step.resolve(shards))
             print(f"[nemesis] step {number}/{len(steps)}: {resolved[-1]}", file=sys.stderr)
@@ -182,6 +189,7 @@ def test_a_random_life_of_a_task_stays_exact_to_its_consumer(kubectl, operator_p
         produced += BATCH
         verdict = check(kubectl, data, "every shard restarted")
         assert verdict.expected_records == produced
+        assert verdict.malformed == len(malformed(0)) * len(steps)
     except BaseException:
         print(
             f"[nemesis] FAILED: seed {SEED}, {len(steps)} steps; replay with TASKSHARD_NEMESIS_STEPS='{render(steps)}'"

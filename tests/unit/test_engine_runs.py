@@ -162,3 +162,36 @@ def test_a_run_from_another_hash_scheme_is_rehashed(monkeypatch):
     assert list(again.hashes) == sorted(ord(k) for k in "abc")
     found = R.lookup([again], ["c"], lambda t: SCHEMA.conform(t, SCHEMA.run_schema(ttl=False)))
     assert found.rows.column("n").to_pylist() == [3]
+
+
+def test_the_run_cache_stays_within_its_budget_and_a_killed_process_leaves_no_copy(tmp_path, monkeypatch):
+    """Point 8 of the whole-life issue: a worker trims its directory back to the budget as it writes (a trimmed
+    run is fetched again), and a driver's directory left by a killed process (or by this pid's earlier
+    incarnation in a container restarted in place) is removed when the next one is created; a live process's
+    directory is kept."""
+    import os
+    import subprocess
+
+    from spark_runtime.engine import run_cache as rc
+
+    store, cache, model = Store(), RunCache(str(tmp_path / "w"), budget_bytes=64 << 10), {}
+    for n in range(12):
+        apply_batch(store, cache, model, {f"b{n}k{i}": (i, "x" * 8) for i in range(800)}, set())
+    files = list((tmp_path / "w").glob("*.arrow"))
+    assert files and sum(f.stat().st_size for f in files) <= (64 << 10) + max(f.stat().st_size for f in files)
+    state = KeyGroupRuns(store.vars(), cache, SCHEMA)
+    assert state.read([f"b0k{i}" for i in range(800)]).rows.num_rows == 800, "a trimmed run is fetched again"
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process
+    dead = tmp_path / f"{rc.DIR_PREFIX}{gone.pid}-old"
+    mine = tmp_path / f"{rc.DIR_PREFIX}{os.getpid()}-earlier"
+    live = tmp_path / f"{rc.DIR_PREFIX}1-live"  # pid 1 runs
+    for d in (dead, mine, live):
+        d.mkdir()
+        (d / "r.arrow").write_bytes(b"x")
+    monkeypatch.setattr(rc, "_PROCESS_CACHE_DIR", [])
+    made = rc.process_cache_dir(str(tmp_path))
+    assert os.path.isdir(made) and os.path.basename(made).startswith(f"{rc.DIR_PREFIX}{os.getpid()}-")
+    assert not dead.exists() and not mine.exists() and live.exists()
+    assert rc.process_cache_dir(str(tmp_path)) == made, "one directory per process"

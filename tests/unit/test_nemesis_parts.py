@@ -63,3 +63,22 @@ def test_the_verifier_reads_like_a_consumer_and_finds_lost_and_doubled_keys(tmp_
     write(sink / "shard=t-0-8" / "batch-5.jsonl", [{"key": "a", "result": 5}, {"key": "z", "result": 1}])
     over = verify(journal, sink)
     assert over.doubled == {"a": [5]} and over.unknown == ["z"], over.summary()
+
+
+def test_the_verifier_wants_each_malformed_line_as_one_dead_letter(tmp_path):
+    journal, sink = tmp_path / "journal", tmp_path / "out"
+    good = json.dumps({"key": "a"}) + "\n"
+    (journal).mkdir()
+    (journal / "p0.jsonl").write_text(good + "{broken\n" + good + '{"key": null}\n' + '{"key": "a"')  # last: unfinished
+    write(sink / "shard=t-0-16" / "batch-0.jsonl", [{"key": "a", "result": 2}])
+    verdict = verify(journal, sink)
+    at = [(0, len(good)), (0, 2 * len(good) + len("{broken\n"))]
+    assert verdict.malformed == 2 and verdict.letters_missing == at and not verdict.broken, verdict.summary()
+    letters = sink / "_dead_letters"
+    write(letters / "shard=t-0-8" / f"p0-0-{at[1][1]}.jsonl", [{"partition": 0, "offset": at[0][1]}])
+    write(letters / "shard=t-8-16" / "p0-40-60.jsonl", [{"partition": 0, "offset": at[1][1]}])
+    write(letters / "shard=t-8-16" / "late-b3.jsonl", [{"key": "a"}])  # late records are not the source's
+    assert verify(journal, sink).exact
+    write(letters / "shard=t-0-16" / "p0-0-20.jsonl", [{"partition": 0, "offset": at[0][1]}])  # a parent's, again
+    twice = verify(journal, sink)
+    assert twice.broken and twice.letters_repeated == [at[0]], twice.summary()
