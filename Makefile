@@ -40,7 +40,7 @@ demo: venv binaries
 test: venv binaries
 	bash hack/test-all.sh
 
-SEED ?= 6
+SEED ?= 9
 OPS ?= 40
 soak: venv binaries
 	TASKSHARD_NEMESIS_SEED=$(SEED) TASKSHARD_NEMESIS_OPS=$(OPS) $(PYTEST) --require-tests -m nemesis -s --timeout 0

@@ -34,7 +34,7 @@ from tests.waiting import get_json, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nemesis]
 
-SEED = int(os.environ.get("TASKSHARD_NEMESIS_SEED", "6"))
+SEED = int(os.environ.get("TASKSHARD_NEMESIS_SEED", "9"))
 OPS = int(os.environ.get("TASKSHARD_NEMESIS_OPS", "5"))
 STEPS = os.environ.get("TASKSHARD_NEMESIS_STEPS", "")
 TASK = "life"
@@ -130,6 +130,8 @@ def run_step(kubectl, op, step: Step, shards: list[tuple[str, int, int]]) -> Non
             "every active shard Suspended, no shard pod",
         )
         patch(kubectl, "task", TASK, {"spec": {"suspend": False}})
+    elif kind == "scale":
+        kubectl("scale", "task", TASK, "--replicas", str(step.replicas(shards)))
     elif kind == "prune":
         patch(kubectl, "task", TASK, {"spec": {"history": {"retiredShards": 1}}})
 

@@ -17,6 +17,8 @@ Kinds (:data:`KINDS`):
 - ``evict``: force-delete an active shard's pod (the operator makes a new one);
 - ``operator``: SIGKILL the operator and start a new one;
 - ``suspend``: suspend the Task, then resume it;
+- ``scale``: ``kubectl scale task --replicas`` one up (the operator splits the busiest shard) or one down (it
+  merges an adjacent pair), through the Task's scale subresource;
 - ``prune``: lower ``spec.history.retiredShards`` to 1 (retired shards' storage goes once their successors
   committed; every later restart of a successor must still resume).
 
@@ -29,9 +31,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-KINDS = ("split", "split-kill", "split-abort", "merge", "kill", "evict", "operator", "suspend", "prune")
+KINDS = ("split", "split-kill", "split-abort", "merge", "kill", "evict", "operator", "suspend", "prune", "scale")
 WEIGHTS = {"split": 4, "split-kill": 2, "split-abort": 1, "merge": 3, "kill": 2, "evict": 1, "operator": 2,
-           "suspend": 1, "prune": 1}  # fmt: skip
+           "suspend": 1, "prune": 1, "scale": 2}  # fmt: skip
 MAX_SHARDS = 4
 """A split is replaced by a merge once the Task has this many active shards (2 cores run a handful of drivers)."""
 
@@ -71,7 +73,16 @@ class Step:
             return f"merge {left} with {right}"
         if kind in ("kill", "evict"):
             return f"{kind} {name}"
+        if kind == "scale":
+            return f"scale to {self.replicas(shards)}"
         return kind
+
+    def replicas(self, shards: Sequence[tuple[str, int, int]]) -> int:
+        """A ``scale`` step's new shard count: one fewer (``pick`` below 0.5) or one more, within
+        ``[1, MAX_SHARDS]`` and the key groups."""
+        n, groups = len(shards), shards[-1][2] - shards[0][1]
+        up = (self.pick >= 0.5 or n == 1) and n < min(MAX_SHARDS, groups)
+        return n + 1 if up else max(1, n - 1)
 
     def effective_kind(self, shards: Sequence[tuple[str, int, int]]) -> str:
         """The kind, adjusted to what the shards allow: no split of a one-key-group shard or past

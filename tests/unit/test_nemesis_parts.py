@@ -37,6 +37,9 @@ def test_a_step_resolves_against_the_shards_it_finds():
     many = [(f"t-{i}-{i + 1}", i, i + 1) for i in range(MAX_SHARDS)]
     assert Step("split", 0.1, 0.5).resolve(many) == "merge t-0-1 with t-1-2", "at the cap: a merge instead"
     assert Step("split-kill", 0.0, 0.5).resolve([("t-0-1", 0, 1)]) == "kill t-0-1", "one key group, one shard"
+    assert Step("scale", 0.2, 0.5).resolve(TWO) == "scale to 1" and Step("scale", 0.7, 0.5).resolve(TWO) == "scale to 3"
+    assert Step("scale", 0.2, 0.5).resolve(ONE) == "scale to 2", "one shard scales up"
+    assert Step("scale", 0.9, 0.5).resolve(many) == f"scale to {MAX_SHARDS - 1}", "at the cap: down"
 
 
 def write(path, lines) -> None:
