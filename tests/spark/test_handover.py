@@ -33,6 +33,21 @@ def caught_up(env: TaskEnv, shard: str, timeout: float = 240.0) -> dict:
     return wait_progress(env, shard, lambda p: p["positions"] == ends, timeout)
 
 
+def wait_live(env: TaskEnv, runner: Any, timeout: float = 60.0) -> Any:
+    """Wait until catch-up child ``runner`` has switched to LIVE (its poll loop does so after the batch that reached
+    F committed, so just after its progress shows that batch; in memory, then in ``catch-up.json``) and return its
+    catch-up state."""
+
+    saved = shard_dir(env, runner.config.shard) / "catch-up.json"
+
+    def live(_: dict) -> bool:
+        state = runner.as_child.state if runner.as_child is not None else None
+        return state is not None and state.phase == "live" and json.loads(saved.read_text())["phase"] == "live"
+
+    wait_progress(env, runner.config.shard, live, timeout)
+    return runner.as_child.state
+
+
 def checkpoint_positions(env: TaskEnv, shard: str, batch_id: int) -> dict[str, Any]:
     """The journal end positions of ``batch_id`` in ``shard``'s offset log (the seed's entry skipped)."""
     lines = (shard_dir(env, shard) / "checkpoint" / "offsets" / str(batch_id)).read_text().splitlines()
@@ -93,6 +108,7 @@ def test_children_catch_up_while_the_parent_runs_then_take_over_exactly(kind, ma
         assert max(emitted(env, PARENT)) <= summary["batchId"]
         for child in children:
             shard = child.config.shard
+            wait_live(env, child)
             state = json.loads((shard_dir(env, shard) / "catch-up.json").read_text())
             assert state["phase"] == "live" and state["final"] == final and state["ready"]
             out = emitted(env, shard)
@@ -283,8 +299,7 @@ def test_a_child_killed_while_catching_up_resumes_its_catch_up(make_task, shard_
             caught_up(env, c.config.shard)
         assert summary["handover"] == "catch-up"
         assert env.results() == ref.results, "no event lost, none counted twice"
-        assert again.as_child is not None and again.as_child.state is not None
-        assert again.as_child.state.phase == "live"
+        assert again.as_child is not None and wait_live(env, again).phase == "live"
         assert_emits_only_past(env, again.config.shard, summary["positions"])
     finally:
         release([low, *restarted], threads[1:])
@@ -415,7 +430,7 @@ def test_a_one_key_group_child_whose_fence_batch_has_no_record_past_the_fence_co
             caught_up(env, c.config.shard)
         edge_child = children[0]
         shard = edge_child.config.shard
-        assert edge_child.as_child.state is not None and edge_child.as_child.state.phase == "live"
+        assert wait_live(env, edge_child).phase == "live"
         out = assert_emits_only_past(env, shard, final) if emitted(env, shard) else []
         assert all(not batch_keys(env, shard, b) for b in out), f"{shard}: nothing of its own past F"
         checkpoint = shard_dir(env, shard) / "checkpoint"
