@@ -87,11 +87,6 @@ def read_journal(journal: Path) -> tuple[Counter[str], set[tuple[int, int]]]:
     return counts, malformed
 
 
-def input_counts(journal: Path) -> Counter[str]:
-    """Records per key in a journal directory (``p<N>.jsonl`` files)."""
-    return read_journal(journal)[0]
-
-
 def dead_letters(sink: Path) -> list[tuple[int, int]]:
     """Every dead letter of a directory sink's Task as its consumer reads them: ``(partition, offset)`` of each line
     of ``_dead_letters/shard=*/p*.jsonl`` (late records' files, ``late-b*``, are not the source's)."""

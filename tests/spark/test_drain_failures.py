@@ -41,19 +41,20 @@ def _failing_root(env, shard_spark, monkeypatch, ref: Reference, events: list):
     return root
 
 
-def _children_finish_exactly(env, shard_spark, summary: dict, ref: Reference, events: list) -> None:
+def _children_finish_exactly(env, shard_spark, summary: dict, ref: Reference, rest: list) -> list[dict]:
+    """Both children restore the parent's drain, read ``rest`` too and count every event once; returns their
+    drain summaries."""
     from spark_runtime.shard import ShardRunner
 
     restore = {"parent": "orders-0-16", "manifest": summary["manifest"]}
     children = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in ((0, 8), (8, 16))]
     for child in children:
         child.start()
-    env.produce(events[600:])
-    ref.add_all(events[600:])
+    env.produce(rest)
+    ref.add_all(rest)
     wait_caught_up(env, children)
     assert env.results() == ref.results
-    for child in children:
-        child.drain()
+    return [child.drain() for child in children]
 
 
 def test_a_drain_exports_the_last_committed_batch_when_the_query_failed(make_task, shard_spark, monkeypatch):
@@ -64,7 +65,7 @@ def test_a_drain_exports_the_last_committed_batch_when_the_query_failed(make_tas
     summary = root.drain()  # used to raise ShardFailed: the pod exited 1, restarted, failed again, forever
     assert summary["event"] == "drained" and summary["batchId"] == 0
     assert not list((env.sink / "shard=orders-0-16").glob("batch-1.*")), "the failed batch wrote nothing visible"
-    _children_finish_exactly(env, shard_spark, summary, ref, events)
+    _children_finish_exactly(env, shard_spark, summary, ref, events[600:])
 
 
 def test_a_restart_during_a_final_drain_drains_without_processing(make_task, shard_spark, monkeypatch):
@@ -86,7 +87,7 @@ def test_a_restart_during_a_final_drain_drains_without_processing(make_task, sha
     assert json.loads(Path(summary["manifest"]).read_text())["batchId"] == 0
     assert wait_progress(env, "orders-0-16", lambda p: p["batchId"] == 0)
     monkeypatch.delenv(FAIL_BATCH_ENV)
-    _children_finish_exactly(env, shard_spark, summary, ref, events)
+    _children_finish_exactly(env, shard_spark, summary, ref, events[600:])
 
 
 BAD = ["{bad json", '{"key": null, "amount": 1}', '{"key": "k3", "amount": "lots"}']
@@ -142,18 +143,10 @@ def test_a_batch_that_failed_after_its_read_leaves_its_dead_letters_once_across_
     assert consumer_dead_letters(env) == [], "the drain removed the dead letters of the batch that never committed"
 
     env.processor = {"python": "tests.spark.engine_processors:Poison", "parameters": {}}  # the user's fix
-    restore = {"parent": "orders-0-16", "manifest": summary["manifest"]}
-    children = [ShardRunner(env.config(a, b, restore), shard_spark) for a, b in ((0, 8), (8, 16))]
-    for child in children:
-        child.start()
-    env.produce(events[501:])
-    ref.add_all(events[501:])
-    wait_caught_up(env, children)
-    assert env.results() == ref.results
+    summaries = _children_finish_exactly(env, shard_spark, summary, ref, events[501:])
     letters = consumer_dead_letters(env)
     assert len(letters) == len(BAD) * env.partitions, f"each malformed record once: {letters}"
     assert len({(d["partition"], d["offset"]) for d in letters}) == len(letters)
-    summaries = [c.drain() for c in children]
     assert sum(s["deadLetters"] for s in summaries) + summary["deadLetters"] == len(BAD) * env.partitions
 
 
