@@ -59,6 +59,7 @@ from spark_runtime.protocol import (
     held_flags,
     read_catch_up,
 )
+from spark_runtime.records import MAX_RECORD_BYTES
 from spark_runtime.storage import S3Settings, location
 
 __all__ = ["FORMAT", "RAW_SCHEMA", "KafkaDataSource", "KafkaRange", "read_range_here", "topic_state"]
@@ -78,6 +79,10 @@ READ_HERE_MAX_OFFSETS = 100_000
 READ_HERE_MAX_BYTES = 64 << 20
 """The most Arrow bytes :func:`read_range_here` holds before it leaves the range to a Spark batch read (a record
 may be up to 1 MiB, so an offset count alone does not bound the driver's memory)."""
+READ_HERE_CONSUMES_PER_CAP = 8
+""":func:`read_range_here` asks each ``consume`` for at most ``READ_HERE_MAX_BYTES / 8`` of records (at the
+largest record size seen so far), so it passes its cap by one such batch at most, not by a whole
+``consume(CONSUME_BATCH)``."""
 
 
 def topic_state(state: CatchUpState | MergeCatchUpState, topic: str) -> CatchUpState | MergeCatchUpState:
@@ -200,14 +205,33 @@ def _record_batch(msgs: list[Any], offsets: list[int], part: KafkaRange, topic: 
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def read_partition(conf: dict[str, Any], topic: str, part: KafkaRange, held: list[str]) -> Iterator[Any]:
-    """The records of ``part`` as Arrow record batches of :data:`RAW_SCHEMA` plus the ``held`` columns."""
+def consume_count(wanted: int, batch_bytes: int | None, largest_record: int | None) -> int:
+    """How many records one ``consume`` asks for: ``wanted`` (the range's rest, at most :data:`CONSUME_BATCH`),
+    and with a ``batch_bytes`` budget no more than fit it at ``largest_record`` bytes each (none seen yet:
+    :data:`MAX_RECORD_BYTES`, the largest valid record), never fewer than 1."""
+    count = min(CONSUME_BATCH, wanted)
+    if batch_bytes is not None:
+        count = min(count, batch_bytes // max(1, largest_record or MAX_RECORD_BYTES))
+    return max(1, count)
+
+
+def read_partition(
+    conf: dict[str, Any], topic: str, part: KafkaRange, held: list[str], batch_bytes: int | None = None
+) -> Iterator[Any]:
+    """The records of ``part`` as Arrow record batches of :data:`RAW_SCHEMA` plus the ``held`` columns.
+
+    With ``batch_bytes`` each batch holds about that many key and value bytes at most: a ``consume`` asks for as
+    many records as fit at the largest record seen so far (before the first, :data:`MAX_RECORD_BYTES`, the
+    largest valid one), and librdkafka pre-fetches no more than that budget either."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     start, end, p = part.start, part.end, part.partition
     if end <= start:
         return
     schema = _schema(held)
+    largest: int | None = None  # the largest key and value seen, with a batch_bytes budget
+    if batch_bytes is not None:  # librdkafka's own pre-fetch queue (64 MiB by default) stays within the budget too
+        conf = {"queued.max.messages.kbytes": max(1, batch_bytes >> 10), **conf}
     consumer = _consumer(conf)
     try:
         consumer.assign([TopicPartition(topic, p, start)])
@@ -216,7 +240,8 @@ def read_partition(conf: dict[str, Any], topic: str, part: KafkaRange, held: lis
         done = False
         while not done:
             # Never ask for more than the range still holds: consume() waits for that many or the timeout.
-            msgs = consumer.consume(num_messages=max(1, min(CONSUME_BATCH, end - seen)), timeout=CONSUME_WAIT_S)
+            count = consume_count(end - seen, batch_bytes, largest)
+            msgs = consumer.consume(num_messages=count, timeout=CONSUME_WAIT_S)
             for m in [m for m in msgs if m.error() is not None]:
                 err = m.error()
                 if err.code() == KafkaError._PARTITION_EOF:
@@ -225,6 +250,8 @@ def read_partition(conf: dict[str, Any], topic: str, part: KafkaRange, held: lis
                     raise KafkaException(err)
             msgs = [m for m in msgs if m.error() is None]
             if msgs:
+                if batch_bytes is not None:
+                    largest = max([largest or 0, *(len(m.key() or b"") + len(m.value() or b"") for m in msgs)])
                 offsets = [m.offset() for m in msgs]
                 seen = offsets[-1] + 1
                 if offsets[-1] >= end - 1:
@@ -393,9 +420,12 @@ def read_range_here(options: dict[str, str]) -> Any | None:
     read_bytes = [0]  # over every partition's thread; each stops at its next batch once past the cap
     lock = threading.Lock()
 
+    stream = reader.stream
+    batch_bytes = max(1, READ_HERE_MAX_BYTES // READ_HERE_CONSUMES_PER_CAP)
+
     def read(part: KafkaRange) -> list[Any] | None:
         out = []
-        for batch in reader.read(part):
+        for batch in read_partition(stream.conf, stream.topic, part, stream.held_names, batch_bytes):
             with lock:
                 read_bytes[0] += batch.nbytes
                 if read_bytes[0] > READ_HERE_MAX_BYTES:
@@ -408,7 +438,7 @@ def read_range_here(options: dict[str, str]) -> Any | None:
     if any(batches is None for batches in per_part):
         return None
     batches = [b for part_batches in per_part for b in part_batches or []]
-    return pa.Table.from_batches(batches, schema=_schema(reader.stream.held_names))
+    return pa.Table.from_batches(batches, schema=_schema(stream.held_names))
 
 
 class KafkaDataSource(DataSource):

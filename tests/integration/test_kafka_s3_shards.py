@@ -279,7 +279,15 @@ def test_a_batch_whose_progress_was_lost_is_recounted_from_kafka(spark, kafka_br
     assert kafka_stream.read_range_here(options).num_rows == len(events), "every record, valid or not"
     with monkeypatch.context() as m:
         m.setattr(kafka_stream, "READ_HERE_MAX_BYTES", 4096)
+        held = []
+        batch_of = kafka_stream._record_batch
+        m.setattr(kafka_stream, "_record_batch", lambda *a: held.append(batch_of(*a)) or held[-1])
         assert kafka_stream.read_range_here(options) is None, "records past the byte cap: a Spark batch read"
+        # Each consume asks for what fits an eighth of the cap: the driver passes its cap by one small batch, not
+        # by a whole consume of the range (2,000 records here).
+        record_bytes = [sum(len(x or b"") for c in ("key", "value") for x in b.column(c).to_pylist()) for b in held]
+        assert held and max(record_bytes) <= 2 * (4096 // 8), record_bytes
+        assert sum(b.nbytes for b in held) <= 2 * 4096
     here = source.read_range(spark, ctx, start, end)
     monkeypatch.setattr(kafka_stream, "READ_HERE_MAX_OFFSETS", 0)
     by_spark = source.read_range(spark, ctx, start, end)

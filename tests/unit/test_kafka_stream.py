@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from spark_runtime.protocol import HELD_COLUMN, HELD_RIGHT_COLUMN, CatchUpPhase, CatchUpState, MergeCatchUpState
-from spark_runtime.sources.kafka_stream import KafkaRange, KafkaStreamReader, _record_batch, _schema, topic_state
+from spark_runtime.records import MAX_RECORD_BYTES
+from spark_runtime.sources.kafka_stream import (
+    CONSUME_BATCH,
+    KafkaRange,
+    KafkaStreamReader,
+    _record_batch,
+    _schema,
+    consume_count,
+    topic_state,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -87,3 +96,15 @@ def test_records_become_sparks_kafka_columns_with_the_ranges_held_flags():
     assert rows[0]["key"] == b"k5" and rows[0]["topic"] == TOPIC and rows[0]["timestampType"] == 0
     assert int(rows[1]["timestamp"].timestamp() * 1000) == 1_700_000_000_006
     assert [(r[HELD_COLUMN], r[HELD_RIGHT_COLUMN]) for r in rows] == [(True, False), (True, False)]
+
+
+def test_a_byte_budget_bounds_each_consume_by_the_largest_record_seen():
+    """Without a budget a consume asks for the range's rest (at most CONSUME_BATCH); with one, for what fits it at
+    the largest record seen so far, or at the largest valid record before any, and never for none."""
+    assert consume_count(50_000, None, None) == CONSUME_BATCH
+    assert consume_count(7, None, 10) == 7
+    assert consume_count(50_000, 8 << 20, None) == (8 << 20) // MAX_RECORD_BYTES == 8
+    assert consume_count(50_000, 8 << 20, 100) == CONSUME_BATCH
+    assert consume_count(50_000, 512, 40) == 12
+    assert consume_count(50_000, 512, 4096) == 1
+    assert consume_count(3, 512, 1) == 3
