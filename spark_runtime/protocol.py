@@ -57,6 +57,7 @@ __all__ = [
     "EPOCHS_DIR",
     "FailureSummary",
     "POD_UID_ENV",
+    "RUN_CACHE_BYTES_ENV",
     "MergeAbortOutcome",
     "MergeAbortSummary",
     "PruneSummary",
@@ -82,6 +83,9 @@ __all__ = [
 
 POD_UID_ENV = "POD_UID"
 """The driver pod's UID (downward API), which a fenced runtime reports (:class:`FailureSummary`)."""
+RUN_CACHE_BYTES_ENV = "TASKSHARD_RUN_CACHE_BYTES"
+"""Bytes the run cache of a shard pod keeps (:mod:`spark_runtime.engine.run_cache`): the operator sets it on driver
+and executor containers to a share of the pod's ``/tmp`` size limit, so that the cache alone never fills it."""
 SHARDS_DIR = "shards"
 DRAIN_SUMMARY = "drained.json"
 """A final drain's summary, in the parent's shard directory."""

@@ -28,7 +28,7 @@ from typing import Any
 from spark_runtime import kafka_client, live, protocol
 from spark_runtime.keygroups import KeyGroupRange
 from spark_runtime.kubernetes import POD_IP_ENV
-from taskshard_operator import memory, naming
+from taskshard_operator import local_disk, memory, naming
 from taskshard_operator.models.task import DEFAULT_MOUNT_PATH, UI_CONF, TaskSpec
 
 SHARD_COMMAND = ["python", "-m", "spark_runtime", "run", "--config", naming.CONFIG_PATH]
@@ -304,9 +304,9 @@ CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
     "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
 }
-TMP_VOLUME: dict[str, Any] = {"name": "tmp", "emptyDir": {}}
 TMP_MOUNT: dict[str, Any] = {"name": "tmp", "mountPath": "/tmp"}
-"""Spark's local dirs, RocksDB's native library and Python's temp files; the root file system is read-only."""
+"""Spark's local dirs, RocksDB's native library and Python's temp files; the root file system is read-only. Its
+volume is :func:`local_disk.tmp_volume` (an emptyDir with a size limit)."""
 
 
 def _restricted(pod_spec: dict[str, Any]) -> dict[str, Any]:
@@ -346,7 +346,7 @@ def _driver_volumes(shard: str, spec: TaskSpec) -> tuple[list[dict[str, Any]], l
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": naming.configmap_name(shard)}},
-        dict(TMP_VOLUME),
+        local_disk.tmp_volume(spec.spark.tmp_size_limit),
     ]
     storage = _storage_volume(spec)
     if storage is not None:
@@ -408,6 +408,7 @@ def _driver_container(
             {"name": live.METRICS_HOST_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             *([{"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}] if executors else []),
             *([{"name": "TASKSHARD_LOG_FORMAT", "value": "json"}] if log_format == "json" else []),
+            *local_disk.run_cache_env(spec.spark.tmp_size_limit),
             *user_env(spec),
             *s3_credentials_env(spec),
             *kafka_credentials_env(spec),
@@ -574,14 +575,16 @@ def build_executor_pod_template(*, task: str, shard: str, key_groups: KeyGroupRa
         "command": list(EXECUTOR_COMMAND),
         "volumeMounts": [dict(TMP_MOUNT)],
     }
-    env = [*user_env(spec), *s3_credentials_env(spec)]
-    if env:
-        container["env"] = env
+    container["env"] = [
+        *local_disk.run_cache_env(spec.spark.tmp_size_limit),
+        *user_env(spec),
+        *s3_credentials_env(spec),
+    ]
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "serviceAccountName": service_account_of(spec),
         "automountServiceAccountToken": False,  # executors never call the API server; the driver does
-        "volumes": [dict(TMP_VOLUME)],
+        "volumes": [local_disk.tmp_volume(spec.spark.tmp_size_limit)],
     }
     if storage is not None:
         pod_spec["volumes"].append(storage[0])
@@ -732,7 +735,7 @@ def _storage_pod(
     }
     if env:
         container["env"] = env
-    volumes = [dict(TMP_VOLUME)]
+    volumes = [local_disk.tmp_volume(spec.spark.tmp_size_limit)]
     if storage is not None and s3 is None:
         container["volumeMounts"].append(storage[1])
         volumes.append(storage[0])

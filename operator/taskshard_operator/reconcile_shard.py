@@ -461,6 +461,8 @@ def _replace_ended_pod(ctx: ShardContext) -> None:
     pod = ctx.pod
     term = pod.terminated or pod.last_terminated
     why = "failed" if pod.phase == "Failed" else "exited outside a split"
+    if pod.ended_reason:  # the kubelet's, e.g. Evicted: "Usage of EmptyDir volume "tmp" exceeds the limit ..."
+        why = f"was {pod.ended_reason.lower()}" + (f": {pod.ended_message}" if pod.ended_message else "")
     failure = term.failure if term is not None else None
     if failure is not None:
         why += f", last exit code {term.exit_code}: {failure.text}"
@@ -468,7 +470,8 @@ def _replace_ended_pod(ctx: ShardContext) -> None:
         why += f" after a final drain at batch {term.batch_id}"
     elif term is not None and term.summary is not None and term.summary.event == SummaryEvent.STOPPED:
         why += f" after a SIGTERM stop at batch {term.batch_id} (the new pod resumes from the recovery log)"
-    reason = failure.condition_reason("PodEnded") if failure is not None else "PodEnded"
+    ended = f"Pod{pod.ended_reason}" if pod.ended_reason and pod.ended_reason.isalnum() else "PodEnded"
+    reason = failure.condition_reason(ended) if failure is not None else ended
     announce = failure is None or not _degraded_shows(ctx, reason, failure.text)
     ctx.do(Delete("pods", pod.name, uid=pod.uid, grace=0))
     ctx.write(

@@ -326,6 +326,11 @@ class PodView:
     name: str | None = None
     uid: str | None = None
     phase: str | None = None
+    ended_reason: str | None = None
+    """The pod's own ``status.reason`` (the kubelet's ``Evicted``: the node ran short, or ``/tmp`` passed its size
+    limit), else None."""
+    ended_message: str | None = None
+    """The pod's own ``status.message`` (e.g. ``Usage of EmptyDir volume "tmp" exceeds the limit "16Gi".``)."""
     deleting: bool = False
     running: bool = False
     running_since: str | None = None
@@ -426,6 +431,8 @@ def pod_view(pod: dict[str, Any] | None) -> PodView:
         name=meta.get("name"),
         uid=meta.get("uid"),
         phase=status.get("phase"),
+        ended_reason=status.get("reason") or None,
+        ended_message=(status.get("message") or "").strip() or None,
         deleting=bool(meta.get("deletionTimestamp")),
         running="running" in state,
         running_since=(state.get("running") or {}).get("startedAt"),

@@ -11,7 +11,9 @@ from memory). The cache never decides what the state is: the state store's list 
 compaction replaced are removed by the worker that replaced them; a run written by a batch that Spark retried is
 an orphan that :meth:`RunCache.trim` removes when the directory outgrows its budget.
 
-Bounded on disk: a worker trims the directory back to :data:`BUDGET_BYTES` (least recently written files first)
+Bounded on disk: a worker trims the directory back to its budget (:func:`budget_bytes`: ``$TASKSHARD_RUN_CACHE_BYTES``,
+which the operator derives from the pod's ``/tmp`` size limit, else :data:`BUDGET_BYTES`; least recently written
+files first)
 each time it has written an eighth of the budget since its last trim, and a driver's directory
 (:func:`process_cache_dir`) goes with its process, including one an earlier run of the same container left behind
 when it was killed (the pod's ``/tmp`` outlives a container restart).
@@ -26,17 +28,31 @@ import shutil
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from spark_runtime.engine.runs import Run
+from spark_runtime.protocol import RUN_CACHE_BYTES_ENV
 
-__all__ = ["BUDGET_BYTES", "RunCache", "process_cache_dir"]
+__all__ = ["BUDGET_BYTES", "RunCache", "budget_bytes", "process_cache_dir"]
 
 log = logging.getLogger("taskshard.engine")
 
 BUDGET_BYTES = 4 << 30
-"""Bytes of run copies a cache directory holds before a worker trims it (a copy trimmed is fetched again)."""
+"""Bytes of run copies a cache directory holds before a worker trims it (a copy trimmed is fetched again), when
+``$TASKSHARD_RUN_CACHE_BYTES`` is not set."""
+
+
+def budget_bytes(environ: Mapping[str, str] = os.environ) -> int:
+    """The cache's budget: ``$TASKSHARD_RUN_CACHE_BYTES`` (a positive integer) or :data:`BUDGET_BYTES`; a value
+    that is not a positive integer is refused by name (the operator writes it, so this is a broken pod spec)."""
+    raw = environ.get(RUN_CACHE_BYTES_ENV)
+    if raw is None:
+        return BUDGET_BYTES
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ValueError(f"${RUN_CACHE_BYTES_ENV}: {raw!r}: must be a positive integer (bytes)")
+    return int(raw)
+
 
 DIR_PREFIX = "taskshard-runs-"
 
@@ -169,10 +185,10 @@ _CACHES: dict[str, RunCache] = {}
 
 
 def run_cache(directory: str) -> RunCache:
-    """The worker's cache for ``directory`` (one per directory per process), trimmed to :data:`BUDGET_BYTES`."""
+    """The worker's cache for ``directory`` (one per directory per process), trimmed to :func:`budget_bytes`."""
     cache = _CACHES.get(directory)
     if cache is None:
-        cache = _CACHES[directory] = RunCache(directory, budget_bytes=BUDGET_BYTES)
+        cache = _CACHES[directory] = RunCache(directory, budget_bytes=budget_bytes())
     return cache
 
 

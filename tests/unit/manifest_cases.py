@@ -117,6 +117,7 @@ GOOD_CASES: list[GoodCase] = [
     ),
     # without partitionedByKey the partition count need not divide maxKeyGroups (unchanged behaviour)
     GoodCase("journal-3-partitions-not-by-key", journal_source(partitions=3)),
+    GoodCase("tmp-size-limit-1Gi", {"spark": {"tmpSizeLimit": "1Gi"}}),
     GoodCase("journal-by-key-false-3-partitions", journal_source(partitions=3, partitionedByKey=False)),
     GoodCase("kafka-by-key-false-without-partitions", kafka_source(partitionedByKey=False)),
     GoodCase("shards-up-to-maxKeyGroups", {"shards": 128}),
@@ -429,6 +430,13 @@ BAD_CASES: list[BadCase] = [
         "Task",
         {"spark": {"executors": {"instances": 1, "resources": {"requests": {"memory": "768Mi"}}}}},
         "spec.spark.executors.resources",
+    ),
+    BadCase(
+        "tmp-size-limit-below-1Gi",
+        "Task",
+        {"spark": {"tmpSizeLimit": "512Mi"}},
+        "spec.spark.tmpSizeLimit",
+        "must be at least 1024Mi: a quarter of it is the run cache",
     ),
     BadCase("history-negative", "Task", {"history": {"retiredShards": -1}}, "spec.history.retiredShards"),
     BadCase("no-progress-too-short", "Task", {"noProgressSeconds": 5}, "spec.noProgressSeconds"),

@@ -195,3 +195,15 @@ def test_the_run_cache_stays_within_its_budget_and_a_killed_process_leaves_no_co
     assert os.path.isdir(made) and os.path.basename(made).startswith(f"{rc.DIR_PREFIX}{os.getpid()}-")
     assert not dead.exists() and not mine.exists() and live.exists()
     assert rc.process_cache_dir(str(tmp_path)) == made, "one directory per process"
+
+
+def test_the_run_cache_budget_follows_the_operators_env_and_a_broken_value_is_refused_by_name():
+    """The operator sets $TASKSHARD_RUN_CACHE_BYTES to a quarter of the pod's /tmp size limit; a worker's cache
+    uses it (unset: 4 GiB)."""
+    from spark_runtime.engine import run_cache as rc
+
+    assert rc.budget_bytes({}) == rc.BUDGET_BYTES == 4 << 30
+    assert rc.budget_bytes({"TASKSHARD_RUN_CACHE_BYTES": "536870912"}) == 512 << 20
+    for bad in ("", "-1", "0", "2Gi"):
+        with pytest.raises(ValueError, match=f"TASKSHARD_RUN_CACHE_BYTES: {bad!r}: must be a positive integer"):
+            rc.budget_bytes({"TASKSHARD_RUN_CACHE_BYTES": bad})

@@ -169,6 +169,7 @@ def test_build_pod_golden():
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                         {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
                         {"name": "TASKSHARD_METRICS_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        {"name": "TASKSHARD_RUN_CACHE_BYTES", "value": str(4 << 30)},
                     ],
                     "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
                     "volumeMounts": [
@@ -205,7 +206,7 @@ def test_build_pod_golden():
             ],
             "volumes": [
                 {"name": "config", "configMap": {"name": "orders-0-64-config"}},
-                {"name": "tmp", "emptyDir": {}},
+                {"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}},
                 {"name": "storage", "hostPath": {"path": "/srv/taskshard", "type": "DirectoryOrCreate"}},
             ],
         },
@@ -299,6 +300,7 @@ def test_executor_manifests():
                 {
                     "name": "executor",
                     "command": ["python", "-m", "spark_runtime"],
+                    "env": [{"name": "TASKSHARD_RUN_CACHE_BYTES", "value": str(4 << 30)}],
                     "volumeMounts": [
                         {"name": "tmp", "mountPath": "/tmp"},
                         {"name": "storage", "mountPath": "/data"},
@@ -309,7 +311,7 @@ def test_executor_manifests():
                 }
             ],
             "volumes": [
-                {"name": "tmp", "emptyDir": {}},
+                {"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}},
                 {"name": "storage", "hostPath": {"path": "/srv/taskshard", "type": "DirectoryOrCreate"}},
                 {"name": "spark-auth", "secret": {"secretName": "orders-0-64-spark-auth"}},
             ],
@@ -345,12 +347,31 @@ def test_executor_manifests():
     assert auth not in local["spec"]["volumes"], "local mode: no executors, no key"
 
 
+def test_every_tmp_emptydir_has_the_tasks_size_limit_and_the_run_cache_a_quarter_of_it():
+    """#63 point 8: /tmp (the run cache, RocksDB's copies, Spark's local files) is bounded on every pod the
+    operator creates, so one shard cannot fill its node's disk, and the run cache alone stays below the bound."""
+    s = spec(spark__tmpSizeLimit="2Gi", spark__executors=EXECUTORS)
+    pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s, template_hash="h")
+    template = builders.build_executor_pod_template(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s)
+    prune = builders.build_prune_pod(task="o", spec=s, task_uid="u", shards=["o-0-4"], successors={})
+    cleanup = builders.build_cleanup_pod(task="o", spec=s)
+    for made in (pod, template, prune, cleanup):
+        assert {"name": "tmp", "emptyDir": {"sizeLimit": "2Gi"}} in made["spec"]["volumes"]
+    budget = {"name": "TASKSHARD_RUN_CACHE_BYTES", "value": str(512 << 20)}
+    assert budget in pod["spec"]["containers"][0]["env"] and budget in template["spec"]["containers"][0]["env"]
+    assert builders.template_hash(s) != builders.template_hash(spec(spark__executors=EXECUTORS)), "a change rolls"
+    with pytest.raises(ValueError, match="spec.spark.tmpSizeLimit: 900Mi: must be at least 1024Mi"):
+        spec(spark__tmpSizeLimit="900Mi")
+    with pytest.raises(ValueError, match="'TASKSHARD_RUN_CACHE_BYTES' is set by the operator"):
+        spec(spark__env=[{"name": "TASKSHARD_RUN_CACHE_BYTES", "value": "1"}])
+
+
 def test_cleanup_pod():
     pod = builders.build_cleanup_pod(task="orders", spec=spec(checkpointRetention="Delete"))
     assert pod["metadata"]["name"] == "orders-cleanup"
     assert "remove_task_state('/data/state/orders', None, None)" in pod["spec"]["containers"][0]["command"][2]
     assert pod["spec"]["volumes"] == [
-        {"name": "tmp", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}},
         {"name": "storage", "hostPath": {"path": "/srv/taskshard", "type": "DirectoryOrCreate"}},
     ]
     assert pod["spec"]["containers"][0]["volumeMounts"] == [
@@ -368,10 +389,12 @@ def test_cleanup_pod_on_s3_deletes_the_task_prefix_with_the_secrets_credentials(
     # Only this Task's state (identity.json with its uid, or none) is removed.
     assert "remove_task_state('s3a://bkt/prod/orders', 'u-1', 'http://minio:9000')" in container["command"][2]
     assert container["env"] == CREDENTIALS_ENV
-    assert pod["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {}}]  # no storage volume: S3 only
+    assert pod["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}}]  # no storage volume: S3 only
     assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
 
 
+RUN_CACHE_ENV = {"name": "TASKSHARD_RUN_CACHE_BYTES", "value": str(4 << 30)}
+"""A quarter of the default /tmp size limit (16Gi)."""
 S3_STORAGE = {"s3": {"bucket": "bkt", "endpoint": "http://minio:9000", "credentialsSecret": "taskshard-s3"}}
 CREDENTIALS_ENV = [
     {
@@ -392,7 +415,7 @@ def test_s3_credentials_secret_becomes_secret_key_refs():
     assert env[-2:] == CREDENTIALS_ENV
     assert [e["name"] for e in env[:4]] == ["TASKSHARD_TASK", "TASKSHARD_SHARD", "POD_NAME", "POD_NAMESPACE"]
     template = builders.build_executor_pod_template(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s)
-    assert template["spec"]["containers"][0]["env"] == CREDENTIALS_ENV
+    assert template["spec"]["containers"][0]["env"] == [RUN_CACHE_ENV, *CREDENTIALS_ENV]
     # The ConfigMap names the Secret (the config's storage) and holds the template's references, never a value.
     config = builders.build_shard_config(task="o", namespace="ns1", shard="o-0-8", key_groups=R(0, 8), spec=s)
     assert config["storage"] == {"s3": S3_STORAGE["s3"]}
@@ -408,7 +431,7 @@ def test_no_credentials_env_without_a_secret():
         pod = builders.build_pod(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s, template_hash="h")
         assert not any(e["name"].startswith("AWS_") for e in pod["spec"]["containers"][0]["env"])
         template = builders.build_executor_pod_template(task="o", shard="o-0-8", key_groups=R(0, 8), spec=s)
-        assert "env" not in template["spec"]["containers"][0]
+        assert template["spec"]["containers"][0]["env"] == [RUN_CACHE_ENV]
 
 
 def test_spark_env_reaches_driver_and_executors_and_reserved_names_are_refused():
@@ -422,7 +445,7 @@ def test_spark_env_reaches_driver_and_executors_and_reserved_names_are_refused()
     assert [e for e in got if e["name"] in ("TASKSHARD_EXTRA_JARS", "TOKEN")] == env
     assert {e["name"] for e in got} >= {"TASKSHARD_SHARD", "POD_NAME"}
     template = builders.build_executor_pod_template(task="orders", shard="orders-0-64", key_groups=R(0, 64), spec=s)
-    assert template["spec"]["containers"][0]["env"] == env
+    assert template["spec"]["containers"][0]["env"] == [RUN_CACHE_ENV, *env]
     with pytest.raises(ValueError, match="'TASKSHARD_SHARD' is set by the operator"):
         TaskSpec.from_k8s({**SPEC, "spark": {**SPEC["spark"], "env": [{"name": "TASKSHARD_SHARD", "value": "x"}]}})
     with pytest.raises(ValueError, match="value or valueFrom, not both"):

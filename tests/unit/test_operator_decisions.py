@@ -172,6 +172,18 @@ CASES: dict[str, dict[str, Any]] = {
         reason=(st.READY, "PodEnded"),
         requeue=None,
     ),
+    # The kubelet evicts a pod whose /tmp passed its size limit (or when the node runs short): the shard says so.
+    "pod-evicted": dict(
+        pod=lambda: evicted(make_pod(PARENT, phase="Failed", state=terminated(137))),
+        replacement=True,
+        backoff=0.0,
+        config=True,
+        phases={"Pending": "Failed", "Running": "Failed", "Failed": None},
+        actions=["Delete(pods)"],
+        reason=(st.READY, "PodEvicted"),
+        message='was evicted: Usage of EmptyDir volume "tmp" exceeds the limit "16Gi".',
+        requeue=None,
+    ),
     "pod-deleting": dict(
         pod=lambda: make_pod(PARENT, phase="Running", state=running(), deleting=True),
         replacement=True,
@@ -194,6 +206,12 @@ CASES: dict[str, dict[str, Any]] = {
         requeue=None,
     ),
 }
+
+
+def evicted(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` as the kubelet leaves it when its /tmp passed the emptyDir's size limit."""
+    pod["status"].update(reason="Evicted", message='Usage of EmptyDir volume "tmp" exceeds the limit "16Gi". ')
+    return pod
 
 
 @pytest.mark.parametrize("phase", ["Pending", "Running", "Failed"])
@@ -219,6 +237,7 @@ def test_active_phase_by_pod_state(case: str, phase: str) -> None:
     type_, reason = c["reason"][phase] if isinstance(c["reason"], dict) else c["reason"]
     written = condition(decision, type_)
     assert written is not None and written["reason"] == reason, decision.status.get("conditions")
+    assert c.get("message", "") in written["message"], written
     if c["requeue"] is None:
         assert decision.requeue_after is None
     else:

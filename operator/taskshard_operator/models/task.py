@@ -28,14 +28,14 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 from spark_runtime import config, kafka_client
 from spark_runtime.config import JOURNAL_PARTITIONS_LIMIT, KAFKA_PARTITIONS_LIMIT, BuiltinProcessor
 from spark_runtime.keygroups import MAX_KEY_GROUPS_LIMIT
-from spark_runtime.protocol import DEFAULT_SNAPSHOTS_KEPT
+from spark_runtime.protocol import DEFAULT_SNAPSHOTS_KEPT, RUN_CACHE_BYTES_ENV
 from spark_runtime.reserved_conf import (
     RESERVED_SPARK_CONF,
     RESERVED_SPARK_CONF_PATTERNS,
     reserved_conf_message,
     reserved_conf_problems,
 )
-from taskshard_operator import memory, naming
+from taskshard_operator import local_disk, memory, naming
 from taskshard_operator.memory import MIN_POD_MEMORY_MIB
 
 from .base import (
@@ -528,8 +528,9 @@ class ExecutorsSpec(K8sModel):
     resources: ResourceRequirements | None = Field(default=None, description="Resources of each executor.")
 
 
-RESERVED_ENV = ("TASKSHARD_TASK", "TASKSHARD_SHARD", "POD_NAME", "POD_NAMESPACE")
-"""Env vars the operator sets on every driver pod itself (a Task cannot override them)."""
+RESERVED_ENV = ("TASKSHARD_TASK", "TASKSHARD_SHARD", "POD_NAME", "POD_NAMESPACE", RUN_CACHE_BYTES_ENV)
+"""Env vars the operator sets on every driver pod itself (a Task cannot override them; the run cache's budget
+follows ``spec.spark.tmpSizeLimit``)."""
 
 
 class EnvVar(K8sModel):
@@ -614,7 +615,13 @@ class SparkSpec(K8sModel):
                 "self.podTemplate.spec.volumes.exists(v, v.name == m.name))",
                 UNKNOWN_MOUNT,
                 field_path=".volumeMounts",
-            )
+            ),
+            cel(
+                "!has(self.tmpSizeLimit) || "
+                f"quantity(string(self.tmpSizeLimit)).compareTo(quantity('{local_disk.MIN_TMP_MIB}Mi')) >= 0",
+                f"spec.spark.tmpSizeLimit: {local_disk.TOO_SMALL}",
+                field_path=".tmpSizeLimit",
+            ),
         )
     }
 
@@ -678,6 +685,12 @@ class SparkSpec(K8sModel):
         max_length=16,
         description="Mounts of spec.spark.podTemplate.spec.volumes in the driver and executor containers.",
     )
+    tmp_size_limit: Quantity | None = Field(
+        default=None,
+        description=f"Size limit of the /tmp emptyDir of every shard pod, driver and executors (default "
+        f"{local_disk.DEFAULT_TMP_SIZE_LIMIT}, at least {local_disk.MIN_TMP_MIB}Mi): the run cache keeps a quarter "
+        "of it; RocksDB's working copies and Spark's local files use the rest. A pod past it is evicted.",
+    )
     trigger_interval: str = Field(
         default="1 second",
         max_length=64,
@@ -697,6 +710,9 @@ class SparkSpec(K8sModel):
         unknown = [m.name for m in self.volume_mounts or [] if m.name not in volumes]
         if unknown:
             raise ValueError(f'spec.spark.volumeMounts: "{unknown[0]}": {UNKNOWN_MOUNT.split(": ", 1)[1]}')
+        small = local_disk.too_small(self.tmp_size_limit)
+        if small:
+            raise ValueError(small)
         ui = (self.conf or {}).get(UI_CONF)
         if ui is not None and ui != "false":
             raise ValueError(f'spec.spark.conf["{UI_CONF}"]: {json.dumps(ui)}: {UI_IN_CONF.split(": ", 1)[1]}')
