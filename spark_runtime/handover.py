@@ -506,6 +506,35 @@ def save_catch_up(io: ShardIO, state: _State) -> _State:
     return stamped
 
 
+def refuse_state_it_cannot_run_on(run: RunState, parents: list[ShardPaths]) -> None:
+    """A restore-mode successor's Python state schema checked against each parent's recorded one
+    (``state-schema.json``) before it says ready. A parent drains only once its successors are ready, so a template
+    that cannot run on the parents' state is refused (:class:`~spark_runtime.problems.TemplateRefused`,
+    ``StateSchemaIncompatible``) while they still own their ranges; the restore plan checks the drained manifests
+    again (a parent without a record, or a builtin processor: nothing to check here)."""
+    from spark_runtime.engine.schema import SchemaIncompatible, StateSchema
+    from spark_runtime.problems import TemplateRefused
+    from spark_runtime.protocol import STATE_SCHEMA_INCOMPATIBLE
+
+    wanted = run.plan.schema
+    if wanted is None:
+        return
+    for parent in parents:
+        record = parent.state_schema
+        if not record.exists():
+            continue
+        try:
+            wanted.evolve(StateSchema.from_json(record.read_json()))
+        except SchemaIncompatible as exc:
+            raise TemplateRefused(
+                STATE_SCHEMA_INCOMPATIBLE,
+                "processor.python",
+                f"{exc} (the state of {parent.shard}); refused before the hand-over began: {parent.shard} keeps "
+                "its range, and this shard stays stopped until the Task's template changes or the hand-over is "
+                "withdrawn",
+            ) from None
+
+
 def announce_and_wait(
     io: ShardIO,
     run: RunState,
@@ -523,6 +552,8 @@ def announce_and_wait(
     :class:`~spark_runtime.layout.ShardPaths`), then wait until ``answered()``; raises :class:`StandbyStopped` on a
     stop request. Returns when it began and when it was warm (epoch seconds); sets ``run.standby_seconds``."""
     cfg = io.config
+    if ready_at_once:
+        refuse_state_it_cannot_run_on(run, parents)
     t0, began = time.monotonic(), time.time()
     set_log_phase("standby")
     owns = "still owns the range" if len(parents) == 1 else "still own their ranges"

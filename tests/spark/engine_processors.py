@@ -60,6 +60,12 @@ class Recent(Processor):
         return pd.DataFrame({"key": keys, "count": total}), pd.DataFrame({"key": keys, "result": total})
 
 
+class RecentAsText(Recent):
+    """:class:`Recent` with its count stored as text: a state schema no shard of :class:`Recent` can evolve to."""
+
+    state_schema = "count string"
+
+
 class Picky(Processor):
     """Sums amounts per key and raises ``ValueError`` on a negative one (a user's bug, as a user would write it)."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -132,6 +133,7 @@ def test_state_ttl_forgets_idle_keys_in_state_and_snapshots(make_task, shard_spa
     import pyarrow.parquet as pq
 
     from spark_runtime.checkpoint import batch_metadata
+    from spark_runtime.problems import TemplateRefused
     from spark_runtime.protocol import HandoverMode
     from spark_runtime.shard import ShardRunner
 
@@ -161,6 +163,23 @@ def test_state_ttl_forgets_idle_keys_in_state_and_snapshots(make_task, shard_spa
     expected, written = ttl_reference(batches, ttl_ms)
     assert expected["a"] == 1, "a's state expired (its count starts again)"
     assert env.results() == expected
+
+    # A split child whose template cannot run on this state is refused on standby, before its ready note: the
+    # parent keeps its range (refused only after the drain, both halves would be down until the template changed).
+    env.processor = {"python": "tests.spark.engine_processors:RecentAsText"}
+    drained = str(env.storage / env.task / "shards" / "orders-0-16" / "drained.json")
+    child = ShardRunner(env.config(0, 8, {"parent": "orders-0-16", "manifest": drained}), shard_spark)
+    outcome: list[BaseException] = []
+    standby = threading.Thread(target=lambda: outcome.append(pytest.raises(TemplateRefused, child.prepare).value))
+    standby.start()
+    standby.join(timeout=60)  # a child that is not refused waits on standby for the parent's drain
+    assert not standby.is_alive(), "the child went on standby (its ready note would make the parent drain)"
+    (refused,) = outcome
+    assert refused.reason == "StateSchemaIncompatible" and "refused before the hand-over began" in str(refused)
+    handover = env.storage / env.task / "shards" / "orders-0-16" / "handover"
+    assert not handover.exists() or not any(handover.iterdir()), "no request, no ready note"
+    assert not runner.drain_requested(), "the parent runs on"
+
     summary = runner.drain()
     manifest = json.loads(Path(summary["manifest"]).read_text())
     kept = pq.read_table(manifest["snapshot"]["path"])
