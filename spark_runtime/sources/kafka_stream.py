@@ -80,6 +80,9 @@ READ_HERE_MAX_BYTES = 64 << 20
 """The most Arrow bytes :func:`read_range_here` holds before it leaves the range to a Spark batch read (a record
 may be up to 1 MiB, so an offset count alone does not bound the driver's memory)."""
 READ_HERE_CONSUMES_PER_CAP = 8
+ARROW_BYTES_PER_RECORD = 40
+"""A record's Arrow bytes beyond its key, value and topic name: the key, value and topic offsets, partition,
+offset, timestamp and timestamp type (36 bytes) and the held flags' bits."""
 """:func:`read_range_here` asks each ``consume`` for at most ``READ_HERE_MAX_BYTES / 8`` of records (at the
 largest record size seen so far), so it passes its cap by one such batch at most, not by a whole
 ``consume(CONSUME_BATCH)``."""
@@ -220,16 +223,18 @@ def read_partition(
 ) -> Iterator[Any]:
     """The records of ``part`` as Arrow record batches of :data:`RAW_SCHEMA` plus the ``held`` columns.
 
-    With ``batch_bytes`` each batch holds about that many key and value bytes at most: a ``consume`` asks for as
-    many records as fit at the largest record seen so far (before the first, :data:`MAX_RECORD_BYTES`, the
-    largest valid one), and librdkafka pre-fetches no more than that budget either."""
+    With ``batch_bytes`` each batch holds about that many Arrow bytes at most: a ``consume`` asks for as many
+    records as fit at the largest record seen so far (its key, value and topic plus
+    :data:`ARROW_BYTES_PER_RECORD`; before the first, :data:`MAX_RECORD_BYTES`, the largest valid one), and
+    librdkafka pre-fetches no more than that budget either."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     start, end, p = part.start, part.end, part.partition
     if end <= start:
         return
     schema = _schema(held)
-    largest: int | None = None  # the largest key and value seen, with a batch_bytes budget
+    largest: int | None = None  # the largest record's Arrow bytes seen, with a batch_bytes budget
+    overhead = ARROW_BYTES_PER_RECORD + len(topic.encode())
     if batch_bytes is not None:  # librdkafka's own pre-fetch queue (64 MiB by default) stays within the budget too
         conf = {"queued.max.messages.kbytes": max(1, batch_bytes >> 10), **conf}
     consumer = _consumer(conf)
@@ -251,7 +256,8 @@ def read_partition(
             msgs = [m for m in msgs if m.error() is None]
             if msgs:
                 if batch_bytes is not None:
-                    largest = max([largest or 0, *(len(m.key() or b"") + len(m.value() or b"") for m in msgs)])
+                    sizes = (len(m.key() or b"") + len(m.value() or b"") + overhead for m in msgs)
+                    largest = max(largest or 0, *sizes)
                 offsets = [m.offset() for m in msgs]
                 seen = offsets[-1] + 1
                 if offsets[-1] >= end - 1:
