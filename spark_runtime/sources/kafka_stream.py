@@ -80,12 +80,12 @@ READ_HERE_MAX_BYTES = 64 << 20
 """The most Arrow bytes :func:`read_range_here` holds before it leaves the range to a Spark batch read (a record
 may be up to 1 MiB, so an offset count alone does not bound the driver's memory)."""
 READ_HERE_CONSUMES_PER_CAP = 8
-ARROW_BYTES_PER_RECORD = 40
-"""A record's Arrow bytes beyond its key, value and topic name: the key, value and topic offsets, partition,
-offset, timestamp and timestamp type (36 bytes) and the held flags' bits."""
 """:func:`read_range_here` asks each ``consume`` for at most ``READ_HERE_MAX_BYTES / 8`` of records (at the
 largest record size seen so far), so it passes its cap by one such batch at most, not by a whole
 ``consume(CONSUME_BATCH)``."""
+ARROW_BYTES_PER_RECORD = 40
+"""A record's Arrow bytes beyond its key, value and topic name: the key, value and topic offsets, partition,
+offset, timestamp and timestamp type (36 bytes) and the held flags' bits."""
 
 
 def topic_state(state: CatchUpState | MergeCatchUpState, topic: str) -> CatchUpState | MergeCatchUpState:
