@@ -37,7 +37,9 @@ demo: venv binaries
 
 # Two pytest processes at once (hack/test-all.sh): the integration tier's SparkSession must be the first JVM of its
 # process (the Kafka and s3a jars join the classpath only at JVM start); it runs beside the Spark and unit tiers.
-test: venv binaries
+# The venv (mostly downloads) and the binaries (a Go build on a cold cache) are installed side by side.
+test:
+	@$(MAKE) --no-print-directory -j2 venv binaries
 	bash hack/test-all.sh
 
 SEED ?= 9

@@ -78,6 +78,7 @@ class LocalCluster:
         self.server = ""
         self.pki: Pki | None = None
         self._procs: list[tuple[str, subprocess.Popen]] = []
+        self._commands: dict[str, tuple[list[str], dict[str, str] | None]] = {}
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> LocalCluster:
@@ -251,6 +252,18 @@ class LocalCluster:
         if not self.keep_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
+    def restart_apiserver(self, timeout: float = 120) -> None:
+        """Crash kube-apiserver (SIGKILL) and start it again with the same command, port and certificates, then
+        wait until it is ready: what its clients see of an apiserver restart (connections and watches cut, the
+        server back at the same address). Raises ClusterStartError when it does not come back."""
+        index = next(i for i, (name, _) in enumerate(self._procs) if name == "kube-apiserver")
+        _, proc = self._procs.pop(index)
+        proc.kill()
+        proc.wait()
+        cmd, env = self._commands["kube-apiserver"]
+        self._spawn("kube-apiserver", cmd, env)
+        self._wait("kube-apiserver after its restart", self._apiserver_ready, timeout)
+
     def __enter__(self) -> LocalCluster:
         return self.start()
 
@@ -314,6 +327,7 @@ class LocalCluster:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
         self._procs.append((name, proc))
+        self._commands[name] = (cmd, env)
 
     def _wait(self, what: str, probe, timeout: float) -> None:
         deadline = time.monotonic() + timeout

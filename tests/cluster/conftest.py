@@ -43,6 +43,9 @@ class ExistingCluster:
     def pod_log_path(self, namespace: str, pod: str, container: str) -> Path:
         raise NotImplementedError("pod logs are read from the local node agent only")
 
+    def restart_apiserver(self) -> None:
+        raise NotImplementedError("an existing cluster's kube-apiserver is not the tests' to restart")
+
 
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory, request):

@@ -34,7 +34,7 @@ from tests.waiting import get_json, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.nemesis]
 
-SEED = int(os.environ.get("TASKSHARD_NEMESIS_SEED", "9"))
+SEED = int(os.environ.get("TASKSHARD_NEMESIS_SEED", "58"))
 OPS = int(os.environ.get("TASKSHARD_NEMESIS_OPS", "5"))
 STEPS = os.environ.get("TASKSHARD_NEMESIS_STEPS", "")
 TASK = "life"
@@ -59,7 +59,15 @@ def active_shards(kubectl) -> list[tuple[str, int, int]]:
 
 
 def settled(kubectl) -> bool:
-    """No hand-over in progress; the active shards tile the range, run and emit (Ready)."""
+    """No hand-over in progress; the active shards tile the range, run and emit (Ready); the Task says so too: it
+    has observed its latest spec and is not Progressing (no roll, split or creation pending: reason Stable)."""
+    task = get_json(kubectl, "task", TASK)
+    status = task.get("status") or {}
+    progressing = [c for c in status.get("conditions") or [] if c["type"] == "Progressing"]
+    if status.get("observedGeneration") != task["metadata"]["generation"]:
+        return False
+    if not progressing or (progressing[0]["status"], progressing[0]["reason"]) != ("False", "Stable"):
+        return False
     items = get_json(kubectl, "taskshards")["items"]
     if any((i.get("status") or {}).get("phase") not in SETTLED_PHASES for i in items):
         return False
@@ -76,30 +84,64 @@ def patch(kubectl, kind: str, name: str, body: dict) -> None:
     kubectl("patch", kind, name, "--type", "merge", "-p", json.dumps(body))
 
 
+def running_pid(kubectl, shard: str) -> int | None:
+    """The process group of the shard's runtime when its driver container runs, else None."""
+    try:
+        pod = get_json(kubectl, "pod", f"{shard}-driver")
+    except Exception:  # noqa: BLE001 - not there yet
+        return None
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    if not statuses or "running" not in statuses[0].get("state", {}) or not statuses[0].get("containerID"):
+        return None
+    return int(statuses[0]["containerID"].split("://")[1])
+
+
+def signal_runtime(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass  # it ended by itself meanwhile (a hand-over): nothing to signal
+
+
 def kill_runtime(kubectl, shard: str) -> None:
     """SIGKILL the shard's runtime (its process group) when its container runs; the kubelet restarts it."""
+    signal_runtime(wait_for(lambda: running_pid(kubectl, shard), SETTLE, f"{shard}'s runtime running"), signal.SIGKILL)
 
-    def pid() -> int | None:
-        try:
-            pod = get_json(kubectl, "pod", f"{shard}-driver")
-        except Exception:  # noqa: BLE001 - not there yet
-            return None
-        statuses = (pod.get("status") or {}).get("containerStatuses") or []
-        if not statuses or "running" not in statuses[0].get("state", {}) or not statuses[0].get("containerID"):
-            return None
-        return int(statuses[0]["containerID"].split("://")[1])
 
-    found = wait_for(pid, SETTLE, f"{shard}'s runtime running")
+def on_standby(kubectl, shard: str) -> bool:
+    """The successor's runtime runs and it waits on standby (Ready=False, reason Standby)."""
     try:
-        os.killpg(found, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # it ended by itself meanwhile (a hand-over): nothing to kill
+        item = get_json(kubectl, "taskshard", shard)
+    except Exception:  # noqa: BLE001 - not created yet
+        return False
+    ready = [c for c in (item.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
+    return bool(ready) and ready[0]["reason"] == "Standby" and running_pid(kubectl, shard) is not None
 
 
-def run_step(kubectl, op, step: Step, shards: list[tuple[str, int, int]]) -> None:
+def split_while_frozen(kubectl, name: str, start: int, at: int, end: int) -> None:
+    """SIGSTOP ``name``'s runtime, request its split, and SIGCONT it once both children run on standby. While it is
+    frozen it must still own its range: it cannot have drained, so no child may own or emit anything yet."""
+    frozen = wait_for(lambda: running_pid(kubectl, name), SETTLE, f"{name}'s runtime running")
+    signal_runtime(frozen, signal.SIGSTOP)
+    try:
+        patch(kubectl, "taskshard", name, {"spec": {"split": {"requested": True, "at": at}}})
+        children = (f"{TASK}-{start}-{at}", f"{TASK}-{at}-{end}")
+        wait_for(lambda: all(on_standby(kubectl, c) for c in children), SETTLE, f"{children} on standby")
+        phase = (get_json(kubectl, "taskshard", name).get("status") or {}).get("phase")
+        assert phase in ("SplitRequested", "Draining"), f"{name} frozen mid-split shows {phase}"
+    finally:
+        signal_runtime(frozen, signal.SIGCONT)
+
+
+def run_step(kubectl, cluster, op, step: Step, number: int, shards: list[tuple[str, int, int]]) -> None:
     kind = step.effective_kind(shards)
     name, start, end = step.target(shards)
-    if kind in ("split", "split-kill", "split-abort"):
+    if kind == "pause":
+        split_while_frozen(kubectl, name, start, step.split_at(start, end), end)
+    elif kind == "apiserver":
+        patch(kubectl, "taskshard", name, {"spec": {"split": {"requested": True, "at": step.split_at(start, end)}}})
+        cluster.restart_apiserver()
+    elif kind in ("split", "split-kill", "split-abort"):
         at = step.split_at(start, end)
         patch(kubectl, "taskshard", name, {"spec": {"split": {"requested": True, "at": at}}})
         if kind == "split-abort":
@@ -134,6 +176,8 @@ def run_step(kubectl, op, step: Step, shards: list[tuple[str, int, int]]) -> Non
         kubectl("scale", "task", TASK, "--replicas", str(step.replicas(shards)))
     elif kind == "prune":
         patch(kubectl, "task", TASK, {"spec": {"history": {"retiredShards": 1}}})
+    elif kind == "roll":
+        patch(kubectl, "task", TASK, {"spec": {"spark": {"env": [{"name": "NEMESIS_ROLL", "value": str(number)}]}}})
 
 
 def check(kubectl, data, what: str) -> Verdict:
@@ -154,7 +198,7 @@ def check(kubectl, data, what: str) -> Verdict:
         time.sleep(2.0)
 
 
-def test_a_random_life_of_a_task_stays_exact_to_its_consumer(kubectl, operator_process, tmp_path):  # noqa: F811
+def test_a_random_life_of_a_task_stays_exact_to_its_consumer(kube_cluster, kubectl, operator_process, tmp_path):  # noqa: F811
     steps = parse(STEPS) if STEPS else generate(SEED, OPS)
     data = tmp_path / "data"
     data.mkdir()
@@ -181,7 +225,7 @@ def test_a_random_life_of_a_task_stays_exact_to_its_consumer(kubectl, operator_p
             resolved.append(step.resolve(shards))
             print(f"[nemesis] step {number}/{len(steps)}: {resolved[-1]}", file=sys.stderr)
             began = time.monotonic()
-            run_step(kubectl, op, step, shards)
+            run_step(kubectl, kube_cluster, op, step, number, shards)
             check(kubectl, data, f"step {number} ({resolved[-1]})")
             timings.append((resolved[-1], time.monotonic() - began))
         # Every shard restartable at the end: each active one is restarted (a new pod) and resumes exactly.

@@ -20,7 +20,14 @@ Kinds (:data:`KINDS`):
 - ``scale``: ``kubectl scale task --replicas`` one up (the operator splits the busiest shard) or one down (it
   merges an adjacent pair), through the Task's scale subresource;
 - ``prune``: lower ``spec.history.retiredShards`` to 1 (retired shards' storage goes once their successors
-  committed; every later restart of a successor must still resume).
+  committed; every later restart of a successor must still resume);
+- ``roll``: a template roll (a new ``spec.spark.env`` value): every active shard restarts from its checkpoint on
+  the new template, one at a time, while the rest keep running;
+- ``pause``: SIGSTOP an active shard's runtime (a long GC pause, a frozen node), request a split of it while it is
+  frozen, and SIGCONT it only once both children exist and wait on standby for it: a frozen parent must neither
+  let a successor take its range early nor lose what it held;
+- ``apiserver``: a split of an active shard, and a crash and restart of kube-apiserver right after the request:
+  the operator's watches, the runtimes' and the node's API clients are cut mid-hand-over.
 
 Events are written before every step, so each runs while input flows.
 """
@@ -31,9 +38,13 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-KINDS = ("split", "split-kill", "split-abort", "merge", "kill", "evict", "operator", "suspend", "prune", "scale")
+KINDS = ("split", "split-kill", "split-abort", "merge", "kill", "evict", "operator", "suspend", "prune", "scale",
+         "roll", "pause", "apiserver")  # fmt: skip
 WEIGHTS = {"split": 4, "split-kill": 2, "split-abort": 1, "merge": 3, "kill": 2, "evict": 1, "operator": 2,
-           "suspend": 1, "prune": 1, "scale": 2}  # fmt: skip
+           "suspend": 1, "prune": 1, "scale": 2, "roll": 2, "pause": 2, "apiserver": 1}  # fmt: skip
+SPLITS = ("split", "split-kill", "split-abort", "pause", "apiserver")
+"""The kinds that split their target shard (a ``pause`` splits the shard it froze, ``apiserver`` restarts the API
+server during the split)."""
 MAX_SHARDS = 4
 """A split is replaced by a merge once the Task has this many active shards (2 cores run a handful of drivers)."""
 
@@ -66,7 +77,7 @@ class Step:
         with the same seed does at this point."""
         kind = self.effective_kind(shards)
         name, start, end = self.target(shards)
-        if kind in ("split", "split-kill", "split-abort"):
+        if kind in SPLITS:
             return f"{kind} {name} at {self.split_at(start, end)}"
         if kind == "merge":
             left, right = self.merge_pair(shards)
@@ -88,7 +99,7 @@ class Step:
         """The kind, adjusted to what the shards allow: no split of a one-key-group shard or past
         :data:`MAX_SHARDS` (a merge instead), no merge of a single shard (a split instead)."""
         name, start, end = self.target(shards)
-        splits = self.kind in ("split", "split-kill", "split-abort")
+        splits = self.kind in SPLITS
         if splits and (end - start < 2 or len(shards) >= MAX_SHARDS):
             return "merge" if len(shards) > 1 else "kill"
         if self.kind == "merge" and len(shards) < 2:

@@ -40,6 +40,9 @@ def test_a_step_resolves_against_the_shards_it_finds():
     assert Step("scale", 0.2, 0.5).resolve(TWO) == "scale to 1" and Step("scale", 0.7, 0.5).resolve(TWO) == "scale to 3"
     assert Step("scale", 0.2, 0.5).resolve(ONE) == "scale to 2", "one shard scales up"
     assert Step("scale", 0.9, 0.5).resolve(many) == f"scale to {MAX_SHARDS - 1}", "at the cap: down"
+    assert Step("pause", 0.9, 0.1).resolve(TWO) == "pause t-4-16 at 5", "a pause splits the shard it froze"
+    assert Step("pause", 0.1, 0.5).resolve(many) == "merge t-0-1 with t-1-2", "at the cap: a merge instead"
+    assert Step("roll", 0.5, 0.5).resolve(TWO) == "roll"
 
 
 def write(path, lines) -> None:
