@@ -233,3 +233,16 @@ def running_pods(kubectl) -> dict[str, str]:
 
 def now() -> float:
     return time.monotonic()
+
+
+def driver_pid(kubectl, shard: str) -> int | None:
+    """The process group of a shard's running driver container (the node agent's container id is its pid), or
+    None while it is not created or not running."""
+    try:
+        pod = get_json(kubectl, "pod", f"{shard}-driver")
+    except Exception:  # noqa: BLE001 - not created yet
+        return None
+    states = (pod.get("status") or {}).get("containerStatuses") or []
+    if not states or "running" not in (states[0].get("state") or {}) or not states[0].get("containerID"):
+        return None
+    return int(states[0]["containerID"].split("://")[1])

@@ -22,6 +22,7 @@ import pytest
 from spark_runtime.produce import append_lines
 from tests.cluster.operator_fixtures import (  # noqa: F401 - fixtures
     apply,
+    driver_pid,
     operator_crds,
     operator_process,
     task_manifest,
@@ -84,18 +85,6 @@ def patch(kubectl, kind: str, name: str, body: dict) -> None:
     kubectl("patch", kind, name, "--type", "merge", "-p", json.dumps(body))
 
 
-def running_pid(kubectl, shard: str) -> int | None:
-    """The process group of the shard's runtime when its driver container runs, else None."""
-    try:
-        pod = get_json(kubectl, "pod", f"{shard}-driver")
-    except Exception:  # noqa: BLE001 - not there yet
-        return None
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    if not statuses or "running" not in statuses[0].get("state", {}) or not statuses[0].get("containerID"):
-        return None
-    return int(statuses[0]["containerID"].split("://")[1])
-
-
 def signal_runtime(pid: int, signum: int) -> None:
     try:
         os.killpg(pid, signum)
@@ -105,7 +94,7 @@ def signal_runtime(pid: int, signum: int) -> None:
 
 def kill_runtime(kubectl, shard: str) -> None:
     """SIGKILL the shard's runtime (its process group) when its container runs; the kubelet restarts it."""
-    signal_runtime(wait_for(lambda: running_pid(kubectl, shard), SETTLE, f"{shard}'s runtime running"), signal.SIGKILL)
+    signal_runtime(wait_for(lambda: driver_pid(kubectl, shard), SETTLE, f"{shard}'s runtime running"), signal.SIGKILL)
 
 
 def on_standby(kubectl, shard: str) -> bool:
@@ -115,13 +104,13 @@ def on_standby(kubectl, shard: str) -> bool:
     except Exception:  # noqa: BLE001 - not created yet
         return False
     ready = [c for c in (item.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
-    return bool(ready) and ready[0]["reason"] == "Standby" and running_pid(kubectl, shard) is not None
+    return bool(ready) and ready[0]["reason"] == "Standby" and driver_pid(kubectl, shard) is not None
 
 
 def split_while_frozen(kubectl, name: str, start: int, at: int, end: int) -> None:
     """SIGSTOP ``name``'s runtime, request its split, and SIGCONT it once both children run on standby. While it is
     frozen it must still own its range: it cannot have drained, so no child may own or emit anything yet."""
-    frozen = wait_for(lambda: running_pid(kubectl, name), SETTLE, f"{name}'s runtime running")
+    frozen = wait_for(lambda: driver_pid(kubectl, name), SETTLE, f"{name}'s runtime running")
     signal_runtime(frozen, signal.SIGSTOP)
     try:
         patch(kubectl, "taskshard", name, {"spec": {"split": {"requested": True, "at": at}}})

@@ -29,6 +29,7 @@ from spark_runtime.produce import append_events
 from taskshard_operator.split_points import load_split_point
 from tests.cluster.operator_fixtures import (  # noqa: F401 - fixtures
     apply,
+    driver_pid,
     operator_crds,
     operator_process,
     shard_phases,
@@ -57,18 +58,6 @@ def write_skewed(data, task: str, *, start: int, count: int) -> None:
     keys = [HOT[i % len(HOT)] if i % 5 else COLD[(i // 5) % len(COLD)] for i in range(start, start + count)]
     journal = data / "journal" / task
     append_events(journal, 2, [{"key": k, "seq": i} for i, k in enumerate(keys, start)])
-
-
-def driver_pid(kubectl, shard: str) -> int | None:
-    """The process group of a shard's running driver container (the node agent's container id is its pid)."""
-    try:
-        pod = get_json(kubectl, "pod", f"{shard}-driver")
-    except Exception:  # noqa: BLE001 - not created yet
-        return None
-    states = (pod.get("status") or {}).get("containerStatuses") or []
-    if not states or "running" not in (states[0].get("state") or {}):
-        return None
-    return int(states[0]["containerID"].split("://")[1])
 
 
 def events_of(kubectl, name: str) -> list[str]:
